@@ -1,0 +1,39 @@
+"""The `replaylake` command line: one sub-command per job (each job module holds its own main)."""
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(help="replaylake: a replay buffer for async LLM RL, on Arrow tables.",
+                  no_args_is_help=True, add_completion=False)
+bench = typer.Typer(help="Benchmarks (figures side by side with the reference, written to a file).",
+                    no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+# (group, command, module, function). Job modules keep heavy imports (torch, duckdb, matplotlib)
+# inside their main, so `replaylake --help` stays fast.
+_COMMANDS = [
+    (app, "demo", "jobs.demo", "main"),
+    (app, "sql", "jobs.sql_query", "main"),
+    (app, "audit", "jobs.audit", "main"),
+    (app, "export", "jobs.export", "main"),
+    (app, "schema", "jobs.schema_doc", "main"),
+    (bench, "ingest", "jobs.bench_ingest", "main"),
+    (bench, "decide", "jobs.bench_decide", "main"),
+    (bench, "torch", "jobs.bench_torch", "main"),
+]
+
+
+for group, name, module, func in _COMMANDS:
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        continue  # a job not written yet
+    group.command(name)(fn)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,142 @@
+"""Buffer configuration as frozen policy values, and the `sync` / `async` presets with verl's keywords.
+
+Validation runs at construction, in SPEC §4's order, and names the parameter, the value and what
+to do. Presets map verl 0.9.1's constructor keywords 1:1, so a verl config carries over unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipeline.errors import ConfigError
+from pipeline.policies import (
+    DapoCredit,
+    FailurePolicy,
+    NoRefill,
+    RefillFailedWhileShort,
+    ReplaceEvicted,
+    StalePolicy,
+    ZeroVarianceFilter,
+)
+
+DEFAULT_THRESHOLD = 8
+DEFAULT_POLL_INTERVAL = 2.0
+
+
+class ThresholdError(ConfigError):
+    """max_off_policy_threshold is invalid (the verl adapter also makes this an AssertionError)."""
+
+
+class StrategyError(ConfigError):
+    """max_off_policy_strategy is invalid (the verl adapter also makes this an AssertionError)."""
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    """Everything a buffer decides with. Build it with `sync_config` / `async_config`."""
+
+    stale: StalePolicy = field(default_factory=StalePolicy)
+    zero_variance: ZeroVarianceFilter = field(default_factory=ZeroVarianceFilter)
+    failure: FailurePolicy = field(default_factory=FailurePolicy)
+    refill: Any = field(default_factory=NoRefill)
+    refill_fn: Callable[[int], Any] | None = None
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
+    sync_refill_failed_groups: bool = False
+    preset: str = "custom"
+
+    def evictors(self) -> tuple:
+        """The evictors in a fixed order (their reasons are columns of one fused query)."""
+        return (self.stale, self.zero_variance, self.failure)
+
+
+def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refill_fn: Any,
+                  sync_refill_failed_groups: bool, poll_interval: Any) -> None:
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)
+                                  or threshold <= 0):
+        raise ThresholdError(
+            f"Invalid max off policy threshold: max_off_policy_threshold={threshold!r}; "
+            "use a positive int, or None to disable the staleness bound")
+    if strategy not in ("drop", "wait"):
+        raise StrategyError(
+            f"Invalid max off policy strategy: max_off_policy_strategy={strategy!r}; "
+            "use 'drop' or 'wait'")
+    if filter_groups_metric is not None and refill_fn is None:
+        raise ConfigError(
+            f"filter_groups_metric={filter_groups_metric!r} requires refill_fn (filtered groups "
+            "must be replaced by new prompts)")
+    if sync_refill_failed_groups and refill_fn is None:
+        raise ConfigError("sync_refill_failed_groups=True requires refill_fn")
+    if not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
+        raise ConfigError(f"poll_interval={poll_interval!r} must be a positive number of seconds")
+
+
+def _positive_int(name: str, value: Any, why: str) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive int {why}")
+
+
+def _non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name}={value!r} must be an int >= 0 (0 = unbounded)")
+
+
+def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
+                max_off_policy_strategy: str = "drop", filter_groups_metric: str | None = None,
+                refill_fn: Callable[[int], Any] | None = None,
+                train_batch_size: int | None = None, gen_batch_size: int | None = None,
+                max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
+                max_num_gen_batches: int = 0,
+                poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
+    """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored."""
+    _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
+                  refill_fn, sync_refill_failed_groups, poll_interval)
+    _non_negative_int("max_num_gen_batches", max_num_gen_batches)
+    if filter_groups_metric is not None:
+        _positive_int("max_inflight_gen_batches", max_inflight_gen_batches,
+                      "when filter_groups_metric is set")
+        _positive_int("train_batch_size", train_batch_size, "when filter_groups_metric is set")
+        _positive_int("gen_batch_size", gen_batch_size, "when filter_groups_metric is set")
+    if sync_refill_failed_groups and gen_batch_size != 1:
+        raise ConfigError(
+            f"sync_refill_failed_groups=True requires gen_batch_size=1 (got {gen_batch_size!r}): "
+            "failed prompts are replaced one by one")
+    if filter_groups_metric is not None:
+        refill: Any = DapoCredit(train_batch_size, gen_batch_size, max_inflight_gen_batches,
+                                 max_num_gen_batches)
+    elif sync_refill_failed_groups:
+        refill = RefillFailedWhileShort()
+    else:
+        refill = NoRefill()
+    return BufferConfig(
+        stale=StalePolicy(),
+        zero_variance=ZeroVarianceFilter(filter_groups_metric),
+        failure=FailurePolicy("empty" if sync_refill_failed_groups else "none"),
+        refill=refill, refill_fn=refill_fn, poll_interval=float(poll_interval),
+        empty_batch_is_error=True, sync_refill_failed_groups=sync_refill_failed_groups,
+        preset="sync")
+
+
+def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
+                 max_off_policy_strategy: Literal["drop", "wait"] = "drop",
+                 filter_groups_metric: str | None = None,
+                 refill_fn: Callable[[int], Any] | None = None,
+                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
+                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
+                 max_num_gen_batches: int = 0,
+                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
+    """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once.
+
+    gen_batch_size / max_inflight_gen_batches / sync_refill_failed_groups are sync-only knobs;
+    they are accepted (verl's configs pass them) and have no effect here."""
+    _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
+                  refill_fn, sync_refill_failed_groups, poll_interval)
+    _non_negative_int("max_num_gen_batches", max_num_gen_batches)
+    return BufferConfig(
+        stale=StalePolicy(max_off_policy_threshold, max_off_policy_strategy),
+        zero_variance=ZeroVarianceFilter(filter_groups_metric),
+        failure=FailurePolicy("all"),
+        refill=ReplaceEvicted(max_num_gen_batches if filter_groups_metric else 0,
+                              train_batch_size) if refill_fn is not None else NoRefill(),
+        refill_fn=refill_fn, poll_interval=float(poll_interval), preset="async")

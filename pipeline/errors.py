@@ -1,0 +1,57 @@
+"""The typed error tree: every error replaylake raises on purpose derives from ReplayLakeError."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+class ReplayLakeError(Exception):
+    """Base class of every error replaylake raises on purpose."""
+
+
+class ConfigError(ReplayLakeError, ValueError):
+    """A configuration value is invalid; raised at construction, naming the parameter."""
+
+
+class IngestError(ReplayLakeError, ValueError):
+    """Input rejected whole: carries every problem found (column, rows, what is wrong).
+
+    Nothing of the rejected call reached the buffer or the lake.
+    """
+
+    def __init__(self, what: str, problems: Iterable[object]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"{what} rejected ({len(self.problems)} problem(s); nothing was accepted):\n{lines}")
+
+
+class UnknownGroupError(IngestError):
+    """A trajectory or status names a group the buffer never registered, or one already removed."""
+
+
+class SampleTimeout(ReplayLakeError, TimeoutError):
+    """`sample` waited longer than its timeout; carries the group counts per status."""
+
+    def __init__(self, message: str, counts: Mapping[str, int]):
+        self.counts = dict(counts)
+        super().__init__(f"{message}; groups by status: {self.counts}")
+
+
+class RefillLimitError(ReplayLakeError, RuntimeError):
+    """Refilling cannot (or may no longer) fill the batch: stop instead of looping forever."""
+
+
+class MissingMetricError(ReplayLakeError, ValueError):
+    """Finished groups lack the reward metric the zero-variance filter needs."""
+
+
+class EmptyBatchError(ReplayLakeError, RuntimeError):
+    """The selected groups hold no trajectory at all (sync, non-validation)."""
+
+
+class InvariantError(ReplayLakeError, AssertionError):
+    """An internal invariant broke: a bug in replaylake, never the user's input."""
+
+
+class LakeError(ReplayLakeError, OSError):
+    """The lake directory cannot be opened or written."""

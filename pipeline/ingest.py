@@ -1,0 +1,241 @@
+"""Ingest validation: conform producer input to schemas/ and check every SPEC §2 rule.
+
+A call is accepted or rejected *whole*: every problem of every row is collected, and if there is
+any, an IngestError listing them all is raised before anything reaches the lake or the live
+buffer. (All-or-nothing keeps a producer's retry simple: fix the batch and send it again.)
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import IngestError, UnknownGroupError
+from schemas import GROUPS_INPUT, STATUS_INPUT, TRAJECTORIES_INPUT, Problem, conform
+from schemas.conform import rows_where
+
+STATUSES = ("pending", "running", "finished", "failure")
+_RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
+_SAFE_PARTITION = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def partition_problem(pid: object) -> str | None:
+    """Why a partition id is unusable (it becomes a directory name in the lake), or None."""
+    if not isinstance(pid, str) or not pid:
+        return "partition id must be a non-empty string"
+    if pid in (".", "..") or not _SAFE_PARTITION.fullmatch(pid):
+        return (f"partition id {pid!r} is not safe as a path component: use letters, digits, "
+                "'-', '_' and '.' only (not '.' or '..')")
+    return None
+
+
+def check_partition(pid: object) -> str:
+    """Raise IngestError for an unusable partition id; return it."""
+    why = partition_problem(pid)
+    if why:
+        raise IngestError("partition id", [Problem("partition", (), why)])
+    return pid  # type: ignore[return-value]
+
+
+def _conformed(what: str, data: Any, schema: pa.Schema, defaults: Mapping[str, Any]) -> pa.Table:
+    table, problems = conform(data, schema, defaults)
+    if problems:
+        raise IngestError(what, problems)
+    return table
+
+
+def _partition_problems(table: pa.Table) -> list[Problem]:
+    out = []
+    for pid in pc.unique(table.column("partition")).to_pylist():
+        why = partition_problem(pid)
+        if why:
+            out.append(Problem("partition", rows_where(pc.equal(table.column("partition"), pid)),
+                               why))
+    return out
+
+
+def _raise(what: str, problems: list[Problem]) -> None:
+    if problems:
+        unknown = all("unknown group" in p.message or "not accepting" in p.message
+                      for p in problems)
+        raise (UnknownGroupError if unknown else IngestError)(what, problems)
+
+
+def _empty_uid_problems(table: pa.Table) -> list[Problem]:
+    empty = pc.equal(pc.utf8_length(table.column("uid")), 0)
+    return [Problem("uid", rows_where(empty), "uid must be a non-empty string")] \
+        if pc.any(empty).as_py() else []
+
+
+def validate_groups(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
+    """Registrations of new prompt groups (status pending); ``lookup(partition, uid)`` -> group."""
+    table = _conformed("group registration", data, GROUPS_INPUT, {})
+    problems = _partition_problems(table) + _empty_uid_problems(table)
+    neg = pc.less(table.column("global_steps"), 0)
+    if pc.any(neg).as_py():
+        problems.append(Problem("global_steps", rows_where(neg), "must be an integer >= 0"))
+    bad_n = pc.less(table.column("n"), 1)
+    if pc.any(bad_n).as_py():
+        problems.append(Problem("n", rows_where(bad_n), "expected session count must be >= 1"))
+    seen: dict[tuple[str, str], int] = {}
+    dup, known = [], []
+    for i, (p, u) in enumerate(zip(table.column("partition").to_pylist(),
+                                   table.column("uid").to_pylist())):
+        if (p, u) in seen:
+            dup.append(i)
+        seen[(p, u)] = i
+        if lookup(p, u) is not None:
+            known.append(i)
+    if dup:
+        problems.append(Problem("uid", tuple(dup), "registered twice in this call"))
+    if known:
+        problems.append(Problem("uid", tuple(known),
+                                "already registered in this partition (uids must be unique)"))
+    _raise("group registration", problems)
+    return table
+
+
+def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
+    """Status transitions: forward only (pending -> running -> finished | failure); terminal is
+    final. `finished` with a known session count n needs a trajectory for every session 0..n-1."""
+    table = _conformed("status update", data, STATUS_INPUT, {})
+    problems = _partition_problems(table)
+    sim: dict[tuple[str, str], str] = {}
+    for i, (p, u, s) in enumerate(zip(table.column("partition").to_pylist(),
+                                      table.column("uid").to_pylist(),
+                                      table.column("status").to_pylist())):
+        if s not in STATUSES:
+            problems.append(Problem("status", (i,), f"unknown status {s!r}; use one of {STATUSES}"))
+            continue
+        g = lookup(p, u)
+        if g is None or g.removed:
+            problems.append(Problem("uid", (i,), f"unknown group {u!r} in partition {p!r} "
+                                                 "(never registered, or already removed)"))
+            continue
+        cur = sim.get((p, u), g.status)
+        if _RANK[s] <= _RANK[cur]:
+            problems.append(Problem("status", (i,), f"group {u!r} is {cur}; {s!r} would not move "
+                                                    "it forward (pending -> running -> "
+                                                    "finished | failure)"))
+            continue
+        if s == "finished" and g.n is not None and len(g.sessions) < g.n:
+            problems.append(Problem("status", (i,), (
+                f"group {u!r} expects n={g.n} sessions but has trajectories for "
+                f"{len(g.sessions)}: send the rest first, or mark it 'failure'")))
+            continue
+        sim[(p, u)] = s
+    _raise("status update", problems)
+    return table
+
+
+def metric_values(table: pa.Table, metric: str | None) -> pa.Array | None:
+    """Each trajectory's value of the filter metric (`reward` or a named reward metric)."""
+    if metric is None:
+        return None
+    if metric == "reward":
+        return table.column("reward").combine_chunks()
+    col = table.column("reward_info").combine_chunks()
+    return pc.map_lookup(col, pa.scalar(metric), "first").cast(pa.float64())
+
+
+def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
+                          filter_metric: str | None) -> pa.Table:
+    """Trajectories for groups that are registered and still in flight (pending or running)."""
+    table = _conformed("trajectories", data, TRAJECTORIES_INPUT,
+                       {"index": 0, "is_padding": False})
+    problems = _partition_problems(table) + _empty_uid_problems(table)
+    mn, mx = table.column("min_global_steps"), table.column("max_global_steps")
+    for name, mask, msg in (
+        ("min_global_steps", pc.less(mn, 0), "must be >= 0"),
+        ("max_global_steps", pc.less(mx, 0), "must be >= 0"),
+        ("min_global_steps", pc.greater(mn, mx), "min_global_steps > max_global_steps"),
+        ("session_id", pc.less(table.column("session_id"), 0), "must be >= 0"),
+        ("index", pc.less(table.column("index"), 0), "must be >= 0"),
+        ("reward", pc.is_nan(table.column("reward")), "reward is NaN"),
+    ):
+        if pc.any(mask).as_py():
+            problems.append(Problem(name, rows_where(mask), msg))
+    values = metric_values(table, filter_metric)
+    if values is not None and filter_metric != "reward":
+        nan = pc.is_nan(values)
+        if pc.any(nan).as_py():
+            problems.append(Problem("reward_info", rows_where(nan),
+                                    f"reward metric {filter_metric!r} is NaN (the zero-variance "
+                                    "filter needs a number)"))
+    problems += _length_problems(table)
+    problems += _group_problems(table, lookup)
+    _raise("trajectories", problems)
+    return table
+
+
+def _length_problems(table: pa.Table) -> list[Problem]:
+    out = []
+    n_resp = pc.list_value_length(table.column("response_ids"))
+    for name in ("response_mask", "rollout_log_probs"):
+        bad = pc.not_equal(pc.list_value_length(table.column(name)), n_resp)
+        if pc.any(bad).as_py():
+            out.append(Problem(name, rows_where(bad), "length differs from response_ids"))
+    spans = table.column("version_spans")
+    if spans.null_count < len(spans):
+        flat = pc.list_flatten(spans)
+        parents = pc.list_parent_indices(spans)
+        tok = np.bincount(np.asarray(parents), weights=flat.field("n_tokens").to_numpy(),
+                          minlength=len(spans)).astype(np.int64)
+        has = np.asarray(pc.is_valid(spans))
+        bad_len = has & (tok != np.asarray(n_resp.fill_null(0)))
+        if bad_len.any():
+            out.append(Problem("version_spans", tuple(np.flatnonzero(bad_len).tolist()),
+                               "n_tokens do not add up to the response length"))
+        ver = flat.field("version").to_numpy()
+        lo = np.asarray(table.column("min_global_steps"))[np.asarray(parents)]
+        hi = np.asarray(table.column("max_global_steps"))[np.asarray(parents)]
+        outside = np.unique(np.asarray(parents)[(ver < lo) | (ver > hi)])
+        if outside.size:
+            out.append(Problem("version_spans", tuple(outside.tolist()),
+                               "a version lies outside [min_global_steps, max_global_steps]"))
+        neg = np.unique(np.asarray(parents)[flat.field("n_tokens").to_numpy() < 0])
+        if neg.size:
+            out.append(Problem("version_spans", tuple(neg.tolist()), "n_tokens must be >= 0"))
+    return out
+
+
+def _group_problems(table: pa.Table, lookup: Callable[[str, str], Any]) -> list[Problem]:
+    out: list[Problem] = []
+    unknown, closed, dup, dup_store, out_of_n = [], [], [], [], []
+    seen: set = set()
+    cols = [table.column(c).to_pylist() for c in ("partition", "uid", "session_id", "index")]
+    for i, (p, u, s, x) in enumerate(zip(*cols)):
+        g = lookup(p, u)
+        if g is None:
+            unknown.append(i)
+            continue
+        if g.removed or g.status not in ("pending", "running"):
+            closed.append(i)
+            continue
+        key = (p, u, s, x)
+        if key in seen:
+            dup.append(i)
+        seen.add(key)
+        if (s, x) in g.keys:
+            dup_store.append(i)
+        if g.n is not None and s >= g.n:
+            out_of_n.append(i)
+    if unknown:
+        out.append(Problem("uid", tuple(unknown), "unknown group: register it before sending "
+                                                  "its trajectories"))
+    if closed:
+        out.append(Problem("uid", tuple(closed), "group is not accepting trajectories (it is "
+                                                 "terminal or already removed)"))
+    if dup:
+        out.append(Problem("session_id", tuple(dup),
+                           "duplicate (uid, session_id, index) within this call"))
+    if dup_store:
+        out.append(Problem("session_id", tuple(dup_store),
+                           "duplicate (uid, session_id, index): already in the buffer"))
+    if out_of_n:
+        out.append(Problem("session_id", tuple(out_of_n), "session_id >= the group's n"))
+    return out

@@ -1,0 +1,42 @@
+"""Stamps rows with arrival sequence numbers and time, and writes them to the lake (if any)."""
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.lake import LakeWriter
+from schemas import LAKE_TABLES
+
+
+class Journal:
+    """The single source of `seq`: every accepted row and decision gets the next number."""
+
+    def __init__(self, lake: LakeWriter | None, next_seq: int = 0):
+        self.lake = lake
+        self.next_seq = next_seq
+
+    def record(self, table: str, rows: pa.Table) -> pa.Table:
+        """Stamp ``rows`` (the lake schema minus seq/ts), write them durably, return them stamped.
+
+        Nothing is stamped unless the write succeeded, so a failed write changes nothing."""
+        n = rows.num_rows
+        schema = LAKE_TABLES[table]
+        now_us = np.datetime64(dt.datetime.now(dt.UTC).replace(tzinfo=None), "us")
+        now = pa.array(np.full(n, now_us)).cast(schema.field("ts").type)
+        seq = pa.array(range(self.next_seq, self.next_seq + n), type=pa.int64())
+        cols = {name: rows.column(name) for name in rows.column_names}
+        cols["seq"], cols["ts"] = seq, now
+        stamped = pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
+        if self.lake is not None:
+            self.lake.append(table, stamped)
+        self.next_seq += n
+        return stamped
+
+    def record_rows(self, table: str, rows: list[dict]) -> pa.Table:
+        """`record` for a few python rows (decisions, metrics, events)."""
+        schema = LAKE_TABLES[table]
+        fields = [f for f in schema if f.name not in ("seq", "ts")]
+        data = {f.name: pa.array([r.get(f.name) for r in rows], type=f.type) for f in fields}
+        return self.record(table, pa.table(data))

@@ -1,0 +1,108 @@
+"""Refill: how many replacement prompts to ask for after a poll, and when a call may finish.
+
+`ReplaceEvicted` (async) asks for every evicted group at once; `RefillFailedWhileShort` (sync)
+replaces empty failures only while the batch is short; `DapoCredit` (sync DAPO, "bufferless")
+earns credit per filtered group and dispatches it into free in-flight slots, then drains in-flight
+groups and discards the surplus. `NoRefill` is for buffers without `refill_fn`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import RefillLimitError
+from pipeline.policies.context import CallState, PollContext, PollOutcome
+
+
+def _check_limit(max_num_gen_batches: int, train_batch_size: int, st: CallState,
+                 wanted: int) -> None:
+    """max_num_gen_batches (verl ignores it): refuse to refill past the limit, instead of forever."""
+    limit = max_num_gen_batches * train_batch_size
+    if max_num_gen_batches and st.refilled >= limit:
+        raise RefillLimitError(
+            f"refilled {st.refilled} prompts in this sample call (max_num_gen_batches x "
+            f"train_batch_size = {limit}) and still cannot fill the batch: {st.filtered} groups "
+            f"were filtered as zero-variance, {wanted} more were wanted. The data may have no "
+            "reward variance (every group all-correct or all-wrong): check the reward function or "
+            "the dataset's difficulty, or raise max_num_gen_batches (0 = unbounded).")
+
+
+@dataclass(frozen=True)
+class NoRefill:
+    """Evicted groups are not replaced."""
+
+    drains: bool = False
+
+    def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class ReplaceEvicted:
+    """Async: ask for k new prompts as soon as a poll evicted k groups (any reasons, once each).
+
+    With the zero-variance filter on, ``max_num_gen_batches`` x ``train_batch_size`` (the call's
+    batch size when None) bounds the refills of one call; 0 = unbounded."""
+
+    max_num_gen_batches: int = 0
+    train_batch_size: int | None = None
+    drains: bool = False
+
+    def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
+        if ctx.validation or o.evicted == 0:
+            return 0
+        _check_limit(self.max_num_gen_batches, self.train_batch_size or ctx.batch_size, st,
+                     o.evicted)
+        return o.evicted
+
+
+@dataclass(frozen=True)
+class RefillFailedWhileShort:
+    """Sync with sync_refill_failed_groups and no filter: replace evicted empty failures while
+    fewer than batch_size groups are sampleable; surplus stays buffered, in-flight is not awaited."""
+
+    drains: bool = False
+
+    def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
+        if ctx.validation or o.empty_failures == 0 or o.sampleable >= ctx.batch_size:
+            return 0
+        return o.empty_failures
+
+
+@dataclass(frozen=True)
+class DapoCredit:
+    """Sync DAPO: credit 2 per zero-variance group and 1 per evicted empty failure, dispatched as
+    `min(credit, max(0, max_inflight x train_batch_size - in_flight))` rounded down to a multiple
+    of gen_batch_size. Once the batch is full, draining starts and never stops within the call:
+    remaining credit is discarded, in-flight groups are awaited (and still filtered), then the
+    oldest batch_size groups are taken and every other sampleable group is discarded."""
+
+    train_batch_size: int
+    gen_batch_size: int
+    max_inflight_gen_batches: int = 1
+    max_num_gen_batches: int = 0
+    drains: bool = True
+
+    def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
+        if ctx.validation:
+            return 0
+        if not st.draining:
+            st.credit += 2 * o.by_reason.get("zero_variance", 0) + o.empty_failures
+            if o.sampleable >= ctx.batch_size:
+                st.draining = True
+                st.credit = 0
+        if st.draining:
+            return 0
+        slots = self.max_inflight_gen_batches * self.train_batch_size - o.inflight
+        dispatch = min(st.credit, max(0, slots))
+        dispatch -= dispatch % self.gen_batch_size
+        if dispatch > 0:
+            _check_limit(self.max_num_gen_batches, self.train_batch_size, st, dispatch)
+            st.credit -= dispatch
+            return dispatch
+        if st.credit > 0 and o.inflight == 0:
+            raise RefillLimitError(
+                f"DAPO refill credit {st.credit} is below gen_batch_size={self.gen_batch_size} and "
+                f"nothing is in flight, so the batch ({o.sampleable}/{ctx.batch_size} groups) can "
+                "never fill (verl would sleep forever here). Use a gen_batch_size that divides the "
+                "credit (e.g. 1), or a larger buffer of prompts per dispatch.")
+        return 0

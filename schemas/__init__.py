@@ -1,0 +1,21 @@
+"""Every table replaylake keeps, declared once as a pyarrow schema with field docs in metadata."""
+from __future__ import annotations
+
+from schemas.conform import Problem, conform
+from schemas.tables import (
+    BATCH_PROVENANCE,
+    DECISIONS,
+    GROUP_EVENTS,
+    GROUPS_INPUT,
+    LAKE_TABLES,
+    METRICS,
+    STATUS_INPUT,
+    TRAJECTORIES,
+    TRAJECTORIES_INPUT,
+    VERSION_SPAN,
+)
+
+__all__ = [
+    "BATCH_PROVENANCE", "DECISIONS", "GROUP_EVENTS", "GROUPS_INPUT", "LAKE_TABLES", "METRICS",
+    "STATUS_INPUT", "TRAJECTORIES", "TRAJECTORIES_INPUT", "VERSION_SPAN", "Problem", "conform",
+]

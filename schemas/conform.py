@@ -1,0 +1,215 @@
+"""Strict conform/validate: turn producer input into a table of an exact schema, or list every problem.
+
+Accepted inputs: a pyarrow Table or RecordBatch, a polars DataFrame, a list of dicts, or a dict of
+columns. Columns are matched by name; unknown columns are problems (a typo must not be silently
+dropped). Lossless casts are applied (int64 -> int32 when every value fits, large_string -> string,
+a struct of floats -> map, int -> float); anything else is a problem naming the column and rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+MAX_ROWS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason an input is rejected: the column, the offending rows (0-based), and what is wrong."""
+
+    column: str
+    rows: tuple[int, ...]
+    message: str
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return f"column '{self.column}': {self.message}"
+        shown = ", ".join(str(r) for r in self.rows[:MAX_ROWS_SHOWN])
+        more = f" (+{len(self.rows) - MAX_ROWS_SHOWN} more)" if len(self.rows) > MAX_ROWS_SHOWN else ""
+        word = "row" if len(self.rows) == 1 else "rows"
+        return f"column '{self.column}', {word} {shown}{more}: {self.message}"
+
+
+def rows_where(mask: pa.Array | pa.ChunkedArray) -> tuple[int, ...]:
+    """0-based row numbers where a boolean array is true (nulls count as false)."""
+    mask = pc.fill_null(mask, False)
+    return tuple(pc.indices_nonzero(mask).to_pylist())
+
+
+def _to_columns(data: Any) -> tuple[dict[str, Any], int]:
+    """Columns by name (pyarrow arrays, or python lists pyarrow could not type alone) and row count."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if type(data).__module__.startswith("polars"):
+        data = data.to_arrow()
+    if isinstance(data, pa.Table):
+        return {name: data.column(name) for name in data.column_names}, data.num_rows
+    if isinstance(data, Mapping):
+        cols = {k: _column_from_values(list(v)) for k, v in data.items()}
+        lengths = {len(v) for v in cols.values()}
+        if len(lengths) > 1:
+            raise TypeError(f"columns have different lengths: {sorted(lengths)}")
+        return cols, lengths.pop() if lengths else 0
+    if isinstance(data, (list, tuple)):
+        if not all(isinstance(r, Mapping) for r in data):
+            raise TypeError("expected a list of dicts (one per row)")
+        names: dict[str, None] = {}
+        for r in data:
+            names.update(dict.fromkeys(r))
+        return {k: _column_from_values([r.get(k) for r in data]) for k in names}, len(data)
+    raise TypeError(
+        f"cannot ingest {type(data).__name__}: pass a pyarrow Table/RecordBatch, a polars "
+        "DataFrame, a list of dicts or a dict of columns")
+
+
+class _Unconvertible(list):
+    """Python values pyarrow could not infer one type for; typed per field later."""
+
+
+def _column_from_values(values: list) -> pa.Array | _Unconvertible:
+    if any(isinstance(v, Mapping) for v in values):
+        return _Unconvertible(values)  # dicts: infer against the target type (map), not a struct
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return _Unconvertible(values)
+
+
+def _typed_from_python(name: str, values: list, target: pa.DataType,
+                       problems: list[Problem]) -> pa.Array | None:
+    try:
+        return pa.array(values, type=target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        bad = []
+        for i, v in enumerate(values):
+            try:
+                pa.array([v], type=target)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                bad.append(i)
+        problems.append(Problem(name, tuple(bad), f"values are not of type {target}"))
+        return None
+
+
+def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
+          problems: list[Problem]) -> pa.ChunkedArray | pa.Array | None:
+    if col.type == target:
+        return col
+    src = col.type
+    if pa.types.is_null(src):
+        return pa.nulls(len(col), target)
+    if pa.types.is_map(target) and pa.types.is_struct(src):
+        return _struct_to_map(name, col, target, problems)
+    if not _castable(src, target):
+        problems.append(Problem(name, (), f"has type {src}, expected {target}"))
+        return None
+    try:
+        return pc.cast(col, target, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        bad = []
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        for i in range(len(arr)):
+            try:
+                pc.cast(arr.slice(i, 1), target, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                bad.append(i)
+        problems.append(Problem(name, tuple(bad), f"cannot be cast losslessly to {target} ({exc})"))
+        return None
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "str"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) \
+            or pa.types.is_fixed_size_list(t):
+        return "list"
+    if pa.types.is_struct(t):
+        return "struct"
+    if pa.types.is_map(t):
+        return "map"
+    if pa.types.is_timestamp(t):
+        return "ts"
+    return str(t)
+
+
+def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    a, b = _kind(src), _kind(dst)
+    if a == "list" and b == "list":
+        return _castable(src.value_type, dst.value_type)
+    if a == "struct" and b == "struct":
+        names = {f.name for f in src}
+        return all(f.name in names and _castable(src.field(f.name).type, f.type) for f in dst)
+    if a == "int" and b == "float":
+        return True
+    return a == b
+
+
+def _struct_to_map(name: str, col, target: pa.DataType, problems: list[Problem]):
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not all(_kind(f.type) in ("int", "float") for f in arr.type):
+        problems.append(Problem(name, (), f"struct fields must be numbers to become {target}"))
+        return None
+    rows = []
+    for v in arr.to_pylist():
+        rows.append(None if v is None else [(k, None if x is None else float(x))
+                                            for k, x in v.items() if x is not None])
+    return pa.array(rows, type=target)
+
+
+def conform(data: Any, target: pa.Schema,
+            defaults: Mapping[str, Any] | None = None) -> tuple[pa.Table | None, list[Problem]]:
+    """Conform ``data`` to ``target``; returns ``(table, [])`` or ``(None, problems)``.
+
+    ``defaults`` gives a value for a column that is absent altogether (e.g. ``is_padding=False``);
+    nullable columns that are absent become all-null. Every problem found is reported, not just the
+    first, so a producer can fix its whole batch at once.
+    """
+    defaults = dict(defaults or {})
+    problems: list[Problem] = []
+    try:
+        given, n = _to_columns(data)
+    except TypeError as exc:
+        return None, [Problem("*", (), str(exc))]
+    known = set(target.names)
+    for c in given:
+        if c not in known:
+            problems.append(Problem(c, (), f"unknown column; expected only {sorted(known)}"))
+    columns: list = []
+    for f in target:
+        col = given.get(f.name)
+        if col is None:
+            columns.append(None)
+        elif isinstance(col, _Unconvertible):
+            columns.append(_typed_from_python(f.name, list(col), f.type, problems))
+        else:
+            if isinstance(col, pa.ChunkedArray):
+                col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+            columns.append(_cast(f.name, col, f.type, problems))
+    for i, f in enumerate(target):
+        if f.name in given:
+            continue
+        if f.name in defaults:
+            columns[i] = pa.array([defaults[f.name]] * n, type=f.type)
+        elif f.nullable:
+            columns[i] = pa.nulls(n, f.type)
+        else:
+            problems.append(Problem(f.name, (), "required column is missing"))
+    if problems:
+        return None, problems
+    for i, f in enumerate(target):
+        col = columns[i]
+        if not f.nullable and col.null_count:
+            problems.append(Problem(f.name, rows_where(pc.is_null(col)), "must not be null"))
+    if problems:
+        return None, problems
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    return pa.Table.from_arrays(arrays, schema=target), []

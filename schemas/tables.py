@@ -1,0 +1,129 @@
+"""The pyarrow schemas of every input and lake table (explicit widths: int32 tokens, int64 steps)."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from schemas._fields import field, schema
+
+VERSION_SPAN = pa.struct([
+    pa.field("version", pa.int64(), nullable=False),
+    pa.field("n_tokens", pa.int32(), nullable=False),
+])
+
+_PARTITION = "stream name, e.g. `train` or `val`; letters, digits, `-`, `_`, `.` only"
+_UID = "prompt-group id, unique within the partition"
+
+# --- what producers hand to ingest (before the buffer adds seq / defaults) -----------------------
+
+GROUPS_INPUT = schema(
+    "groups_input", "prompt groups registered as pending by the rollout side",
+    field("partition", pa.string(), _PARTITION),
+    field("uid", pa.string(), _UID),
+    field("global_steps", pa.int64(), "dispatch step of the prompt (integer >= 0)"),
+    field("n", pa.int32(), "expected number of sessions (responses); null = unknown", nullable=True),
+)
+
+STATUS_INPUT = schema(
+    "status_input", "status transitions of prompt groups (forward only)",
+    field("partition", pa.string(), _PARTITION),
+    field("uid", pa.string(), _UID),
+    field("status", pa.string(), "one of pending, running, finished, failure"),
+)
+
+_TRAJECTORY_FIELDS = [
+    field("partition", pa.string(), _PARTITION),
+    field("uid", pa.string(), _UID),
+    field("session_id", pa.int32(), "response number within the group, 0..n-1"),
+    field("index", pa.int32(), "output index within a multi-output agent loop (usually 0)"),
+    field("min_global_steps", pa.int64(), "oldest weight version that produced a token"),
+    field("max_global_steps", pa.int64(), "newest weight version that produced a token"),
+    field("reward", pa.float64(), "scalar reward (sum of token rewards); never NaN"),
+    field("reward_info", pa.map_(pa.string(), pa.float64()),
+          "named reward metrics, e.g. {'acc': 1.0}", nullable=True),
+    field("prompt_ids", pa.list_(pa.int32()), "prompt token ids"),
+    field("response_ids", pa.list_(pa.int32()), "response token ids"),
+    field("response_mask", pa.list_(pa.int8()),
+          "loss mask over response tokens (1 = trained on); null = all ones", nullable=True),
+    field("rollout_log_probs", pa.list_(pa.float32()),
+          "log-probs of the response tokens under the rollout policy; null = unknown",
+          nullable=True),
+    field("version_spans", pa.list_(VERSION_SPAN),
+          "per-token weight versions as runs of (version, n_tokens); null = unknown",
+          nullable=True),
+    field("is_padding", pa.bool_(), "padding row added downstream (excluded from metrics)"),
+]
+
+TRAJECTORIES_INPUT = schema(
+    "trajectories_input", "trajectories (one per response) as producers send them",
+    *_TRAJECTORY_FIELDS,
+)
+
+# --- lake tables ---------------------------------------------------------------------------------
+
+_SEQ = field("seq", pa.int64(), "arrival sequence number, unique and increasing per buffer")
+_TS = field("ts", pa.timestamp("us", tz="UTC"), "wall-clock time the buffer accepted the row")
+
+TRAJECTORIES = schema(
+    "trajectories", "every accepted trajectory, payload included",
+    *_TRAJECTORY_FIELDS, _SEQ, _TS,
+)
+
+GROUP_EVENTS = schema(
+    "group_events", "registration, status transitions and re-issues of prompt groups",
+    field("partition", pa.string(), _PARTITION),
+    field("uid", pa.string(), _UID),
+    field("event", pa.string(),
+          "registered | running | finished | failure | reissued"),
+    field("global_steps", pa.int64(), "dispatch step (the new one for `reissued`)"),
+    field("n", pa.int32(), "expected session count (registration only)", nullable=True),
+    _SEQ, _TS,
+)
+
+DECISIONS = schema(
+    "decisions", "the decision log: every eviction, selection, discard, refill and release",
+    field("partition", pa.string(), _PARTITION),
+    field("step", pa.int64(), "trainer global step `g` of the sample call"),
+    field("call_id", pa.int64(), "id of the sample / wait call that took the decision"),
+    field("poll", pa.int32(), "poll number within the call (0-based)"),
+    field("kind", pa.string(), "evict | select | discard | refill | release"),
+    field("uid", pa.string(), "group concerned; null for refill rows", nullable=True),
+    field("reason", pa.string(),
+          "evict: stale | zero_variance | failure; refill: the policy that asked",
+          nullable=True),
+    field("span", pa.int64(), "group span g - global_steps + 1 at the decision", nullable=True),
+    field("value", pa.float64(), "zero_variance: the group's single metric value",
+          nullable=True),
+    field("batch_id", pa.int64(), "select / release: the batch", nullable=True),
+    field("count", pa.int64(), "refill: number of prompts requested; else 1"),
+    _SEQ, _TS,
+)
+
+METRICS = schema(
+    "metrics", "per-step metric rows (eviction and off-policy metrics)",
+    field("partition", pa.string(), _PARTITION),
+    field("step", pa.int64(), "trainer global step"),
+    field("batch_id", pa.int64(), "batch the metric belongs to", nullable=True),
+    field("name", pa.string(), "metric key, e.g. training/off_policy/evicted_samples"),
+    field("value", pa.float64(), "metric value"),
+    _SEQ, _TS,
+)
+
+BATCH_PROVENANCE = schema(
+    "batch_provenance", "provenance columns a Batch carries beside the trajectory payload",
+    field("batch_id", pa.int64(), "id of the batch"),
+    field("step", pa.int64(), "trainer global step `g` the batch was sampled at"),
+    field("global_steps", pa.int64(), "the group's dispatch step"),
+    field("status", pa.string(), "the group's terminal status (finished | failure)"),
+    field("span", pa.int64(), "max_global_steps - min_global_steps + 1"),
+    field("staleness", pa.int64(), "(g - 1) - max_global_steps"),
+    field("staleness_worst", pa.int64(), "(g - 1) - min_global_steps"),
+    field("group_span", pa.int64(), "g - global_steps + 1"),
+    field("times_sampled", pa.int32(), "how often the group was handed out (always 1)"),
+)
+
+LAKE_TABLES = {
+    "trajectories": TRAJECTORIES,
+    "group_events": GROUP_EVENTS,
+    "decisions": DECISIONS,
+    "metrics": METRICS,
+}
