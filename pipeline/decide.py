@@ -1,16 +1,16 @@
-"""One poll: evict on a consistent snapshot with one fused query, then (when asked) select.
+"""One poll: which groups the active rules evict, and which groups are oldest.
 
-The buffer calls these under its lock, so the candidate table cannot change during a poll; groups
-evicted by a poll are removed from the snapshot before selection looks at it.
+The buffer calls these under its lock, so the index cannot change during a poll; evicted groups
+are removed before selection looks (SPEC §5). Only fresh groups and those behind a rule's horizon
+are examined (pipeline/candidates.py), so a poll's cost follows what changed, not the buffer size.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
 
-import polars as pl
+import numpy as np
 
-from pipeline.candidates import FAILURE
+from pipeline.candidates import FAILURE, Columns
 from pipeline.config import BufferConfig
 from pipeline.errors import MissingMetricError
 from pipeline.policies.context import PollContext
@@ -19,7 +19,7 @@ from pipeline.store import PartitionState
 
 @dataclass
 class Eviction:
-    """Rows one poll evicted: uid, the reasons that fired, its span and (zero-variance) value."""
+    """Rows one poll evicts: uid, the reasons that fired, its span and (zero-variance) value."""
 
     uids: list[str]
     reasons: dict[str, list[bool]]
@@ -32,50 +32,43 @@ class Eviction:
         return len(self.uids)
 
 
+NOTHING = Eviction([], {}, [], [], 0)
+
+
 def evaluate(part: PartitionState, cfg: BufferConfig, ctx: PollContext) -> Eviction:
-    """Which live candidates the active evictors flag, in one polars query (reasons combine)."""
-    flags = [(ev.reason, ev.flag(ctx)) for ev in cfg.evictors()]
-    flags = [(r, e) for r, e in flags if e is not None]
-    if not flags or part.candidates.alive_count == 0:
-        return Eviction([], {}, [], [], 0)
-    if cfg.zero_variance.metric is not None and not ctx.validation:
-        missing = part.missing_metric_groups()
+    """The evictions of one poll, reasons combined by union. Changes nothing."""
+    rules = [ev for ev in cfg.evictors() if ev.active(ctx)]
+    if not rules or part.candidates.alive_count == 0:
+        return NOTHING
+    if cfg.zero_variance.active(ctx):
+        missing = part.candidates.missing_metric()
         if missing:
             raise MissingMetricError(
                 f"{len(missing)} finished group(s) of partition {ctx.partition!r} have a "
                 f"trajectory without reward metric {cfg.zero_variance.metric!r} "
                 f"(filter_groups_metric): {missing[:5]}; add it to reward_info, or choose a "
                 "metric every trajectory reports")
-    any_flag = reduce(lambda a, b: a | b, [pl.col(r) for r, _ in flags])
-    hit = (part.candidates.frame().lazy()
-           .filter(pl.col("alive"))
-           .with_columns([e.alias(r) for r, e in flags])
-           .filter(any_flag)
-           .select("row", "gs", "value", "status", "n_traj", *[r for r, _ in flags])
-           .sort("row")
-           .collect())
-    if hit.height == 0:
-        return Eviction([], {}, [], [], 0)
-    uids = [part.candidates.uids[i] for i in hit["row"].to_list()]
-    reasons = {r: hit[r].to_list() for r, _ in flags}
-    fail = reasons.get("failure", [False] * hit.height)
-    empty = sum(1 for f, s, n in zip(fail, hit["status"].to_list(), hit["n_traj"].to_list())
-                if f and s == FAILURE and n == 0)
-    spans = [ctx.step - gs + 1 for gs in hit["gs"].to_list()]
-    return Eviction(uids, reasons, spans, hit["value"].to_list(), empty)
+    horizons = [h for h in (r.horizon(ctx) for r in rules) if h is not None]
+    rows = part.candidates.to_examine(max(horizons) if horizons else None)
+    if not rows:
+        return NOTHING
+    cols = Columns(rows)
+    masks = {r.reason: r.mask(cols, ctx) for r in rules}
+    hit = np.flatnonzero(np.logical_or.reduce(list(masks.values())))
+    if hit.size == 0:
+        return NOTHING
+    hit = hit[np.lexsort((cols.term_seq[hit], cols.gs[hit]))]   # decision rows oldest first
+    reasons = {r: m[hit].tolist() for r, m in masks.items()}
+    fail = masks.get("failure")
+    empty = 0 if fail is None else int(
+        (fail[hit] & (cols.status[hit] == FAILURE) & (cols.n_traj[hit] == 0)).sum())
+    spans = (ctx.step - cols.gs[hit] + 1).tolist()
+    return Eviction([rows[i].uid for i in hit], reasons, spans, cols.value[hit].tolist(), empty)
 
 
 def oldest(part: PartitionState, k: int | None) -> list[str]:
-    """The k oldest live candidates by (global_steps, terminal arrival seq); all if k is None.
+    """The k oldest alive groups by (global_steps, terminal arrival seq); all if k is None.
 
-    The terminal seq is unique per buffer, so (global_steps, seq) is already a total order; uid
-    would only break ties that cannot occur. Hash order never enters (verl's defect, SPEC §9)."""
-    if part.candidates.alive_count == 0:
-        return []
-    live = part.candidates.frame().lazy().filter(pl.col("alive"))
-    if k is None:
-        rows = live.sort(["gs", "term_seq"]).select("row").collect()
-    else:
-        rows = live.bottom_k(k, by=["gs", "term_seq"]).sort(["gs", "term_seq"]) \
-            .select("row").collect()
-    return [part.candidates.uids[i] for i in rows["row"].to_list()]
+    The terminal seq is unique per buffer, so (global_steps, seq) is already a total order and uid
+    never has to break a tie. Hash order never enters (verl's defect, SPEC §9)."""
+    return part.candidates.oldest(k)

@@ -179,7 +179,7 @@ def _length_problems(table: pa.Table) -> list[Problem]:
         bad = pc.not_equal(pc.list_value_length(table.column(name)), n_resp)
         if pc.any(bad).as_py():
             out.append(Problem(name, rows_where(bad), "length differs from response_ids"))
-    spans = table.column("version_spans")
+    spans = table.column("version_spans").combine_chunks()
     if spans.null_count < len(spans):
         flat = pc.list_flatten(spans)
         parents = pc.list_parent_indices(spans)

@@ -10,6 +10,9 @@ from pipeline.lake import LakeWriter
 from schemas import LAKE_TABLES
 
 
+_HISTORY_ONLY = ("decisions", "metrics")
+
+
 class Journal:
     """The single source of `seq`: every accepted row and decision gets the next number."""
 
@@ -34,8 +37,12 @@ class Journal:
         self.next_seq += n
         return stamped
 
-    def record_rows(self, table: str, rows: list[dict]) -> pa.Table:
-        """`record` for a few python rows (decisions, metrics, events)."""
+    def record_rows(self, table: str, rows: list[dict]) -> pa.Table | None:
+        """`record` for a few python rows (decisions, metrics, events). Without a lake, history
+        rows (decisions, metrics) only take their seq numbers: nothing in memory reads them."""
+        if self.lake is None and table in _HISTORY_ONLY:
+            self.next_seq += len(rows)
+            return None
         schema = LAKE_TABLES[table]
         fields = [f for f in schema if f.name not in ("seq", "ts")]
         data = {f.name: pa.array([r.get(f.name) for r in rows], type=f.type) for f in fields}

@@ -110,7 +110,7 @@ def off_policy_metrics(batch: pa.Table, step: int, prefix: str = "training"
         out[f"{prefix}/off_policy/token_staleness/mean"] = float(
             np.average((step - 1) - mx, weights=n_tok))
         weights["n_response_tokens"] = float(n_tok.sum())
-    spans = rows.column("version_spans")
+    spans = rows.column("version_spans").combine_chunks()
     if spans.null_count < len(spans):
         flat = pc.list_flatten(spans)
         ver = flat.field("version").to_numpy()

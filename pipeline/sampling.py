@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import decide
 from pipeline.batch import Batch, with_provenance
+from pipeline.candidates import FINISHED
 from pipeline.errors import ConfigError, EmptyBatchError, InvariantError, SampleTimeout
 from pipeline.ingest import check_partition
 from pipeline.metrics import EvictionMetrics, off_policy_metrics, prefix_of
@@ -45,6 +46,7 @@ def run_call(buf: ReplayBuffer, global_steps: int, partition_id: str, batch_size
             ev = decide.evaluate(part, cfg, ctx)
             if ev.count:
                 _apply_eviction(buf, part, ctx, call_id, poll, ev, acc, st)
+            part.candidates.settle()
             outcome = PollOutcome(ev.count, {r: sum(v) for r, v in ev.reasons.items()},
                                   ev.empty_failures, part.candidates.alive_count,
                                   len(part.inflight))
@@ -140,7 +142,7 @@ def _select(buf, part, ctx: PollContext, call_id: int, poll: int, acc: EvictionM
                               f"{ctx.partition!r} hold no trajectory at all{hint}")
     batch_id = buf._next_batch
     buf._next_batch += 1
-    status = {u: ("finished" if part.candidates.get(u)["status"] == 1 else "failure")
+    status = {u: ("finished" if part.candidates.alive[u].status == FINISHED else "failure")
               for u in chosen}
     steps = {u: part.groups[u].gs for u in chosen}
     buf._journal.record_rows("decisions", [

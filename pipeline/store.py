@@ -9,7 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pipeline.candidates import FAILURE, FINISHED, ZV_MISSING, ZV_NO, ZV_YES, CandidateTable
+from pipeline.candidates import (
+    FAILURE,
+    FINISHED,
+    ZV_MISSING,
+    ZV_NO,
+    ZV_YES,
+    Candidate,
+    CandidateIndex,
+)
 from pipeline.ingest import metric_values
 from pipeline.rows import TrajectoryRows
 
@@ -67,7 +75,7 @@ class PartitionState:
         self.filter_metric = filter_metric if partition != "val" else None
         self.groups: dict[str, Group] = {}
         self.inflight: dict[str, int] = {}      # uid -> global_steps of pending/running groups
-        self.candidates = CandidateTable()
+        self.candidates = CandidateIndex()
         self.rows = TrajectoryRows()
         self.batches: dict[int, list[str]] = {}  # selected, not yet released
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
@@ -85,7 +93,7 @@ class PartitionState:
             self.inflight.pop(uid, None)
             g.term_seq = seq
             code, zv, value = g.classify(self.filter_metric)
-            self.candidates.add(uid, g.gs, seq, code, len(g.rows), zv, value)
+            self.candidates.add(Candidate(uid, g.gs, seq, code, len(g.rows), zv, value))
 
     def apply_reissued(self, uid: str, gs: int) -> None:
         """In-flight group back to pending at the resume step; its partial trajectories dropped."""
@@ -161,13 +169,3 @@ class PartitionState:
         for u in uids:
             rows.extend(self.groups[u].rows)
         return self.rows.take(np.asarray(rows, dtype=np.int64))
-
-    def missing_metric_groups(self) -> list[str]:
-        cand = self.candidates
-        if not cand.n:
-            return []
-        zv = cand._cols["zv"][: cand.n]
-        alive = cand._cols["alive"][: cand.n]
-        idx = np.flatnonzero((zv == ZV_MISSING) & alive)
-        return sorted(cand.uids[i] for i in idx)
-

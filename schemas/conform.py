@@ -7,7 +7,7 @@ a struct of floats -> map, int -> float); anything else is a problem naming the 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,15 @@ def _to_columns(data: Any) -> tuple[dict[str, Any], int]:
         "DataFrame, a list of dicts or a dict of columns")
 
 
+def _python_values(data: Any, name: str) -> Callable[[], list] | None:
+    """For python input (dict of columns, list of dicts): the column's original values, lazily."""
+    if isinstance(data, Mapping):
+        return lambda: list(data[name])
+    if isinstance(data, (list, tuple)):
+        return lambda: [r.get(name) for r in data]
+    return None
+
+
 class _Unconvertible(list):
     """Python values pyarrow could not infer one type for; typed per field later."""
 
@@ -95,7 +104,8 @@ def _typed_from_python(name: str, values: list, target: pa.DataType,
 
 
 def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
-          problems: list[Problem]) -> pa.ChunkedArray | pa.Array | None:
+          problems: list[Problem], values: Callable[[], list] | None = None
+          ) -> pa.ChunkedArray | pa.Array | None:
     if col.type == target:
         return col
     src = col.type
@@ -104,7 +114,8 @@ def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
     if pa.types.is_map(target) and pa.types.is_struct(src):
         return _struct_to_map(name, col, target, problems)
     if not _castable(src, target):
-        problems.append(Problem(name, (), f"has type {src}, expected {target}"))
+        rows = _mistyped_rows(values(), target) if values is not None else ()
+        problems.append(Problem(name, rows, f"has type {src}, expected {target}"))
         return None
     try:
         return pc.cast(col, target, safe=True)
@@ -113,7 +124,7 @@ def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         for i in range(len(arr)):
             try:
-                pc.cast(arr.slice(i, 1), target, safe=True)
+                pc.cast(arr.take([i]), target, safe=True)  # a slice of a list keeps all values
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 bad.append(i)
         problems.append(Problem(name, tuple(bad), f"cannot be cast losslessly to {target} ({exc})"))
@@ -141,7 +152,23 @@ def _kind(t: pa.DataType) -> str:
     return str(t)
 
 
+def _mistyped_rows(values: list, target: pa.DataType) -> tuple[int, ...]:
+    """Python input: the rows whose own value has a kind ``target`` cannot take (e.g. 3.5 as a
+    token id), so the error names them rather than only the column type pyarrow inferred."""
+    bad = []
+    for i, v in enumerate(values):
+        try:
+            ok = v is None or _castable(pa.array([v]).type, target)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            bad.append(i)
+    return tuple(bad)
+
+
 def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    if pa.types.is_null(src):
+        return True  # all-null values, e.g. the items of empty python lists: `[[]]` is list<null>
     a, b = _kind(src), _kind(dst)
     if a == "list" and b == "list":
         return _castable(src.value_type, dst.value_type)
@@ -193,7 +220,7 @@ def conform(data: Any, target: pa.Schema,
         else:
             if isinstance(col, pa.ChunkedArray):
                 col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-            columns.append(_cast(f.name, col, f.type, problems))
+            columns.append(_cast(f.name, col, f.type, problems, _python_values(data, f.name)))
     for i, f in enumerate(target):
         if f.name in given:
             continue

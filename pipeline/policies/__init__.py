@@ -1,8 +1,10 @@
 """Policies as values: evictors (stale, zero-variance, failure), the wait gate, refill and surplus.
 
-Each evictor is a small frozen dataclass that turns the poll context into a polars expression
-over the candidate table (pipeline/candidates.py); the buffer fuses every active evictor into one
-query per poll. Presets (pipeline/config.py) combine them into verl's `sync` and `async` buffers.
+Each evictor is a small frozen dataclass with three parts: `active(ctx)`, a vectorised predicate
+`mask(columns, ctx)` over the candidate columns (pipeline/candidates.py), and a `horizon(ctx)`
+saying which already-kept groups time can make it fire on (None: judged once, when a group turns
+terminal). sql/policies/ states the same rules in SQL for the lake; a parity test pins them.
+Presets (pipeline/config.py) combine them into verl's `sync` and `async` buffers.
 """
 from __future__ import annotations
 

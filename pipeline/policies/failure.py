@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import polars as pl
+import numpy as np
 
-from pipeline.candidates import FAILURE
+from pipeline.candidates import FAILURE, Columns
 from pipeline.policies.context import PollContext
 
 
@@ -19,8 +19,12 @@ class FailurePolicy:
     evict: Literal["all", "empty", "none"] = "none"
     reason = "failure"
 
-    def flag(self, ctx: PollContext) -> pl.Expr | None:
-        if self.evict == "none" or ctx.validation:
-            return None
-        failed = pl.col("status") == FAILURE
-        return failed if self.evict == "all" else failed & (pl.col("n_traj") == 0)
+    def active(self, ctx: PollContext) -> bool:
+        return self.evict != "none" and not ctx.validation
+
+    def mask(self, c: Columns, ctx: PollContext) -> np.ndarray:
+        failed = c.status == FAILURE
+        return failed if self.evict == "all" else failed & (c.n_traj == 0)
+
+    def horizon(self, ctx: PollContext) -> None:
+        return None  # judged once, when the group turns terminal

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import polars as pl
+import numpy as np
 
-from pipeline.candidates import FINISHED
+from pipeline.candidates import FINISHED, Columns
 from pipeline.policies.context import PollContext
 
 
@@ -21,11 +21,15 @@ class StalePolicy:
     strategy: Literal["drop", "wait"] | None = None
     reason = "stale"
 
-    def flag(self, ctx: PollContext) -> pl.Expr | None:
-        if self.strategy != "drop" or self.threshold is None or ctx.validation:
-            return None
-        span = ctx.step - pl.col("gs") + 1
-        return (pl.col("status") == FINISHED) & (span > self.threshold)
+    def active(self, ctx: PollContext) -> bool:
+        return self.strategy == "drop" and self.threshold is not None and not ctx.validation
+
+    def mask(self, c: Columns, ctx: PollContext) -> np.ndarray:
+        return (c.status == FINISHED) & (ctx.step - c.gs + 1 > self.threshold)
+
+    def horizon(self, ctx: PollContext) -> int | None:
+        """Time makes this rule fire on groups kept earlier: only those with gs below this."""
+        return ctx.step - self.threshold + 1
 
     def gate_open(self, ctx: PollContext, oldest_inflight_gs: int | None) -> bool:
         """False while an in-flight group has span >= T (applies to validation too, as verl)."""

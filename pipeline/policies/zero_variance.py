@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import polars as pl
+import numpy as np
 
-from pipeline.candidates import FINISHED, ZV_YES
+from pipeline.candidates import FINISHED, ZV_YES, Columns
 from pipeline.policies.context import PollContext
 
 
@@ -20,7 +20,11 @@ class ZeroVarianceFilter:
     metric: str | None = None
     reason = "zero_variance"
 
-    def flag(self, ctx: PollContext) -> pl.Expr | None:
-        if self.metric is None or ctx.validation:
-            return None
-        return (pl.col("status") == FINISHED) & (pl.col("zv") == ZV_YES)
+    def active(self, ctx: PollContext) -> bool:
+        return self.metric is not None and not ctx.validation
+
+    def mask(self, c: Columns, ctx: PollContext) -> np.ndarray:
+        return (c.status == FINISHED) & (c.zv == ZV_YES)
+
+    def horizon(self, ctx: PollContext) -> None:
+        return None  # depends on the group's own, immutable data: judged once, when fresh

@@ -1,0 +1,81 @@
+-- name: lineage
+-- description: one group's (one prompt's) path through the buffer, in arrival order: dispatch,
+--   status changes, each trajectory with its weight versions and reward, every decision about
+--   it (eviction with reason and value = the filter verdict, selection with batch and step,
+--   discard, release), and a final `verdict` row (trained at step / evicted: reasons /
+--   discarded / dropped by re-issue / live). Every partition holding the uid is shown.
+-- params: uid VARCHAR
+-- reads: group_events, trajectory_fates, decisions, groups
+-- returns: partition, seq, stage, step, session_id, index, min_global_steps, max_global_steps,
+--   reward, detail
+with
+events as (
+    select partition, seq, event, global_steps from group_events where uid = $uid
+),
+trajs as (
+    select partition, seq, session_id, index, min_global_steps, max_global_steps, span, reward,
+           fate
+    from trajectory_fates
+    where uid = $uid
+),
+decs as (
+    select partition, seq, kind, step, reason, span, value, batch_id, count
+    from decisions
+    where uid = $uid
+),
+grp as (
+    select partition, fate, reason, batch_id, fate_step, n_traj from groups where uid = $uid
+),
+
+timeline as (
+    select
+        partition, seq,
+        case event when 'registered' then 'dispatch' else event end as stage,
+        global_steps as step,
+        null::integer as session_id, null::integer as index,
+        null::bigint as min_global_steps, null::bigint as max_global_steps,
+        null::double as reward,
+        'global_steps=' || global_steps as detail
+    from events
+    union all
+    select
+        partition, seq, 'trajectory', null, session_id, index, min_global_steps,
+        max_global_steps, reward,
+        'span=' || span || case when fate = 'dropped' then ', dropped by re-issue' else '' end
+    from trajs
+    union all
+    select
+        partition, seq, kind, step, null, null, null, null, null,
+        case kind
+            when 'evict' then 'reason=' || reason || ', span=' || span
+                || coalesce(', value=' || value, '')
+            when 'select' then 'batch_id=' || batch_id || ', span=' || span
+            when 'discard' then 'surplus, span=' || span
+            when 'release' then 'batch_id=' || batch_id
+            else kind
+        end
+    from decs
+),
+verdict as (
+    select
+        partition, null::bigint as seq, 'verdict' as stage, fate_step as step,
+        null::integer as session_id, null::integer as index,
+        null::bigint as min_global_steps, null::bigint as max_global_steps,
+        null::double as reward,
+        case fate
+            when 'sampled' then 'trained at step ' || fate_step || ' in batch ' || batch_id
+            when 'evicted' then 'evicted at step ' || fate_step || ': ' || reason
+            when 'discarded' then 'discarded as surplus at step ' || fate_step
+            else 'live (' || n_traj || ' trajectories)'
+        end as detail
+    from grp
+),
+
+final as (
+    select * from timeline
+    union all
+    select * from verdict
+)
+
+select * from final
+order by partition, seq nulls last, stage

@@ -1,0 +1,80 @@
+-- name: state_as_of
+-- description: time travel (SPEC §10.2): every group registered by the end of trainer step
+--   `step`, with its status and fate at that moment. "End of step s" is everything the lake
+--   recorded before the first decision taken at a later step (the whole lake when there is
+--   none), so it includes the rollouts that arrived while step s trained.
+-- params: step BIGINT
+-- reads: group_events, trajectories, decisions
+-- returns: partition, uid, global_steps, status, fate, reason, batch_id, released, n_traj
+with
+events as (
+    select partition, uid, event, global_steps, seq from group_events
+),
+trajs as (
+    select partition, uid, seq from trajectories
+),
+decs as (
+    select partition, uid, kind, reason, batch_id, step, seq from decisions
+),
+
+cutoff as (
+    select coalesce(min(seq), 9223372036854775807) as seq
+    from decs
+    where step > $step and kind <> 'release'
+),
+lifecycle as (
+    select
+        e.partition, e.uid,
+        min(e.seq) filter (where e.event = 'registered') as registered_seq,
+        max(e.seq) filter (where e.event = 'reissued') as reissued_seq,
+        arg_max(e.event, e.seq) as last_event,
+        arg_max(e.global_steps, e.seq) as global_steps
+    from events as e, cutoff as c
+    where e.seq < c.seq
+    group by e.partition, e.uid
+),
+n_trajs as (
+    select l.partition, l.uid, count(t.seq) as n_traj
+    from lifecycle as l
+    cross join cutoff as c
+    left join trajs as t
+        on t.partition = l.partition and t.uid = l.uid
+        and t.seq > coalesce(l.reissued_seq, -1) and t.seq < c.seq
+    group by l.partition, l.uid
+),
+fates as (
+    select
+        d.partition, d.uid,
+        arg_min(d.kind, d.seq) filter (where d.kind in ('select', 'evict', 'discard')) as first_kind,
+        string_agg(distinct d.reason, ',' order by d.reason) filter (where d.kind = 'evict')
+            as reason,
+        arg_min(d.batch_id, d.seq) filter (where d.kind = 'select') as batch_id,
+        bool_or(d.kind = 'release') as released
+    from decs as d, cutoff as c
+    where d.seq < c.seq and d.uid is not null
+    group by d.partition, d.uid
+),
+
+final as (
+    select
+        l.partition, l.uid, l.global_steps,
+        case when l.last_event in ('registered', 'reissued') then 'pending'
+             else l.last_event end as status,
+        case f.first_kind when 'select' then 'sampled'
+                          when 'evict' then 'evicted'
+                          when 'discard' then 'discarded'
+                          else 'live' end as fate,
+        f.reason,
+        f.batch_id,
+        coalesce(f.released, false) as released,
+        n.n_traj,
+        l.registered_seq
+    from lifecycle as l
+    join n_trajs as n on n.partition = l.partition and n.uid = l.uid
+    left join fates as f on f.partition = l.partition and f.uid = l.uid
+    where l.registered_seq is not null
+)
+
+select partition, uid, global_steps, status, fate, reason, batch_id, released, n_traj
+from final
+order by partition, registered_seq, uid

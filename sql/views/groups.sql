@@ -1,0 +1,89 @@
+-- name: groups
+-- description: one row per registered prompt group: its current dispatch step, last status,
+--   terminal event, the trajectories of its current incarnation (a re-issue drops the earlier
+--   ones), and its fate in the decision log: sampled, evicted (reason = every reason, sorted,
+--   comma-joined), discarded, or live. `effective_status` is `failure` for a finished group
+--   without trajectories, as the live policies treat it.
+-- params: none
+-- reads: group_events, trajectories, decisions
+-- returns: partition, uid, global_steps, status, effective_status, registered_seq, reissued_seq,
+--   term_seq, n_expected, n_traj, fate, reason, batch_id, fate_step, fate_seq, released
+with
+events as (
+    select partition, uid, event, global_steps, n, seq from group_events
+),
+trajs as (
+    select partition, uid, seq from trajectories
+),
+fate_rows as (
+    select partition, uid, kind, reason, batch_id, step, seq
+    from decisions
+    where kind in ('select', 'evict', 'discard', 'release')
+),
+
+lifecycle as (
+    select
+        partition,
+        uid,
+        min(seq) filter (where event = 'registered') as registered_seq,
+        max(seq) filter (where event = 'reissued') as reissued_seq,
+        min(seq) filter (where event in ('finished', 'failure')) as term_seq,
+        max(n) filter (where event = 'registered') as n_expected,
+        arg_max(event, seq) as last_event,
+        arg_max(global_steps, seq) as global_steps
+    from events
+    group by partition, uid
+),
+current_trajs as (
+    select l.partition, l.uid, count(t.seq) as n_traj
+    from lifecycle as l
+    left join trajs as t
+        on t.partition = l.partition and t.uid = l.uid and t.seq > coalesce(l.reissued_seq, -1)
+    group by l.partition, l.uid
+),
+fates as (
+    select
+        partition,
+        uid,
+        arg_min(kind, seq) filter (where kind <> 'release') as first_kind,
+        string_agg(distinct reason, ',' order by reason) filter (where kind = 'evict') as reason,
+        arg_min(batch_id, seq) filter (where kind = 'select') as batch_id,
+        arg_min(step, seq) filter (where kind <> 'release') as fate_step,
+        min(seq) filter (where kind <> 'release') as fate_seq,
+        bool_or(kind = 'release') as released
+    from fate_rows
+    group by partition, uid
+),
+
+final as (
+    select
+        l.partition,
+        l.uid,
+        l.global_steps,
+        case when l.last_event in ('registered', 'reissued') then 'pending'
+             else l.last_event end as status,
+        case when l.last_event = 'finished' and c.n_traj = 0 then 'failure'
+             when l.last_event in ('registered', 'reissued') then 'pending'
+             else l.last_event end as effective_status,
+        l.registered_seq,
+        l.reissued_seq,
+        l.term_seq,
+        l.n_expected,
+        c.n_traj,
+        case f.first_kind when 'select' then 'sampled'
+                          when 'evict' then 'evicted'
+                          when 'discard' then 'discarded'
+                          else 'live' end as fate,
+        f.reason,
+        f.batch_id,
+        f.fate_step,
+        f.fate_seq,
+        coalesce(f.released, false) as released
+    from lifecycle as l
+    join current_trajs as c on c.partition = l.partition and c.uid = l.uid
+    left join fates as f on f.partition = l.partition and f.uid = l.uid
+    where l.registered_seq is not null
+)
+
+select * from final
+order by partition, registered_seq, uid

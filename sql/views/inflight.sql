@@ -1,0 +1,18 @@
+-- name: inflight
+-- description: pending and running groups of the lake (the relation the wait gate reads)
+-- params: none
+-- reads: groups
+-- returns: partition, uid, global_steps, status
+with
+grps as (
+    select partition, uid, global_steps, status, fate, registered_seq from groups
+),
+
+final as (
+    select partition, uid, global_steps, status, registered_seq
+    from grps
+    where status in ('pending', 'running') and fate = 'live'
+)
+
+select partition, uid, global_steps, status from final
+order by partition, global_steps, registered_seq, uid

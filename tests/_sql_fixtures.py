@@ -1,0 +1,214 @@
+"""Shared helpers of the SQL tests: a deterministic buffer run writing a real lake, and case tables.
+
+`simulate` drives a real ReplayBuffer (single thread: `refill_fn` rolls the new prompts out at
+once) so that its lake holds every decision kind: stale, zero-variance and failure evictions,
+refills, selections, releases, sync-DAPO surplus discards, and a restart with a re-issue that
+drops partial trajectories.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from pipeline import ReplayBuffer
+from pipeline.analysis import BASE_TABLES, RELATIONS, register
+from schemas import LAKE_TABLES
+
+CASE_TS = 0  # every case row's `ts` (microseconds since the epoch, UTC)
+
+
+@dataclass
+class Run:
+    """What a simulated run handed out, to compare against what the lake says."""
+
+    lake: Path
+    batches: list[Any] = field(default_factory=list)   # pipeline.Batch objects, in order
+    threshold: int | None = None
+
+
+class Rollout:
+    """Plays the rollout side: registers prompts and settles them (rewards from a seeded rng)."""
+
+    def __init__(self, seed: int, n: int = 4):
+        self.rng = random.Random(seed)
+        self.n = n
+        self.next_uid = 0
+        self.buf: ReplayBuffer | None = None
+        self.step = 0
+        self.partition = "train"
+
+    def uids(self, k: int) -> list[str]:
+        out = [f"g{self.next_uid + i:04d}" for i in range(k)]
+        self.next_uid += k
+        return out
+
+    def dispatch(self, k: int, *, settle: bool = True) -> list[str]:
+        uids = self.uids(k)
+        self.buf.register(partition=self.partition, uids=uids, global_steps=self.step, n=self.n)
+        self.buf.update_status(partition=self.partition, uids=uids, status="running")
+        if settle:
+            for u in uids:
+                self.settle(u)
+        return uids
+
+    def settle(self, uid: str, partition: str | None = None) -> None:
+        """Trajectories then a terminal status: mostly mixed rewards, some all-equal, a few
+        failures (with and without trajectories)."""
+        part = partition or self.partition
+        r = self.rng.random()
+        if r < 0.08:
+            self.buf.update_status(partition=part, uids=[uid], status="failure")
+            return
+        kind = self.rng.choice(["mixed", "mixed", "mixed", "zeros", "ones"])
+        rewards = {"mixed": [float(i % 2) for i in range(self.n)],
+                   "zeros": [0.0] * self.n, "ones": [1.0] * self.n}[kind]
+        lo = max(self.step - 1 - self.rng.randint(0, 2), 0)
+        hi = max(self.step - 1, lo)
+        rows = [{"partition": part, "uid": uid, "session_id": s, "index": 0,
+                 "min_global_steps": lo, "max_global_steps": hi, "reward": rewards[s],
+                 "reward_info": [("acc", rewards[s])],
+                 "prompt_ids": [1, 2, 3], "response_ids": list(range(1 + (s + len(uid)) % 5)),
+                 "response_mask": None, "rollout_log_probs": None, "version_spans": None,
+                 "is_padding": False} for s in range(self.n)]
+        self.buf.put(rows)
+        self.buf.update_status(partition=part, uids=[uid],
+                               status="failure" if r < 0.12 else "finished")
+
+    def refill(self, k: int) -> None:
+        self.dispatch(k)
+
+
+def simulate_async(lake: Path, *, steps: int = 8, batch: int = 3, threshold: int = 2,
+                   seed: int = 0) -> Run:
+    """async, drop(threshold), DAPO filter on `reward`; some groups finish late (stale)."""
+    ro = Rollout(seed)
+    buf = ReplayBuffer.async_(lake=lake, max_off_policy_threshold=threshold,
+                              filter_groups_metric="reward", refill_fn=ro.refill,
+                              poll_interval=0.01)
+    ro.buf = buf
+    run = Run(lake, threshold=threshold)
+    late: list[tuple[int, str]] = []
+    with buf:
+        for g in range(1, steps + 1):
+            ro.step = g
+            ro.dispatch(batch)
+            late += [(g + 3, u) for u in ro.dispatch(1, settle=False)]
+            for due, u in [x for x in late if x[0] == g]:
+                ro.settle(u)
+            late = [x for x in late if x[0] != g]
+            b = buf.sample(g, "train", batch, timeout=10)
+            run.batches.append(b)
+            buf.release(b)
+            if g % 3 == 0:   # a validation partition: never evicts
+                ro.partition = "val"
+                ro.dispatch(2)
+                run.batches.append(buf.sample(g, "val", 2, timeout=10))
+                ro.partition = "train"
+    return run
+
+
+def simulate_sync_dapo(lake: Path, *, steps: int = 4, batch: int = 2, seed: int = 1) -> Run:
+    """sync DAPO (credit, drain, surplus discard), then a restart that re-issues an in-flight
+    group: its partial trajectory stays in the lake but no longer belongs to the group."""
+    ro = Rollout(seed)
+    cfg = dict(filter_groups_metric="acc", refill_fn=ro.refill, train_batch_size=batch,
+               gen_batch_size=1, max_inflight_gen_batches=2, poll_interval=0.01)
+    buf = ReplayBuffer.sync(lake=lake, **cfg)
+    ro.buf = buf
+    run = Run(lake)
+    with buf:
+        for g in range(1, steps + 1):
+            ro.step = g
+            ro.dispatch(batch + 1)
+            b = buf.sample(g, "train", batch, timeout=10)
+            run.batches.append(b)
+            buf.release(b)
+        ro.step = steps + 1
+        (u,) = ro.dispatch(1, settle=False)
+        buf.put([{"partition": "train", "uid": u, "session_id": 0, "index": 0,
+                  "min_global_steps": steps, "max_global_steps": steps, "reward": 1.0,
+                  "reward_info": [("acc", 1.0)], "prompt_ids": [1], "response_ids": [2],
+                  "response_mask": None, "rollout_log_probs": None, "version_spans": None,
+                  "is_padding": False}])
+    buf = ReplayBuffer.sync(lake=lake, **cfg)   # restart on the same lake
+    ro.buf = buf
+    with buf:
+        ro.step = steps + 2
+        assert buf.reissue(steps + 2) == {"train": [u]}
+        buf.update_status(partition="train", uids=[u], status="running")
+        ro.settle(u)
+        b = buf.sample(steps + 2, "train", 1, timeout=10)
+        run.batches.append(b)
+    return run
+
+
+# --- case files: input rows -> tables --------------------------------------------------------
+
+def _typed(rows: list[dict], schema: pa.Schema, defaults: dict[str, Any]) -> pa.Table:
+    cols = {}
+    for f in schema:
+        vals = []
+        for r in rows:
+            v = r.get(f.name, defaults.get(f.name))
+            if pa.types.is_map(f.type) and isinstance(v, dict):
+                v = list(v.items())
+            vals.append(v)
+        cols[f.name] = pa.array(vals, type=f.type)
+    unknown = {k for r in rows for k in r} - set(schema.names) - {"table"}
+    if unknown:
+        raise ValueError(f"unknown column(s) {sorted(unknown)} for {schema.metadata}")
+    return pa.Table.from_pydict(cols, schema=schema)
+
+
+_LAKE_DEFAULTS: dict[str, Any] = {
+    "partition": "train", "session_id": 0, "index": 0, "min_global_steps": 0,
+    "max_global_steps": 0, "reward": 0.0, "prompt_ids": [], "response_ids": [],
+    "is_padding": False, "poll": 0, "call_id": 0, "count": 1, "global_steps": 0, "ts": CASE_TS,
+    "step": 0,
+}
+
+
+def case_tables(case: dict) -> dict[str, pa.Table]:
+    """The tables of one case: `log` rows (lake rows in order; `seq` = position unless given) and
+    `tables` (rows per relation: lake tables, the known relations, or `{columns, rows}`)."""
+    rows: dict[str, list[dict]] = {}
+    for i, r in enumerate(case.get("log", [])):
+        rows.setdefault(r["table"], []).append({"seq": i, **r})
+    out: dict[str, pa.Table] = {}
+    for name, spec in case.get("tables", {}).items():
+        if isinstance(spec, dict):   # an ad-hoc relation with its DuckDB-free pyarrow types
+            schema = pa.schema([(c, _ARROW_TYPES[t]) for c, t in spec["columns"].items()])
+            out[name] = _typed(spec["rows"], schema, {})
+        elif name in LAKE_TABLES:
+            rows.setdefault(name, []).extend(spec)
+        elif name in RELATIONS:
+            out[name] = _typed(spec, RELATIONS[name], {})
+        else:
+            raise ValueError(f"relation {name!r} needs a {{columns, rows}} spec")
+    for name, rs in rows.items():
+        if name not in BASE_TABLES:
+            raise ValueError(f"log row for unknown lake table {name!r}")
+        out[name] = _typed(rs, LAKE_TABLES[name], _LAKE_DEFAULTS)
+    return out
+
+
+_ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
+                "VARCHAR": pa.string(), "BOOLEAN": pa.bool_()}
+
+
+def case_connection(case: dict) -> duckdb.DuckDBPyConnection:
+    """A connection holding one case's tables and the derived views over them."""
+    con = duckdb.connect(":memory:")
+    register(con, case_tables(case))
+    return con
+
+
+def load_cases(path: Path) -> list[dict]:
+    data = json.loads(path.read_text())
+    return data["cases"] if isinstance(data, dict) and "cases" in data else data
