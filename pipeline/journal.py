@@ -1,7 +1,7 @@
 """Stamps rows with arrival sequence numbers and time, and writes them to the lake (if any)."""
 from __future__ import annotations
 
-import datetime as dt
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -26,9 +26,9 @@ class Journal:
         Nothing is stamped unless the write succeeded, so a failed write changes nothing."""
         n = rows.num_rows
         schema = LAKE_TABLES[table]
-        now_us = np.datetime64(dt.datetime.now(dt.UTC).replace(tzinfo=None), "us")
-        now = pa.array(np.full(n, now_us)).cast(schema.field("ts").type)
-        seq = pa.array(range(self.next_seq, self.next_seq + n), type=pa.int64())
+        now_us = int(time.time() * 1e6)
+        now = pa.array(np.full(n, now_us, dtype=np.int64)).cast(schema.field("ts").type)
+        seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
         cols = {name: rows.column(name) for name in rows.column_names}
         cols["seq"], cols["ts"] = seq, now
         stamped = pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
