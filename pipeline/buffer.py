@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -43,6 +44,7 @@ class ReplayBuffer:
         self._next_batch = 0
         self._next_call = 0
         self.lake_dir = lake
+        self._listeners: list[Callable[[str, str, list[str], int | None], None]] = []
         writer = LakeWriter(lake, fsync=fsync) if lake is not None else None
         self._journal = Journal(writer)
         if lake is not None:
@@ -71,6 +73,15 @@ class ReplayBuffer:
     def _lookup(self, partition: str, uid: str):
         p = self._parts.get(partition)
         return p.lookup(uid) if p is not None else None
+
+    def add_listener(self, fn: Callable[[str, str, list[str], int | None], None]) -> None:
+        """Call ``fn(kind, partition, uids, batch_id)`` after every evict / discard / select /
+        release, under the buffer's lock (adapters mirror these effects onto their data plane)."""
+        self._listeners.append(fn)
+
+    def _emit(self, kind: str, partition: str, uids: list[str], batch_id: int | None) -> None:
+        for fn in self._listeners:
+            fn(kind, partition, uids, batch_id)
 
     def _changed(self) -> None:
         self._version += 1
@@ -199,7 +210,9 @@ class ReplayBuffer:
                          "poll": 0,
                          "kind": "release", "uid": u, "batch_id": batch_id, "count": 1}
                         for u in part.batches[batch_id]])
+                    uids = list(part.batches[batch_id])
                     part.apply_released(batch_id)
+                    self._emit("release", pid, uids, batch_id)
                     return
         raise KeyError(f"batch {batch_id} is not held by this buffer (never sampled, or already "
                        "released)")

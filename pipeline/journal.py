@@ -9,7 +9,6 @@ import pyarrow as pa
 from pipeline.lake import LakeWriter
 from schemas import LAKE_TABLES
 
-
 _HISTORY_ONLY = ("decisions", "metrics")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline import decide
@@ -23,7 +24,10 @@ WARN_EVERY_S = 60.0
 
 
 def run_call(buf: ReplayBuffer, global_steps: int, partition_id: str, batch_size: int, *,
-             consume: bool, timeout: float | None) -> Any:
+             consume: bool, timeout: float | None,
+             before_poll: Callable[[], None] | None = None) -> Any:
+    """One `sample` (consume=True) or `wait_for_sampleable` call. ``before_poll`` runs before each
+    poll with the lock released: adapters mirror an external data plane into the buffer there."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ConfigError(f"batch_size={batch_size!r} must be a positive int")
     if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
@@ -40,6 +44,8 @@ def run_call(buf: ReplayBuffer, global_steps: int, partition_id: str, batch_size
     poll = 0
     while True:
         dispatch = 0
+        if before_poll is not None:
+            before_poll()
         with buf._cond:
             part = buf._part(partition_id)
             seen = buf._version
@@ -106,6 +112,7 @@ def _apply_eviction(buf, part, ctx, call_id, poll, ev, acc, st) -> None:
                              "span": ev.spans[i], "value": value, "count": 1})
     buf._journal.record_rows("decisions", rows)
     part.apply_removed(ev.uids, "evicted")
+    buf._emit("evict", ctx.partition, ev.uids, None)
     hits = ev.reasons
     acc.add_stale([s for s, h in zip(ev.spans, hits.get("stale", [])) if h])
     zv = [v for v, h in zip(ev.values, hits.get("zero_variance", [])) if h]
@@ -131,6 +138,7 @@ def _select(buf, part, ctx: PollContext, call_id: int, poll: int, acc: EvictionM
                  "kind": "discard", "uid": u, "span": ctx.step - part.groups[u].gs + 1,
                  "count": 1} for u in surplus])
             part.apply_removed(surplus, "discarded")
+            buf._emit("discard", ctx.partition, surplus, None)
             acc.discarded += len(surplus)
     payload = part.payload(chosen)
     prefix = prefix_of(ctx.partition)
@@ -150,6 +158,7 @@ def _select(buf, part, ctx: PollContext, call_id: int, poll: int, acc: EvictionM
          "kind": "select", "uid": u, "span": ctx.step - steps[u] + 1, "batch_id": batch_id,
          "count": 1} for u in chosen])
     part.apply_removed(chosen, "selected", batch_id, ctx.step)
+    buf._emit("select", ctx.partition, chosen, batch_id)
     table = with_provenance(payload, batch_id=batch_id, step=ctx.step, group_steps=steps,
                             group_status=status)
     evm = {} if ctx.validation else acc.scalars(prefix)

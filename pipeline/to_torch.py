@@ -232,24 +232,24 @@ def _packed(alloc: _Alloc, prompt: _Ragged, resp: _Ragged, mask: np.ndarray | fl
     # Runs of (prompt, response) per row: a run-length decode, which np.repeat does at memset speed.
     is_prompt = np.repeat(np.tile(np.array([True, False]), B), np.stack([p, r], 1).ravel())
     is_resp = ~is_prompt
-    ids, input_ids = alloc.new((1, T), np.int64)
-    ids[0, is_prompt] = prompt.values
-    ids[0, is_resp] = resp.values
+    # 1-D buffers: numpy's boolean-mask assignment is several times slower through a [1, T] view.
+    ids, input_ids = alloc.new((T,), np.int64)
+    ids[is_prompt] = prompt.values
+    ids[is_resp] = resp.values
     # Positions: a running count of ones that jumps back to 0 at the start of every non-empty row.
-    posv, position_ids = alloc.new((1, T), np.int64, 1)
+    posv, position_ids = alloc.new((T,), np.int64, 1)
     nonempty = n > 0
     starts, lens = cu[:-1][nonempty], n[nonempty]
     if T:
-        posv[0, starts[0]] = 0
-        posv[0, starts[1:]] = 1 - lens[:-1]
-        np.cumsum(posv, axis=1, out=posv)
-    cu_t = alloc.copy(cu, np.int32)
+        posv[starts[0]] = 0
+        posv[starts[1:]] = 1 - lens[:-1]
+        np.cumsum(posv, out=posv)
     return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "response_mask": alloc.scatter((1, T), np.int64, is_resp[None, :], mask),
-        "rollout_log_probs": alloc.scatter((1, T), np.float32, is_resp[None, :], logp),
-        "cu_seqlens": cu_t,
+        "input_ids": input_ids[None],
+        "position_ids": position_ids[None],
+        "response_mask": alloc.scatter((T,), np.int64, is_resp, mask)[None],
+        "rollout_log_probs": alloc.scatter((T,), np.float32, is_resp, logp)[None],
+        "cu_seqlens": alloc.copy(cu, np.int32),
     }
 
 
