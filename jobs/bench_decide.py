@@ -53,8 +53,7 @@ def _fill(buf, ref: ReferenceBuffer, uids: list[str], gs_values: np.ndarray, rng
 
 
 def run_size(n_traj: int, repeats: int, rng) -> dict:
-    from pipeline import ReplayBuffer
-    from pipeline import decide
+    from pipeline import ReplayBuffer, decide
     from pipeline.policies import PollContext
     n_groups = n_traj // PER_GROUP
     buf = ReplayBuffer.async_(max_off_policy_threshold=THRESHOLD)

@@ -21,6 +21,6 @@ from pipeline.metrics import METRICS, StepAggregator
 __all__ = [
     "METRICS", "Batch", "BufferConfig", "ConfigError", "EmptyBatchError", "IngestError",
     "InvariantError", "LakeError", "MissingMetricError", "RefillLimitError", "ReplayBuffer",
-    "ReplayLakeError", "SampleTimeout", "StepAggregator", "UnknownGroupError", "async_config",
-    "sync_config",
+    "ReplayLakeError", "SampleTimeout", "StepAggregator", "UnknownBatchError", "UnknownGroupError",
+    "async_config", "sync_config",
 ]

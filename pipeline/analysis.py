@@ -17,8 +17,9 @@ temp views in it) and the Arrow tables the Python side registered, which DuckDB 
 So no statement run through this interface can modify the lake (SPEC §8).
 
 The views are a snapshot of the lake as `connect` (or `refresh`) read it. Reading while a buffer
-appends is safe: a segment's torn or half-written last batch is skipped, and `refresh` picks up
-what was appended since (the Python-side registration still works on a locked connection).
+appends is safe: a segment's torn or half-written last batch is skipped, every table is cut at the
+same point of the buffer's history (see `_consistent`), and `refresh` picks up what was appended
+since (the Python-side registration still works on a locked connection).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -75,27 +77,57 @@ def _dedupe(table: pa.Table) -> pa.Table:
     return table.filter(pa.concat_arrays([pa.array([True]), keep.fill_null(True)]))
 
 
+def _consistent(tables: dict[str, pa.Table], first: str) -> dict[str, pa.Table]:
+    """Cut every table at one `seq`, so a snapshot taken while a buffer writes is a prefix of the
+    buffer's history (no selection of a group whose registration was not read yet).
+
+    The journal numbers rows of every table from one dense counter, in write order, and the tables
+    are read one after the other. Every row up to the largest seq of the table read ``first`` was
+    written before that read began, so every later-read table holds it too; past it, the first gap
+    in the union of seqs is a row written after its table was read (or a torn tail): cut there.
+    Gaps below that point are permanent (e.g. retention) and are kept as they are."""
+    seqs = {n: t.column("seq").to_numpy() for n, t in tables.items()}
+    head = seqs[first]
+    floor = int(head.max()) if len(head) else -1
+    above = np.unique(np.concatenate([s[s > floor] for s in seqs.values()]))
+    if len(above) == 0:
+        return tables
+    start = floor + 1 if floor >= 0 else int(above[0])
+    gaps = np.flatnonzero(above != start + np.arange(len(above)))
+    if len(gaps) == 0:
+        return tables
+    cut = start + int(gaps[0]) - 1
+    return {n: t if len(seqs[n]) == 0 or seqs[n].max() <= cut else
+            t.filter(pc.less_equal(t.column("seq"), cut)) for n, t in tables.items()}
+
+
 def read_lake(lake_dir: str | os.PathLike) -> dict[str, pa.Table]:
-    """Every lake table as a pyarrow Table (empty, with its schema, when absent)."""
+    """Every lake table as a pyarrow Table (empty, with its schema, when absent), all cut at one
+    `seq` so that they form a consistent prefix even while a buffer appends."""
     root = Path(lake_dir)
     if not root.is_dir():
         raise LakeError(f"no lake directory at {root}")
-    return {name: _dedupe(read_table(root, name)) for name in BASE_TABLES}
+    tables = {name: _dedupe(read_table(root, name)) for name in BASE_TABLES}
+    return _consistent(tables, BASE_TABLES[0])
 
 
 def register(con: duckdb.DuckDBPyConnection, tables: Mapping[str, pa.Table]) -> None:
-    """Register Arrow tables as views and create every derived view not supplied in ``tables``.
+    """Register Arrow tables as views, then create the derived views that do not exist yet.
 
     Lake tables missing from ``tables`` are registered empty, so every view always exists. Extra
-    relations (e.g. `candidates` for the policy queries) are registered as given."""
+    relations (e.g. `candidates` for the policy queries) are registered as given; one named like
+    a derived view (e.g. `inflight`) shadows that view until it is unregistered. Registering again
+    replaces the tables; the derived views read them by name, so they follow."""
     for name in BASE_TABLES:
         con.register(name, tables.get(name, LAKE_TABLES[name].empty_table()))
     for name, table in tables.items():
         if name not in BASE_TABLES:
             con.register(name, table)
+    existing = {r[0] for r in con.sql(
+        "select view_name from duckdb_views() where not internal and not temporary").fetchall()}
     for view in DERIVED_VIEWS:
-        if view not in tables:
-            con.execute(f"create or replace view {view} as {loader.load(view).text}")
+        if view not in existing:
+            con.sql(f"create view {view} as {loader.load(view).text}")
 
 
 def lock(con: duckdb.DuckDBPyConnection) -> None:
@@ -117,6 +149,4 @@ def connect(lake_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
 
 def refresh(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
     """Re-read the lake into an existing connection (rows appended since connect become visible)."""
-    for name, table in read_lake(lake_dir).items():
-        con.unregister(name)
-        con.register(name, table)
+    register(con, read_lake(lake_dir))

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pipeline import decide
 from pipeline.batch import Batch
 from pipeline.config import BufferConfig, async_config, sync_config
-from pipeline.errors import IngestError
+from pipeline.errors import IngestError, UnknownBatchError
 from pipeline.ingest import (
     check_partition,
     validate_groups,
@@ -214,7 +214,7 @@ class ReplayBuffer:
                     part.apply_released(batch_id)
                     self._emit("release", pid, uids, batch_id)
                     return
-        raise KeyError(f"batch {batch_id} is not held by this buffer (never sampled, or already "
+        raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or already "
                        "released)")
 
     def counts(self, partition_id: str) -> dict[str, int]:

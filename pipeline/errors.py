@@ -41,8 +41,9 @@ class RefillLimitError(ReplayLakeError, RuntimeError):
     """Refilling cannot (or may no longer) fill the batch: stop instead of looping forever."""
 
 
-class MissingMetricError(ReplayLakeError, ValueError):
-    """Finished groups lack the reward metric the zero-variance filter needs."""
+class MissingMetricError(ReplayLakeError, ValueError, RuntimeError):
+    """Finished groups lack the reward metric the zero-variance filter needs (also a RuntimeError,
+    which is what verl raises here)."""
 
 
 class EmptyBatchError(ReplayLakeError, RuntimeError):
@@ -51,6 +52,10 @@ class EmptyBatchError(ReplayLakeError, RuntimeError):
 
 class InvariantError(ReplayLakeError, AssertionError):
     """An internal invariant broke: a bug in replaylake, never the user's input."""
+
+
+class UnknownBatchError(ReplayLakeError, KeyError):
+    """`release` of a batch this buffer does not hold (never sampled, or already released)."""
 
 
 class LakeError(ReplayLakeError, OSError):

@@ -10,6 +10,12 @@ made it returns, so an acknowledged write survives `kill -9` of the process. Wit
 each append is also fsync'ed (survives power loss, at a cost the ingest benchmark reports).
 A process that dies mid-write leaves a torn tail in its last segment; readers stop at the last
 complete record batch. Each writer opens new segment files, so a torn file is never appended to.
+
+Atomicity of one call: a call's rows of one partition are one record batch in one file, so they
+land whole or not at all. A call spanning several partitions writes one batch per partition,
+each tagged with the call's first seq in the batch's custom metadata, and then a commit record
+in `<root>/_commits/`; readers skip tagged batches whose call has no commit record. So a crash
+between two partitions' writes leaves nothing of the call, as if it had never been made.
 """
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ from pipeline.errors import LakeError
 from schemas import LAKE_TABLES
 
 DEFAULT_WINDOW = 1000
+_COMMIT_SCHEMA = pa.schema([pa.field("table", pa.string()), pa.field("first_seq", pa.int64()),
+                            pa.field("parts", pa.int32())])
+_MULTI = b"replaylake.multi_call"
 _WINDOW_COLUMN = {
     "trajectories": "max_global_steps",
     "group_events": "global_steps",
@@ -64,31 +73,45 @@ class LakeWriter:
         if rows.schema != schema:
             rows = rows.cast(schema)
         with self._lock:
+            parts = list(self._split(table, rows))
+            first_seq = int(rows.column("seq")[0].as_py())
+            meta = {_MULTI: str(first_seq).encode()} if len(parts) > 1 else None
             touched = []
-            for (partition, win), part in self._split(table, rows):
+            for (partition, win), part in parts:
                 sink, writer = self._open(table, partition, win, int(part.column("seq")[0].as_py()))
-                writer.write_table(part)
+                for batch in part.combine_chunks().to_batches(max_chunksize=part.num_rows or 1):
+                    writer.write_batch(batch, custom_metadata=meta)
                 sink.flush()
                 touched.append(sink)
             if self.fsync:
                 for sink in touched:
                     os.fsync(sink.fileno())
+            if meta is not None:   # every part is durable: now the call counts
+                self._commit(table, first_seq, len(parts))
             self.bytes_written += rows.nbytes
 
     def _split(self, table: str, rows: pa.Table):
-        parts = pc.unique(rows.column("partition")).to_pylist()
-        steps = rows.column(_WINDOW_COLUMN[table])
-        wins = pc.divide(pc.max_element_wise(steps, 0), self.window)
-        lo, hi = pc.min(wins).as_py(), pc.max(wins).as_py()
-        if len(parts) == 1 and lo == hi:
-            yield (parts[0], lo), rows
-            return
+        """One (partition, window) part per partition; the window is that of its oldest row."""
+        col = rows.column("partition")
+        parts = pc.unique(col).to_pylist()
         for p in parts:
-            for w in range(lo, hi + 1):
-                mask = pc.and_(pc.equal(rows.column("partition"), p), pc.equal(wins, w))
-                part = rows.filter(mask)
-                if part.num_rows:
-                    yield (p, w), part
+            part = rows if len(parts) == 1 else rows.filter(pc.equal(col, p))
+            steps = part.column(_WINDOW_COLUMN[table])
+            yield (p, window_of(pc.min(steps).as_py(), self.window)), part
+
+    def _commit(self, table: str, first_seq: int, parts: int) -> None:
+        key = ("_commits", "", 0)
+        if key not in self._files:
+            d = self.root / "_commits"
+            d.mkdir(parents=True, exist_ok=True)
+            sink = open(d / f"commits-{self._tag}.arrow", "wb")
+            self._files[key] = (sink, pa.ipc.new_stream(sink, _COMMIT_SCHEMA))
+        sink, writer = self._files[key]
+        writer.write_table(pa.table({"table": [table], "first_seq": [first_seq], "parts": [parts]},
+                                    schema=_COMMIT_SCHEMA))
+        sink.flush()
+        if self.fsync:
+            os.fsync(sink.fileno())
 
     def _open(self, table: str, partition: str, win: int, first_seq: int):
         key = (table, partition, win)
@@ -128,32 +151,53 @@ def segment_files(root: str | os.PathLike, table: str,
     return files
 
 
-def read_segment(path: Path) -> pa.Table:
-    """Every complete record batch of one segment; a torn tail (crash mid-write) is ignored."""
-    schema = LAKE_TABLES[path.name.split("-")[0]] if path.suffix == ".arrow" else None
-    if path.suffix == ".parquet":
-        return pq.read_table(path)
-    batches = []
+def committed_calls(root: str | os.PathLike) -> set[tuple[str, int]]:
+    """(table, first seq) of every multi-partition call whose commit record is complete."""
+    out: set[tuple[str, int]] = set()
+    for path in sorted((Path(root) / "_commits").glob("*.arrow")):
+        for batch, _ in _batches(path):
+            out.update(zip(batch.column("table").to_pylist(), batch.column("first_seq").to_pylist()))
+    return out
+
+
+def _batches(path: Path):
+    """(batch, custom metadata) of every complete record batch; a torn tail ends the stream."""
     try:
         with pa.OSFile(str(path), "rb") as f:
             reader = pa.ipc.open_stream(f)
             while True:
                 try:
-                    batches.append(reader.read_next_batch())
+                    yield reader.read_next_batch_with_custom_metadata()
                 except StopIteration:
-                    break
+                    return
                 except (pa.ArrowInvalid, OSError):
-                    break  # torn tail: the process died while writing this batch
+                    return  # torn tail: the process died while writing this batch
     except (pa.ArrowInvalid, OSError):
-        pass  # died before the schema was complete: the file holds no rows
-    return pa.Table.from_batches(batches, schema=schema)
+        return  # died before the schema was complete: the file holds no rows
+
+
+def read_segment(path: Path, committed: set[tuple[str, int]] | None = None) -> pa.Table:
+    """Every complete record batch of one segment. A torn tail is ignored, and so are the parts of
+    a multi-partition call without a commit record (``committed``; None reads the lake's own)."""
+    if path.suffix == ".parquet":
+        return pq.read_table(path)
+    table = path.name.split("-")[0]
+    if committed is None:
+        committed = committed_calls(path.parents[3])
+    keep = []
+    for batch, meta in _batches(path):
+        call = (meta or {}).get(_MULTI)
+        if call is None or (table, int(call)) in committed:
+            keep.append(batch)
+    return pa.Table.from_batches(keep, schema=LAKE_TABLES[table])
 
 
 def read_table(root: str | os.PathLike, table: str,
                partitions: list[str] | None = None) -> pa.Table:
     """One lake table as a pyarrow Table sorted by ``seq`` (empty, with its schema, if absent)."""
     schema = LAKE_TABLES[table]
-    parts = [read_segment(p) for p in segment_files(root, table, partitions)]
+    committed = committed_calls(root)
+    parts = [read_segment(p, committed) for p in segment_files(root, table, partitions)]
     parts = [t.cast(schema) if t.schema != schema else t for t in parts if t.num_rows]
     if not parts:
         return schema.empty_table()

@@ -40,7 +40,9 @@ def restore(buf: ReplayBuffer, lake: str | os.PathLike) -> None:
             buf.apply_trajectories(rows)
         else:
             _apply_decisions(buf, rows)
-    buf._journal.next_seq = int(all_seq.max()) + 1
+    # metric rows are not replayed, but they took seq numbers too: never hand those out again
+    metric_seq = read_table(lake, "metrics").column("seq").to_numpy()
+    buf._journal.next_seq = int(max(all_seq.max(), metric_seq.max(initial=-1))) + 1
     dec = tables["decisions"]
     if dec.num_rows:
         ids = dec.column("batch_id").drop_null().to_numpy()

@@ -196,7 +196,8 @@ def conform(data: Any, target: pa.Schema,
             defaults: Mapping[str, Any] | None = None) -> tuple[pa.Table | None, list[Problem]]:
     """Conform ``data`` to ``target``; returns ``(table, [])`` or ``(None, problems)``.
 
-    ``defaults`` gives a value for a column that is absent altogether (e.g. ``is_padding=False``);
+    ``defaults`` gives a value for a column that is absent, or null in some rows (e.g.
+    ``is_padding=False``: a list of dicts may leave it out of some rows);
     nullable columns that are absent become all-null. Every problem found is reported, not just the
     first, so a producer can fix its whole batch at once.
     """
@@ -206,6 +207,8 @@ def conform(data: Any, target: pa.Schema,
         given, n = _to_columns(data)
     except TypeError as exc:
         return None, [Problem("*", (), str(exc))]
+    if n == 0 and not given:
+        return target.empty_table(), []   # `[]` or `{}`: no rows, so nothing can be missing
     known = set(target.names)
     for c in given:
         if c not in known:
@@ -234,6 +237,8 @@ def conform(data: Any, target: pa.Schema,
         return None, problems
     for i, f in enumerate(target):
         col = columns[i]
+        if f.name in defaults and col.null_count:   # a row that left out a defaulted column
+            col = columns[i] = pc.fill_null(col, pa.scalar(defaults[f.name], f.type))
         if not f.nullable and col.null_count:
             problems.append(Problem(f.name, rows_where(pc.is_null(col)), "must not be null"))
     if problems:

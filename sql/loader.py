@@ -218,6 +218,11 @@ def names(root: str | Path | None = None) -> list[str]:
     return sorted(catalog(root))
 
 
+def in_folder(folder: str, root: str | Path | None = None) -> list[Query]:
+    """The queries of one sub-folder (e.g. `audits`), sorted by name."""
+    return [q for _, q in sorted(catalog(root).items()) if q.path.parent.name == folder]
+
+
 def load(name: str, root: str | Path | None = None) -> Query:
     """The query called ``name``; an unknown name is an error listing the known ones."""
     queries = catalog(root)

@@ -7,8 +7,12 @@ drops partial trajectories.
 """
 from __future__ import annotations
 
+import atexit
 import json
+import math
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ class Run:
     lake: Path
     batches: list[Any] = field(default_factory=list)   # pipeline.Batch objects, in order
     threshold: int | None = None
+    buffer: Any = None                                  # the (closed) ReplayBuffer
 
 
 class Rollout:
@@ -92,14 +97,14 @@ def simulate_async(lake: Path, *, steps: int = 8, batch: int = 3, threshold: int
                               filter_groups_metric="reward", refill_fn=ro.refill,
                               poll_interval=0.01)
     ro.buf = buf
-    run = Run(lake, threshold=threshold)
+    run = Run(lake, threshold=threshold, buffer=buf)
     late: list[tuple[int, str]] = []
     with buf:
         for g in range(1, steps + 1):
             ro.step = g
             ro.dispatch(batch)
             late += [(g + 3, u) for u in ro.dispatch(1, settle=False)]
-            for due, u in [x for x in late if x[0] == g]:
+            for _, u in [x for x in late if x[0] == g]:
                 ro.settle(u)
             late = [x for x in late if x[0] != g]
             b = buf.sample(g, "train", batch, timeout=10)
@@ -145,7 +150,22 @@ def simulate_sync_dapo(lake: Path, *, steps: int = 4, batch: int = 2, seed: int 
         ro.settle(u)
         b = buf.sample(steps + 2, "train", 1, timeout=10)
         run.batches.append(b)
+    run.buffer = buf
     return run
+
+
+_RUNS: dict[str, Run] = {}
+
+
+def shared_run(kind: str) -> Run:
+    """One simulated run per kind (`async` | `sync`) per test process, in a temporary directory
+    removed at exit: the SQL test modules share them (a run takes about a second here)."""
+    if kind not in _RUNS:
+        root = Path(tempfile.mkdtemp(prefix=f"replaylake-sql-{kind}-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        sim = {"async": simulate_async, "sync": simulate_sync_dapo}[kind]
+        _RUNS[kind] = sim(root / "lake")
+    return _RUNS[kind]
 
 
 # --- case files: input rows -> tables --------------------------------------------------------
@@ -202,13 +222,66 @@ _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float6
                 "VARCHAR": pa.string(), "BOOLEAN": pa.bool_()}
 
 
+class CaseDB:
+    """One DuckDB connection reused by every case (a fresh connection costs ~50 ms here): each
+    case re-registers the lake tables and its own relations, dropping the previous case's."""
+
+    def __init__(self) -> None:
+        self.con = duckdb.connect(":memory:")
+        self._extra: list[str] = []
+
+    def load(self, case: dict) -> duckdb.DuckDBPyConnection:
+        for name in self._extra:
+            self.con.unregister(name)
+        tables = case_tables(case)
+        self._extra = [n for n in tables if n not in BASE_TABLES]
+        register(self.con, tables)
+        return self.con
+
+
 def case_connection(case: dict) -> duckdb.DuckDBPyConnection:
-    """A connection holding one case's tables and the derived views over them."""
-    con = duckdb.connect(":memory:")
-    register(con, case_tables(case))
-    return con
+    """A fresh connection holding one case's tables and the derived views over them."""
+    return CaseDB().load(case)
 
 
 def load_cases(path: Path) -> list[dict]:
+    """The cases of one case file, references resolved: a `log` given as a string names a shared
+    log file next to it (`"_story"` -> `_story.json`); a relation given as `"@name"` takes the
+    rows of the file's `shared` section."""
     data = json.loads(path.read_text())
-    return data["cases"] if isinstance(data, dict) and "cases" in data else data
+    shared = data.get("shared", {})
+    cases = []
+    for case in data["cases"]:
+        case = dict(case)
+        if isinstance(case.get("log"), str):
+            case["log"] = json.loads((path.parent / f"{case['log']}.json").read_text())["log"]
+        case["tables"] = {k: shared[v[1:]] if isinstance(v, str) and v.startswith("@") else v
+                          for k, v in case.get("tables", {}).items()}
+        cases.append(case)
+    return cases
+
+
+def missing_cases(sql_root: Path, cases_dir: Path) -> list[str]:
+    """Query files under ``sql_root`` without a case file ``cases_dir/<name>.json`` (sorted)."""
+    from sql.loader import catalog
+    return sorted(name for name in catalog(sql_root) if not (cases_dir / f"{name}.json").exists())
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(want, float) or isinstance(got, float):
+        return isinstance(got, (int, float)) and isinstance(want, (int, float)) \
+            and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+    if isinstance(want, dict) and isinstance(got, list):   # a map column comes back as pairs
+        return _same(dict(got), want)
+    if isinstance(want, dict) and isinstance(got, dict):
+        return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    return got == want
+
+
+def rows_match(got: list[list], want: list[list]) -> bool:
+    """Row lists equal in order, floats compared with a tolerance."""
+    return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))

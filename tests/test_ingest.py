@@ -196,12 +196,17 @@ def test_same_session_with_another_output_index_is_not_a_duplicate(seeded):
     assert seeded.put([traj("fresh", 0, index=0), traj("fresh", 0, index=1)]) == 2
 
 
+def test_expected_session_count_below_one_is_rejected(seeded):
+    rejected(seeded, lambda: seeded.register(partition="train", uids=["x"], global_steps=1, n=0),
+             "n", (0,))
+
+
 def test_registering_a_uid_twice_is_rejected(seeded):
     rejected(seeded, lambda: seeded.register(partition="train", uids=["x", "x"], global_steps=1),
              "uid", (1,))
     for uid in ("done", "gone", "freed"):   # live, sampled, released: never resurrected
-        rejected(seeded, lambda: seeded.register(partition="train", uids=[uid], global_steps=1),
-                 "uid", (0,))
+        rejected(seeded, lambda u=uid: seeded.register(partition="train", uids=[u],
+                                                       global_steps=1), "uid", (0,))
 
 
 # --- types -------------------------------------------------------------------------------------
@@ -438,3 +443,21 @@ def test_empty_token_lists_are_accepted(buf):
 def test_input_that_is_not_a_table_is_rejected(buf):
     with pytest.raises(IngestError, match="cannot ingest"):
         buf.put("not rows")
+
+
+@pytest.mark.parametrize("empty", [[], {}])
+def test_an_empty_batch_is_accepted_as_nothing(seeded, empty):
+    before = state(seeded)
+    assert seeded.put(empty) == 0
+    seeded.register(empty)
+    seeded.update_status(empty)
+    assert state(seeded) == before
+
+
+def test_one_call_may_carry_several_partitions(buf):
+    buf.register({"partition": ["train", "val"], "uid": ["a", "a"], "global_steps": [1, 1]})
+    assert buf.put([traj("a", 0), traj("a", 0, partition="val", reward=0.5)]) == 2
+    buf.update_status({"partition": ["val", "train"], "uid": ["a", "a"],
+                       "status": ["finished", "finished"]})
+    assert buf.sample(1, "val", 1).table["reward"].to_pylist() == [0.5]
+    assert buf.sample(1, "train", 1).table["reward"].to_pylist() == [0.0]

@@ -6,7 +6,10 @@ import time
 import pytest
 
 from pipeline import (
-    EmptyBatchError, MissingMetricError, RefillLimitError, ReplayBuffer,
+    EmptyBatchError,
+    MissingMetricError,
+    RefillLimitError,
+    ReplayBuffer,
 )
 from tests._policy_helpers import Background, Refiller, group, make, wait_until
 

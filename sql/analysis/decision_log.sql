@@ -20,7 +20,7 @@ final as (
         count(*) filter (where kind = 'evict' and reason = 'stale') as evicted_stale,
         count(*) filter (where kind = 'evict' and reason = 'zero_variance') as evicted_zero_variance,
         count(*) filter (where kind = 'evict' and reason = 'failure') as evicted_failure,
-        coalesce(sum(count) filter (where kind = 'refill'), 0) as refilled,
+        coalesce(sum(count) filter (where kind = 'refill'), 0)::bigint as refilled,
         count(*) filter (where kind = 'select') as selected,
         min(batch_id) filter (where kind = 'select') as batch_id,
         count(*) filter (where kind = 'discard') as discarded,

@@ -28,7 +28,8 @@ lifecycle as (
         min(e.seq) filter (where e.event = 'registered') as registered_seq,
         max(e.seq) filter (where e.event = 'reissued') as reissued_seq,
         arg_max(e.event, e.seq) as last_event,
-        arg_max(e.global_steps, e.seq) as global_steps
+        arg_max(e.global_steps, e.seq) filter (where e.event in ('registered', 'reissued'))
+            as global_steps
     from events as e, cutoff as c
     where e.seq < c.seq
     group by e.partition, e.uid

@@ -13,13 +13,15 @@ selects as (
     where kind = 'select' and partition <> 'val'
 ),
 events as (
-    select partition, uid, global_steps, seq from group_events
+    select partition, uid, event, global_steps, seq from group_events
 ),
 
 dispatch_at_select as (
     select s.partition, s.uid, s.seq, arg_max(e.global_steps, e.seq) as global_steps
     from selects as s
-    join events as e on e.partition = s.partition and e.uid = s.uid and e.seq < s.seq
+    join events as e
+        on e.partition = s.partition and e.uid = s.uid and e.seq < s.seq
+        and e.event in ('registered', 'reissued')
     group by s.partition, s.uid, s.seq
 ),
 spans as (

@@ -7,7 +7,7 @@
 -- returns: partition, uid, n_traj
 with
 cands as (
-    select partition, uid, term_seq, status, n_traj from candidates
+    select partition, uid, global_steps, term_seq, status, n_traj from candidates
 ),
 
 checked_mode as (
@@ -16,16 +16,16 @@ checked_mode as (
            end as mode
 ),
 failures as (
-    select partition, uid, term_seq, n_traj
+    select partition, uid, global_steps, term_seq, n_traj
     from cands
     where (status = 'failure' or n_traj = 0) and partition <> 'val'
 ),
 
 final as (
-    select f.partition, f.uid, f.n_traj, f.term_seq
+    select f.partition, f.uid, f.n_traj, f.global_steps, f.term_seq
     from failures as f, checked_mode as m
     where m.mode = 'all' or f.n_traj = 0
 )
 
 select partition, uid, n_traj from final
-order by partition, term_seq, uid
+order by partition, global_steps, term_seq, uid

@@ -24,4 +24,4 @@ final as (
 )
 
 select partition, uid, global_steps, span from final
-order by partition, term_seq, uid
+order by partition, global_steps, term_seq, uid

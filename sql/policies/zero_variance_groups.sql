@@ -7,14 +7,15 @@
 -- returns: partition, uid, value
 with
 cands as (
-    select partition, uid, term_seq, status, n_traj, zero_variance, value from candidates
+    select partition, uid, global_steps, term_seq, status, n_traj, zero_variance, value
+    from candidates
 ),
 
 final as (
-    select partition, uid, value, term_seq
+    select partition, uid, value, global_steps, term_seq
     from cands
     where status = 'finished' and n_traj > 1 and zero_variance and partition <> 'val'
 )
 
 select partition, uid, value from final
-order by partition, term_seq, uid
+order by partition, global_steps, term_seq, uid

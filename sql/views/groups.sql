@@ -30,7 +30,8 @@ lifecycle as (
         min(seq) filter (where event in ('finished', 'failure')) as term_seq,
         max(n) filter (where event = 'registered') as n_expected,
         arg_max(event, seq) as last_event,
-        arg_max(global_steps, seq) as global_steps
+        arg_max(global_steps, seq) filter (where event in ('registered', 'reissued'))
+            as global_steps
     from events
     group by partition, uid
 ),

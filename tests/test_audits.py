@@ -1,0 +1,116 @@
+"""The audits of sql/audits/: empty on real buffer runs, and each one fires when the lake is tampered
+with the kind of row its invariant forbids (written through the real journal and lake writer)."""
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from jobs.audit import run_audits
+from pipeline.analysis import connect
+from pipeline.journal import Journal
+from pipeline.lake import LakeWriter, read_table
+from schemas import LAKE_TABLES
+from sql.loader import in_folder, run
+from tests._sql_fixtures import Run, shared_run
+
+
+def _append(lake: Path, table: str, rows: list[dict]) -> None:
+    """Append rows the way the buffer does: stamped with the next seq numbers, written durably."""
+    next_seq = max((int(read_table(lake, t)["seq"].to_numpy().max(initial=-1))
+                    for t in LAKE_TABLES), default=-1) + 1
+    writer = LakeWriter(lake)
+    try:
+        Journal(writer, next_seq).record_rows(table, rows)
+    finally:
+        writer.close()
+
+
+def _group(lake: Path, fate: str) -> dict:
+    con = connect(lake)
+    rows = con.sql("select * from groups where fate = $f and partition = 'train' "
+                   "order by registered_seq limit 1", params={"f": fate}).to_arrow_table()
+    return rows.to_pylist()[0]
+
+
+def _traj(g: dict) -> dict:
+    return {"partition": g["partition"], "uid": g["uid"], "session_id": 99, "index": 0,
+            "min_global_steps": 0, "max_global_steps": 0, "reward": 0.0, "prompt_ids": [1],
+            "response_ids": [2], "is_padding": False}
+
+
+def _in_two_batches(lake: Path) -> str:
+    g = _group(lake, "sampled")
+    _append(lake, "decisions", [{"partition": "train", "step": 99, "call_id": 99, "poll": 0,
+                                 "kind": "select", "uid": g["uid"], "span": 1, "batch_id": 999,
+                                 "count": 1}])
+    return g["uid"]
+
+
+def _late_trajectory_of_sampled(lake: Path) -> str:
+    g = _group(lake, "sampled")
+    _append(lake, "trajectories", [_traj(g)])
+    return g["uid"]
+
+
+def _stale_selection(lake: Path) -> str:
+    g = _group(lake, "live")
+    _append(lake, "decisions", [{"partition": "train", "step": g["global_steps"] + 50,
+                                 "call_id": 99, "poll": 0, "kind": "select", "uid": g["uid"],
+                                 "span": 51, "batch_id": 999, "count": 1}])
+    return g["uid"]
+
+
+def _evict_after_select(lake: Path) -> str:
+    g = _group(lake, "sampled")
+    _append(lake, "decisions", [{"partition": "train", "step": 99, "call_id": 99, "poll": 0,
+                                 "kind": "evict", "uid": g["uid"], "reason": "stale", "span": 9,
+                                 "count": 1}])
+    return g["uid"]
+
+
+def _late_trajectory_of_evicted(lake: Path) -> str:
+    g = _group(lake, "evicted")
+    _append(lake, "trajectories", [_traj(g)])
+    return g["uid"]
+
+
+def _second_terminal(lake: Path) -> str:
+    g = _group(lake, "evicted")
+    _append(lake, "group_events", [{"partition": "train", "uid": g["uid"], "event": "failure",
+                                    "global_steps": g["global_steps"]}])
+    return g["uid"]
+
+
+TAMPERS: dict[str, Callable[[Path], str]] = {
+    "no_group_in_two_batches": _in_two_batches,
+    "no_partial_group_in_batch": _late_trajectory_of_sampled,
+    "stale_bound_respected": _stale_selection,
+    "conservation": _evict_after_select,
+    "no_trajectory_after_terminal": _late_trajectory_of_evicted,
+    "no_double_terminal": _second_terminal,
+}
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_every_audit_is_empty_on_a_real_run(kind: str) -> None:
+    r: Run = shared_run(kind)
+    results = run_audits(r.lake, threshold=r.threshold or 1_000_000)
+    assert {x.name: x.rows for x in results} == {q.name: [] for q in in_folder("audits")}
+
+
+def test_every_audit_has_a_tampering_test() -> None:
+    assert sorted(TAMPERS) == sorted(q.name for q in in_folder("audits"))
+
+
+@pytest.mark.parametrize("audit", sorted(TAMPERS))
+def test_audit_fires_on_a_tampered_lake(audit: str, tmp_path: Path) -> None:
+    r = shared_run("async")
+    lake = tmp_path / "lake"
+    shutil.copytree(r.lake, lake)
+    uid = TAMPERS[audit](lake)
+    params = {"threshold": r.threshold} if audit == "stale_bound_respected" else {}
+    found = run(connect(lake), audit, **params).to_pylist()
+    assert found and {row["uid"] for row in found} == {uid}
