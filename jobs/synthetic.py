@@ -41,5 +41,6 @@ def trajectories(partition: str, uids: list[str], per_group: int, *, version: in
         else pa.nulls(n, pa.list_(pa.float32())),
         "version_spans": pa.nulls(n, TRAJECTORIES_INPUT.field("version_spans").type),
         "is_padding": pa.array(np.zeros(n, dtype=bool)),
+        "versions_inferred": pa.array(np.zeros(n, dtype=bool)),
     }
     return pa.Table.from_arrays([cols[f.name] for f in TRAJECTORIES_INPUT], schema=TRAJECTORIES_INPUT)

@@ -146,7 +146,7 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
                           filter_metric: str | None) -> pa.Table:
     """Trajectories for groups that are registered and still in flight (pending or running)."""
     table = _conformed("trajectories", data, TRAJECTORIES_INPUT,
-                       {"index": 0, "is_padding": False})
+                       {"index": 0, "is_padding": False, "versions_inferred": False})
     problems = _partition_problems(table) + _empty_uid_problems(table)
     # numpy on the (non-null, already conformed) columns: one vectorised pass, no per-kernel cost
     mn, mx = _np(table, "min_global_steps"), _np(table, "max_global_steps")

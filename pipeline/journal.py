@@ -22,7 +22,8 @@ class Journal:
     def record(self, table: str, rows: pa.Table) -> pa.Table:
         """Stamp ``rows`` (the lake schema minus seq/ts), write them durably, return them stamped.
 
-        Nothing is stamped unless the write succeeded, so a failed write changes nothing."""
+        A failed write raises and changes nothing in memory; its seq numbers are burnt, so rows a
+        failed write may have left on disk can never be mistaken for later ones."""
         n = rows.num_rows
         schema = LAKE_TABLES[table]
         now_us = int(time.time() * 1e6)
@@ -31,9 +32,11 @@ class Journal:
         cols = {name: rows.column(name) for name in rows.column_names}
         cols["seq"], cols["ts"] = seq, now
         stamped = pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
-        if self.lake is not None:
-            self.lake.append(table, stamped)
-        self.next_seq += n
+        try:
+            if self.lake is not None:
+                self.lake.append(table, stamped)
+        finally:
+            self.next_seq += n   # even when the write failed: a seq number is never reused
         return stamped
 
     def record_rows(self, table: str, rows: list[dict]) -> pa.Table | None:

@@ -60,6 +60,7 @@ class LakeWriter:
         self._files: dict[tuple[str, str, int], tuple[object, pa.ipc.RecordBatchStreamWriter]] = {}
         self._lock = threading.Lock()
         self.bytes_written = 0
+        self._opened = 0
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -73,22 +74,41 @@ class LakeWriter:
         if rows.schema != schema:
             rows = rows.cast(schema)
         with self._lock:
-            parts = list(self._split(table, rows))
-            first_seq = int(rows.column("seq")[0].as_py())
-            meta = {_MULTI: str(first_seq).encode()} if len(parts) > 1 else None
-            touched = []
-            for (partition, win), part in parts:
-                sink, writer = self._open(table, partition, win, int(part.column("seq")[0].as_py()))
-                for batch in part.combine_chunks().to_batches(max_chunksize=part.num_rows or 1):
-                    writer.write_batch(batch, custom_metadata=meta)
-                sink.flush()
-                touched.append(sink)
-            if self.fsync:
-                for sink in touched:
-                    os.fsync(sink.fileno())
-            if meta is not None:   # every part is durable: now the call counts
-                self._commit(table, first_seq, len(parts))
+            try:
+                self._append(table, rows)
+            except (OSError, pa.ArrowException) as exc:
+                # a half-written batch would hide every later one in its file: abandon the open
+                # segments (later writes start new files) and say so
+                self._abandon()
+                raise LakeError(f"writing {rows.num_rows} row(s) to the lake table {table!r} under "
+                                f"{self.root} failed ({exc}); nothing of this call was "
+                                "acknowledged") from exc
             self.bytes_written += rows.nbytes
+
+    def _append(self, table: str, rows: pa.Table) -> None:
+        parts = list(self._split(table, rows))
+        first_seq = int(rows.column("seq")[0].as_py())
+        meta = {_MULTI: str(first_seq).encode()} if len(parts) > 1 else None
+        touched = []
+        for (partition, win), part in parts:
+            sink, writer = self._open(table, partition, win, int(part.column("seq")[0].as_py()))
+            for batch in part.combine_chunks().to_batches(max_chunksize=part.num_rows or 1):
+                writer.write_batch(batch, custom_metadata=meta)
+            sink.flush()
+            touched.append(sink)
+        if self.fsync:
+            for sink in touched:
+                os.fsync(sink.fileno())
+        if meta is not None:   # every part is durable: now the call counts
+            self._commit(table, first_seq, len(parts))
+
+    def _abandon(self) -> None:
+        for sink, _ in self._files.values():
+            try:
+                sink.close()
+            except OSError:
+                pass
+        self._files.clear()
 
     def _split(self, table: str, rows: pa.Table):
         """One (partition, window) part per partition; the window is that of its oldest row."""
@@ -104,7 +124,8 @@ class LakeWriter:
         if key not in self._files:
             d = self.root / "_commits"
             d.mkdir(parents=True, exist_ok=True)
-            sink = open(d / f"commits-{self._tag}.arrow", "wb")
+            self._opened += 1
+            sink = open(d / f"commits-{self._tag}{self._opened:04d}.arrow", "wb")
             self._files[key] = (sink, pa.ipc.new_stream(sink, _COMMIT_SCHEMA))
         sink, writer = self._files[key]
         writer.write_table(pa.table({"table": [table], "first_seq": [first_seq], "parts": [parts]},
@@ -118,7 +139,8 @@ class LakeWriter:
         if key not in self._files:
             d = self.root / table / f"partition={partition}" / f"window={win:06d}"
             d.mkdir(parents=True, exist_ok=True)
-            path = d / f"{table}-{first_seq:012d}-{self._tag}.arrow"
+            self._opened += 1
+            path = d / f"{table}-{first_seq:012d}-{self._tag}{self._opened:04d}.arrow"
             sink = open(path, "wb")
             writer = pa.ipc.new_stream(sink, LAKE_TABLES[table])
             sink.flush()

@@ -38,8 +38,9 @@ trainer that needs them must recompute them (verl does when ``rollout_log_probs`
 
 ``pin_memory=True`` allocates every output in page-locked host memory (written in place, no
 extra copy) so the copy to ``device`` can be ``non_blocking``; the host tensors are views of one
-pinned buffer, kept alive by the caching host allocator until the copies finish. Without an accelerator there is
-nothing to pin for: like torch's DataLoader, we warn and return ordinary memory.
+pinned buffer, kept alive by the caching host allocator until the copies finish. Without an
+accelerator there is nothing to pin for: like torch's DataLoader, we warn and return ordinary
+memory.
 """
 from __future__ import annotations
 
@@ -178,7 +179,9 @@ class _Slab:
         self.tensors: dict[str, torch.Tensor] = {}
         self.arrays: dict[str, np.ndarray] = {}
         for (name, (shape, dtype)), lo in zip(specs.items(), starts):
-            t = buf[lo:lo + sizes[name]].view(_TORCH_DTYPES[np.dtype(dtype)]).view(shape)
+            tdt = _TORCH_DTYPES[np.dtype(dtype)]
+            t = (buf[int(lo):int(lo) + sizes[name]].view(tdt).view(shape) if sizes[name]
+                 else torch.zeros(shape, dtype=tdt))    # torch cannot reinterpret 0 bytes
             self.tensors[name] = t
             self.arrays[name] = t.numpy()
 

@@ -51,6 +51,9 @@ _TRAJECTORY_FIELDS = [
           "per-token weight versions as runs of (version, n_tokens); null = unknown",
           nullable=True),
     field("is_padding", pa.bool_(), "padding row added downstream (excluded from metrics)"),
+    field("versions_inferred", pa.bool_(),
+          "min/max_global_steps were not reported and were set to dispatch step - 1 "
+          "(verl adapter only)"),
 ]
 
 TRAJECTORIES_INPUT = schema(
