@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -214,13 +215,21 @@ def read_segment(path: Path, committed: set[tuple[str, int]] | None = None) -> p
     return pa.Table.from_batches(keep, schema=LAKE_TABLES[table])
 
 
-def read_table(root: str | os.PathLike, table: str,
-               partitions: list[str] | None = None) -> pa.Table:
-    """One lake table as a pyarrow Table sorted by ``seq`` (empty, with its schema, if absent)."""
+def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
+               keep: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
+    """One lake table as a pyarrow Table sorted by ``seq`` (empty, with its schema, if absent).
+
+    ``keep(segment) -> boolean mask`` filters each segment as it is read, so a large table never
+    has to fit in memory whole before filtering."""
     schema = LAKE_TABLES[table]
     committed = committed_calls(root)
-    parts = [read_segment(p, committed) for p in segment_files(root, table, partitions)]
-    parts = [t.cast(schema) if t.schema != schema else t for t in parts if t.num_rows]
+    parts = []
+    for path in segment_files(root, table, partitions):
+        t = read_segment(path, committed)
+        if t.num_rows and keep is not None:
+            t = t.filter(keep(t))
+        if t.num_rows:
+            parts.append(t.cast(schema) if t.schema != schema else t)
     if not parts:
         return schema.empty_table()
     out = pa.concat_tables(parts)

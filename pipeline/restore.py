@@ -2,6 +2,8 @@
 
 Trajectories, group events and decisions are merged by their global `seq`; consecutive rows of
 one table are applied as one slice, so restoring a large lake stays vectorised where it matters.
+Trajectories of groups that are gone for good (released, evicted, discarded) are filtered out as
+their segments are read: the payload of a long run's history is never loaded just to be dropped.
 Metric rows are history only and are not replayed.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.lake import read_table
 
@@ -20,8 +23,18 @@ if TYPE_CHECKING:
 _REPLAYED = ("group_events", "trajectories", "decisions")
 
 
+def _key(t: pa.Table) -> pa.Array:
+    return pc.binary_join_element_wise(t.column("partition"), t.column("uid"), "\x00")
+
+
 def restore(buf: ReplayBuffer, lake: str | os.PathLike) -> None:
-    tables = {name: read_table(lake, name) for name in _REPLAYED}
+    tables = {name: read_table(lake, name) for name in ("group_events", "decisions")}
+    dec = tables["decisions"]
+    gone = dec.filter(pc.is_in(dec.column("kind"), pa.array(["evict", "discard", "release"])))
+    gone_keys = pc.unique(_key(gone)) if gone.num_rows else None
+    tables["trajectories"] = read_table(
+        lake, "trajectories",
+        keep=None if gone_keys is None else (lambda t: pc.invert(pc.is_in(_key(t), gone_keys))))
     seqs = [tables[n].column("seq").to_numpy() for n in _REPLAYED]
     if not any(len(s) for s in seqs):
         return

@@ -113,10 +113,13 @@ def _ragged(table: pa.Table, name: str) -> _Ragged:
     row = held = 0
     for chunk in col.chunks:
         off = np.asarray(chunk.offsets)
-        child = chunk.values.slice(off[0], off[-1] - off[0])
-        if child.null_count:
-            raise BatchFormatError(f"column {name!r} holds null items inside its lists")
-        seg = child.to_numpy(zero_copy_only=False)
+        lo, hi = int(off[0]), int(off[-1])
+        child = chunk.values
+        if child.null_count:        # nulls somewhere in the child buffer: are any ours?
+            child, lo, hi = child.slice(lo, hi - lo), 0, hi - lo
+            if child.null_count:
+                raise BatchFormatError(f"column {name!r} holds null items inside its lists")
+        seg = child.to_numpy(zero_copy_only=False)[lo:hi]
         if chunk.null_count:
             seg = seg[np.repeat(chunk.is_valid().to_numpy(zero_copy_only=False), np.diff(off))]
         pending.append((row, row + len(chunk), seg))

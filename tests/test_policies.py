@@ -348,3 +348,13 @@ def test_stale_bound_invariant_holds_for_every_selected_group():
     assert batch.uids == ["g8", "g9"]
     assert max(batch.table.column("group_span").to_pylist()) <= 3
     assert batch.metrics[EV] == 8
+
+
+def test_sync_dapo_draining_that_can_no_longer_fill_raises_instead_of_hanging():
+    from pipeline.policies.context import CallState, PollContext, PollOutcome
+    from pipeline.policies.refill import DapoCredit
+    policy, st = DapoCredit(train_batch_size=2, gen_batch_size=1), CallState(draining=True)
+    ctx = PollContext(step=1, partition="train", batch_size=2)
+    assert policy.after_poll(PollOutcome(0, {}, 0, sampleable=1, inflight=1), st, ctx) == 0
+    with pytest.raises(RefillLimitError, match="nothing is in flight"):
+        policy.after_poll(PollOutcome(0, {}, 0, sampleable=1, inflight=0), st, ctx)

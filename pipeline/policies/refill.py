@@ -91,6 +91,11 @@ class DapoCredit:
                 st.draining = True
                 st.credit = 0
         if st.draining:
+            if o.sampleable < ctx.batch_size and o.inflight == 0:
+                raise RefillLimitError(
+                    f"draining began with a full batch, but only {o.sampleable}/{ctx.batch_size} "
+                    "groups are sampleable now and nothing is in flight (groups were removed "
+                    "from outside the sample call); verl would poll forever here")
             return 0
         slots = self.max_inflight_gen_batches * self.train_batch_size - o.inflight
         dispatch = min(st.credit, max(0, slots))
