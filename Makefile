@@ -7,10 +7,12 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: run test venv lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-verl.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,wandb]'
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 transferqueue==0.1.11
+	$(BIN)/python -m pip install -q -r requirements-verl.txt
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 

@@ -9,8 +9,12 @@ For each batch size and layout, one run times three things on the same synthetic
   gets): the physical limit of writing that output on this machine.
 
 Reported: medians over repeats (the naive path gets fewer: it is slow), the ratios ours/memcpy
-and naive/ours, and whether the goals hold (padded within 3x memcpy and >= 20x faster than naive;
-packed within 2x memcpy). Figures go to a JSON file and a table on the terminal.
+and naive/ours, and whether the goals hold (padded at B=1024 within 3x memcpy and >= 20x faster
+than naive; packed within 2x memcpy). Figures go to a JSON file and a table on the terminal.
+
+Reading the memcpy column: it copies into one fresh array. Below glibc's 32 MiB mmap threshold
+that array is recycled heap memory from the previous repeat (no page faults), while our several
+smaller outputs still fault fresh pages in, so at B=256 the ratio is pessimistic for us.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import typer
 
-GOALS = {"padded": {"max_over_memcpy": 3.0, "min_naive_over_ours": 20.0},
+# The issue's goals: padded at B=1024 only (other sizes are reported, not judged); packed at all.
+GOALS = {"padded": {"batch_size": 1024, "max_over_memcpy": 3.0, "min_naive_over_ours": 20.0},
          "packed": {"max_over_memcpy": 2.0}}
 
 
@@ -138,8 +143,9 @@ def measure(table: pa.Table, layout: str, repeats: int, naive_repeats: int) -> d
            "shape": list(ours["input_ids"].shape), "output_bytes": nbytes,
            "ours_ms": ours_ms, "naive_ms": naive_ms, "memcpy_ms": memcpy_ms,
            "ours_over_memcpy": ours_ms / memcpy_ms, "naive_over_ours": naive_ms / ours_ms}
-    res["meets_goal"] = bool(res["ours_over_memcpy"] <= goal["max_over_memcpy"]
-                             and not res["naive_over_ours"] < goal.get("min_naive_over_ours", 0))
+    res["meets_goal"] = None if goal.get("batch_size", table.num_rows) != table.num_rows else bool(
+        res["ours_over_memcpy"] <= goal["max_over_memcpy"]
+        and not res["naive_over_ours"] < goal.get("min_naive_over_ours", 0))
     return res
 
 
@@ -187,7 +193,7 @@ def main(
                      f"{r['output_bytes'] / 2**20:.0f}", f"{r['ours_ms']:.1f}",
                      f"{r['memcpy_ms']:.1f}", f"{r['naive_ms']:.0f}",
                      f"{r['ours_over_memcpy']:.2f}x", f"{r['naive_over_ours']:.0f}x",
-                     "met" if r["meets_goal"] else "MISSED")
+                     {True: "met", False: "MISSED", None: "-"}[r["meets_goal"]])
     console = Console(width=max(Console().width, 110))
     console.print(view)
     console.print(f"written to {out}")

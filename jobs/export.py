@@ -153,7 +153,10 @@ def trained_rows(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
             .filter(pl.col("seq") < pl.col("sel_seq")).sort("seq")
             .group_by("uid").agg(pl.col("event").last().alias("status")))
     groups = sel.join(starts, on="uid").join(ends, on="uid", how="left")
-    traj = read_table(lake, "trajectories", [partition])
+    # filter each segment as it is read: the payload of groups never trained on is not loaded
+    uids = pa.array(sel["uid"].to_list(), pa.string())
+    traj = read_table(lake, "trajectories", [partition],
+                      keep=lambda seg: pc.is_in(seg.column("uid"), value_set=uids))
     rows = (pl.from_arrow(traj.select(["uid", "seq"])).with_row_index("row")
             .join(groups, on="uid")
             .filter((pl.col("seq") > pl.col("start_seq")) & (pl.col("seq") < pl.col("sel_seq")))

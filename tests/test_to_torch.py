@@ -1,6 +1,7 @@
 """Batch table -> torch tensors: element-for-element equal to the naive pad_sequence path."""
 from __future__ import annotations
 
+import io
 import warnings
 from unittest import mock
 
@@ -187,6 +188,15 @@ def test_outputs_are_writable_copies_that_never_touch_the_arrow_buffers() -> Non
     assert table.column("reward").to_pylist() == [2.0]
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_outputs_survive_torch_save_and_load(layout: str) -> None:
+    out = batch_to_torch(LITERAL, layout=layout)
+    buf = io.BytesIO()
+    torch.save(out, buf)
+    buf.seek(0)
+    assert_same_tensors(torch.load(buf), out)
+
+
 def test_unknown_layout_is_a_batch_format_error() -> None:
     with pytest.raises(BatchFormatError, match="layout='ragged'.*padded, packed"):
         batch_to_torch(LITERAL, layout="ragged")
@@ -213,6 +223,8 @@ def test_null_token_lists_and_null_items_are_rejected() -> None:
                                    pa.array([[1, None], [1], []], pa.list_(pa.int32())))
     with pytest.raises(BatchFormatError, match="null items"):
         batch_to_torch(null_item)
+    # a null item outside the slice a table holds is none of its business
+    assert batch_to_torch(null_item.slice(1, 2))["input_ids"].tolist() == [[1, 0], [3, 2]]
 
 
 def test_device_cpu_keeps_tensors_on_the_host() -> None:

@@ -1,0 +1,147 @@
+"""Reading trajectory fields from TransferQueue robustly, and turning them into typed values.
+
+TransferQueue 0.1.11 has two silent traps when several keys are read at once (see
+notes/verl_behaviour.md §12): a field absent on *some* requested keys yields an empty TensorDict
+(not an error), and keys without any data yet (tags only) raise "Some fields are not ready". So a
+read that comes back short is bisected until every key is classified as read, missing (the field
+does not exist on it) or not ready (no data yet: read it again next poll). The normal case is one
+`kv_batch_get` for all new keys of a poll.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+MISSING = object()    # the key has data, but not this field
+NOT_READY = object()  # the key has no data in storage yet (tags only)
+
+
+def read_fields(tq: Any, partition: str, keys: Sequence[str], fields: Sequence[str]
+                ) -> dict[str, list[Any]]:
+    """``{field: [value per key]}``; a value is a row (tensor / dict), MISSING or NOT_READY."""
+    out: dict[str, list[Any]] = {f: [None] * len(keys) for f in fields}
+    if not keys or not fields:
+        return out
+    _read_into(tq, partition, list(keys), list(fields), out, 0)
+    return out
+
+
+def _read_into(tq: Any, partition: str, keys: list[str], fields: list[str],
+               out: dict[str, list[Any]], offset: int) -> None:
+    try:
+        td = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=fields)
+    except ValueError as exc:   # "not ready" / "not found": some key has no data at all
+        td, err = None, exc
+    else:
+        err = None
+    if td is not None and int(td.batch_size[0]) == len(keys) and all(f in td.keys() for f in fields):
+        for f in fields:
+            for i, v in enumerate(_rows(td[f])):
+                out[f][offset + i] = v
+        return
+    if len(fields) > 1:          # read each field on its own: only the absent ones are MISSING
+        for f in fields:
+            _read_into(tq, partition, keys, [f], out, offset)
+        return
+    if len(keys) == 1:
+        out[fields[0]][offset] = NOT_READY if err is not None else MISSING
+        return
+    mid = len(keys) // 2
+    _read_into(tq, partition, keys[:mid], fields, out, offset)
+    _read_into(tq, partition, keys[mid:], fields, out, offset + mid)
+
+
+def _rows(value: Any) -> list[Any]:
+    """Per-key rows of one TensorDict entry (jagged tensor, dense tensor or non-tensor stack)."""
+    if hasattr(value, "unbind") and getattr(value, "is_nested", False):
+        return list(value.unbind())
+    if hasattr(value, "tolist") and not hasattr(value, "dim"):
+        return list(value.tolist())
+    return list(value)
+
+
+def reward_of(row: Any) -> float | None:
+    """verl's reward of one trajectory: the float32 sum of its `rm_scores` row, as a float
+    (summed by torch exactly as verl sums it, so equal rewards classify equally)."""
+    if row is MISSING or row is NOT_READY or row is None:
+        return None
+    return float(row.sum().item())
+
+
+def extra_of(row: Any) -> dict[str, Any] | None:
+    """The `extra_fields` dict of one trajectory (unwrapping tensordict's NonTensorData)."""
+    if row is MISSING or row is NOT_READY or row is None:
+        return None
+    value = getattr(row, "data", row)
+    return value if isinstance(value, dict) else None
+
+
+def reward_info_of(extra: dict[str, Any] | None) -> list[tuple[str, float]] | None:
+    """Named reward metrics (`extra_fields["reward_extra_info"]`) that are numbers; others (lists,
+    strings) cannot be a filter metric (verl's `float()` would fail on them) and are left out."""
+    if extra is None:
+        return None
+    info = extra.get("reward_extra_info")
+    if not isinstance(info, dict):
+        return None
+    out = []
+    for name, v in info.items():
+        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
+            v = v.item()
+        if isinstance(v, (bool, int, float)):
+            out.append((str(name), float(v)))
+    return out
+
+
+def versions_of(tag: dict[str, Any], extra: dict[str, Any] | None, dispatch_step: int
+                ) -> tuple[int, int, bool]:
+    """(min, max, inferred): the trajectory tag first (verl's trainer reads its off-policy metrics
+    from there), then `extra_fields` min/max, then `extra_fields["global_steps"]` (the serving
+    weight version), else dispatch step - 1 (clamped at 0) marked as inferred."""
+    lo, hi = tag.get("min_global_steps"), tag.get("max_global_steps")
+    if _is_int(lo) and _is_int(hi):
+        return int(lo), int(hi), False
+    if extra is not None:
+        lo, hi = extra.get("min_global_steps"), extra.get("max_global_steps")
+        if _is_int(lo) and _is_int(hi):
+            return int(lo), int(hi), False
+        v = extra.get("global_steps")
+        if _is_int(v):
+            return int(v), int(v), False
+    v = max(int(dispatch_step) - 1, 0)
+    return v, v, True
+
+
+def has_tag_versions(tag: dict[str, Any]) -> bool:
+    return _is_int(tag.get("min_global_steps")) and _is_int(tag.get("max_global_steps"))
+
+
+def _is_int(v: Any) -> bool:
+    if isinstance(v, bool) or v is None:
+        return False
+    if isinstance(v, (int, np.integer)):
+        return True
+    return isinstance(v, float) and v.is_integer() and math.isfinite(v)
+
+
+def token_lists(rows: list[Any], dtype: pa.DataType) -> pa.Array:
+    """A list<dtype> column from per-key tensor rows (MISSING / NOT_READY rows -> null)."""
+    values, offsets, valid = [], [0], []
+    for r in rows:
+        if r is MISSING or r is NOT_READY or r is None:
+            offsets.append(offsets[-1])
+            valid.append(False)
+            continue
+        flat = r.reshape(-1).cpu().numpy()
+        values.append(flat)
+        offsets.append(offsets[-1] + flat.size)
+        valid.append(True)
+    flat = np.concatenate(values) if values else np.zeros(0)
+    arr = pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)),
+                                   pa.array(flat).cast(dtype),
+                                   mask=pa.array([not v for v in valid]))
+    return arr
