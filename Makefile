@@ -7,14 +7,13 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: run test venv lint bench clean
 
-$(STAMP): pyproject.toml requirements-verl.txt
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,wandb]'
+	$(BIN)/python -m pip install -q -e '.[dev,wandb,verl]'
 	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 transferqueue==0.1.11
 	# both wheels also install their own top-level `tests` package, which would shadow ours
 	rm -rf $(VENV)/lib/python*/site-packages/tests
-	$(BIN)/python -m pip install -q -r requirements-verl.txt
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 

@@ -22,6 +22,7 @@ _COMMANDS = [
     (bench, "ingest", "jobs.bench_ingest", "main"),
     (bench, "decide", "jobs.bench_decide", "main"),
     (bench, "torch", "jobs.bench_torch", "main"),
+    (bench, "verl", "jobs.bench_verl", "main"),
 ]
 
 

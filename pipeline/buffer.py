@@ -184,7 +184,9 @@ class ReplayBuffer:
     def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int,
                             timeout: float | None = None) -> tuple[list[str], dict[str, float]]:
         """Evict and refill as `sample` would until `target_count` groups are sampleable and the
-        gate is open; consumes nothing (a following `sample` gets these groups)."""
+        gate is open; consumes nothing (a following `sample` gets these groups). Returns the
+        `target_count` oldest uids and the call's eviction metrics, whose ``reward_counts``
+        attribute is the `{value: count}` of the zero-variance groups it evicted."""
         from pipeline.sampling import run_call
         return run_call(self, global_steps, partition_id, target_count, consume=False,
                         timeout=timeout)
@@ -198,6 +200,12 @@ class ReplayBuffer:
             if part is None:
                 return 0
             return part.candidates.alive_count - decide.evaluate(part, self.config, ctx).count
+
+    def sampleable_uids(self, partition_id: str) -> list[str]:
+        """Every group the last poll left sampleable, oldest first (evicts nothing)."""
+        with self._cond:
+            part = self._parts.get(partition_id)
+            return decide.oldest(part, None) if part is not None else []
 
     def release(self, batch: Batch | int) -> None:
         """The trainer is done with the batch: its trajectories leave memory (not the lake)."""

@@ -50,6 +50,15 @@ def _declare() -> dict[str, Metric]:
 METRICS: dict[str, Metric] = _declare()
 
 
+class CallMetrics(dict):
+    """The scalar eviction metrics of one call (a plain dict of SPEC §6.1 keys), carrying the
+    `{value: count}` of its zero-variance evictions as ``reward_counts`` (not a scalar)."""
+
+    def __init__(self, scalars: dict[str, float], reward_counts: dict[float, int]):
+        super().__init__(scalars)
+        self.reward_counts = dict(reward_counts)
+
+
 @dataclass
 class EvictionMetrics:
     """Eviction metrics of one sample call; polls add into it (counts are groups)."""

@@ -13,7 +13,7 @@ from pipeline.batch import Batch, with_provenance
 from pipeline.candidates import FINISHED
 from pipeline.errors import ConfigError, EmptyBatchError, InvariantError, SampleTimeout
 from pipeline.ingest import check_partition
-from pipeline.metrics import EvictionMetrics, off_policy_metrics, prefix_of
+from pipeline.metrics import CallMetrics, EvictionMetrics, off_policy_metrics, prefix_of
 from pipeline.policies.context import CallState, PollContext, PollOutcome
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ def run_call(buf: ReplayBuffer, global_steps: int, partition_id: str, batch_size
             elif _ready(buf, part, ctx, outcome, st):
                 if not consume:
                     uids = decide.oldest(part, batch_size)
-                    return uids, acc.scalars(prefix_of(partition_id)) if not ctx.validation else {}
+                    if ctx.validation:
+                        return uids, CallMetrics({}, {})
+                    return uids, CallMetrics(acc.scalars(prefix_of(partition_id)), acc.reward_counts)
                 return _select(buf, part, ctx, call_id, poll, acc)
             else:
                 now = time.monotonic()

@@ -96,7 +96,6 @@ class ReplayBuffer:
         self.core.add_listener(self._on_decision)
         self.last_batch = None          # the core's Batch of the last sample (Arrow, provenance)
         self._mirrors: dict[str, PartitionMirror] = {}
-        self._wait_counts: dict[float, int] = {}
         self._lock = threading.RLock()  # one public call at a time (verl's trainer is serial)
         self._tq: Any = None
 
@@ -125,11 +124,6 @@ class ReplayBuffer:
         m = self._mirrors.get(partition)
         if m is None:
             return
-        if kind == "evict":
-            for u in uids:
-                if u in m.zv_values:
-                    v = m.zv_values[u]
-                    self._wait_counts[v] = self._wait_counts.get(v, 0) + 1
         if kind in ("evict", "discard"):
             clear(self.tq, partition, m.on_remove(uids))
         elif kind == "select":
@@ -143,7 +137,6 @@ class ReplayBuffer:
         from transfer_queue import KVBatchMeta
         with self._lock:
             m = self._mirror(partition_id)
-            self._wait_counts = {}
             try:
                 batch = run_call(self.core, global_steps, partition_id, batch_size, consume=True,
                                  timeout=None, before_poll=m.sync)
@@ -179,14 +172,10 @@ class _DepthQueries:
         gate is open; returns (every sampleable uid, verl's metric dict); consumes nothing."""
         with self._lock:
             m = self._mirror(partition_id)
-            self._wait_counts = {}
             _, scalars = run_call(self.core, global_steps, partition_id, target_count,
                                   consume=False, timeout=None, before_poll=m.sync)
-            with self.core._cond:
-                part = self.core._parts[partition_id]
-                uids = set(part.candidates.alive)
-            counts = {} if partition_id == "val" else self._wait_counts
-            return uids, verl_metrics(scalars, counts)
+            uids = set(self.core.sampleable_uids(partition_id))
+            return uids, verl_metrics(dict(scalars), scalars.reward_counts)
 
 
 class ReplayBufferAsync(_DepthQueries, ReplayBuffer):

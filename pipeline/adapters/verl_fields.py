@@ -128,20 +128,17 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, float) and v.is_integer() and math.isfinite(v)
 
 
-def token_lists(rows: list[Any], dtype: pa.DataType) -> pa.Array:
-    """A list<dtype> column from per-key tensor rows (MISSING / NOT_READY rows -> null)."""
+def token_lists(rows: list[Any], dtype: pa.DataType, null_as_empty: bool = False) -> pa.Array:
+    """A list<dtype> column from per-key tensor rows; a MISSING / NOT_READY row becomes null (or
+    an empty list with ``null_as_empty``, for the core's required token columns)."""
     values, offsets, valid = [], [0], []
     for r in rows:
-        if r is MISSING or r is NOT_READY or r is None:
-            offsets.append(offsets[-1])
-            valid.append(False)
-            continue
-        flat = r.reshape(-1).cpu().numpy()
+        ok = not (r is MISSING or r is NOT_READY or r is None)
+        flat = r.reshape(-1).cpu().numpy() if ok else np.zeros(0)
         values.append(flat)
         offsets.append(offsets[-1] + flat.size)
-        valid.append(True)
+        valid.append(ok or null_as_empty)
     flat = np.concatenate(values) if values else np.zeros(0)
-    arr = pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)),
-                                   pa.array(flat).cast(dtype),
-                                   mask=pa.array([not v for v in valid]))
-    return arr
+    mask = None if all(valid) else pa.array([not v for v in valid])
+    return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)),
+                                    pa.array(flat).cast(dtype), mask=mask)

@@ -9,21 +9,23 @@ always written before its terminal status, and one listing is a consistent snaps
 order never rejects a trajectory verl would have used). Keys of selected groups that disappear
 (the trainer clears them after the step) release the batch.
 
-Keys the core must not accept (SPEC §9: a late write that re-creates a removed key, a trajectory
-of a removed or already terminal group, a key that does not parse) are *ignored*, never cleared:
-the adapter only deletes what verl's buffer would delete. Trajectory keys of a uid no prompt key
-names yet (e.g. the trainer's padding rows `pad<hex>_<i>_0`) wait until one does or they vanish.
+Keys the core must not accept are *orphans* (SPEC §9): a late write that re-creates the key of a
+removed group (e.g. a status written after the prompt key was cleared), or a trajectory of a group
+that is removed or already terminal. They can never be trained on, and verl leaves them in
+TransferQueue forever (a leak); the adapter clears them. Keys it cannot attribute to a group it
+knows (a key that parses as neither kind, and not a removed uid) are left alone: they are not its
+to delete. Trajectory keys of a uid no prompt key names yet (e.g. the trainer's padding rows
+`pad<hex>_<i>_0`) wait until one does or they vanish. A trajectory key of a *selected* group that
+the mirror has never seen (only after a restart on a lake) is tracked, not cleared: the trainer
+may still hold that batch.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-import pyarrow as pa
-
-from pipeline.adapters import verl_fields as vf
-from pipeline.errors import IngestError, InvariantError, MissingMetricError
-from schemas import TRAJECTORIES_INPUT
+from pipeline.adapters.verl_rows import trajectory_rows
+from pipeline.errors import IngestError, InvariantError
 
 log = logging.getLogger("replaylake.verl")
 
@@ -61,9 +63,14 @@ class PartitionMirror:
         self.waiting: dict[str, tuple[str, int, int]] = {}
         self.watch: dict[str, str] = {}             # in-flight prompt uid -> mirrored status
         self.batches: dict[int, list[str]] = {}     # selected, unreleased batch -> its keys
-        self.zv_values: dict[str, float] = {}       # fresh zero-variance groups -> their value
         self.listing: dict[str, dict] = {}
+        part = core._parts.get(partition)
+        for batch_id, uids in (part.batches.items() if part is not None else ()):
+            self.batches[batch_id] = [f"{u}_{s}_{x}" for u in uids        # restored from a lake:
+                                      for s, x in sorted(part.groups[u].keys)]   # still held
+        self.orphans_cleared = 0
         self.ignored_count = 0
+        self._orphans: list[str] = []
         self._arrivals = 0
 
     # --- TransferQueue -> core ----------------------------------------------------------------
@@ -76,16 +83,24 @@ class PartitionMirror:
             self._forget_key(k)
         new = self._new_keys(listing)
         registers, reissue = self._classify(new, listing)
-        if reissue is not None:
-            self.core.reissue(reissue, self.partition)
+        if reissue is not None:       # verl re-issued in-flight prompts after a resume
+            for u in self.core.reissue(reissue, self.partition).get(self.partition, []):
+                if u in self.watch:
+                    self.watch[u] = "pending"
         if registers:
-            self.core.register({"partition": [self.partition] * len(registers), "uid": registers,
-                                "global_steps": [int(listing[u]["global_steps"])
-                                                 for u in registers]})
+            try:
+                self.core.register({"partition": [self.partition] * len(registers),
+                                    "uid": registers,
+                                    "global_steps": [listing[u]["global_steps"] for u in registers]})
+            except Exception:
+                for u in registers:          # rejected whole: they are new again next poll
+                    self.kind.pop(u, None)
+                    self.watch.pop(u, None)
+                raise
         held = self._put_waiting(listing)
         self._apply_statuses(listing, held)
         self._release_cleared(listing)
-        self._note_fresh_zero_variance()
+        self._clear_orphans()
 
     def _new_keys(self, listing: dict[str, dict]) -> list[str]:
         """Keys not seen before, in listing (= TransferQueue registration) order. New keys are
@@ -102,7 +117,25 @@ class PartitionMirror:
         out.reverse()
         return out
 
+    def _check_prompts(self, new: list[str], listing: dict[str, dict]) -> None:
+        """Reject unusable new prompt keys before any state changes (SPEC §9: verl would crash
+        with a KeyError on a missing `global_steps`, or mis-attribute a uid containing `_`)."""
+        problems = []
+        for k in new:
+            tag = listing[k]
+            if not tag.get("is_prompt", False) or self.core._lookup(self.partition, k) is not None:
+                continue
+            if "_" in k:
+                problems.append(f"prompt key {k!r} contains '_': its trajectory keys "
+                                "{uid}_{session}_{index} could not be told apart (verl's rule)")
+            if "global_steps" not in tag:
+                problems.append(f"prompt key {k!r} has no 'global_steps' tag (verl's trainer "
+                                "always sets it)")
+        if problems:
+            raise IngestError(f"verl prompt keys of partition {self.partition!r}", problems)
+
     def _classify(self, new: list[str], listing: dict[str, dict]) -> tuple[list[str], int | None]:
+        self._check_prompts(new, listing)
         registers: list[str] = []
         reissue: int | None = None
         for k in new:
@@ -110,15 +143,11 @@ class PartitionMirror:
             if tag.get("is_prompt", False):
                 g = self.core._lookup(self.partition, k)
                 if g is None:
-                    if "global_steps" not in tag:
-                        raise IngestError("verl prompt key", [
-                            f"prompt key {k!r} of partition {self.partition!r} has no "
-                            "'global_steps' tag (verl's trainer always sets it)"])
                     registers.append(k)
                     self.kind[k] = PROMPT
                     self.watch[k] = "pending"
                 elif g.removed:
-                    self._ignore(k, "re-created prompt key of a removed group")
+                    self._orphan(k, "prompt key of a removed group, re-created")
                 else:                                # known from a restored lake
                     self.kind[k] = PROMPT
                     if g.status not in _TERMINAL:
@@ -128,7 +157,11 @@ class PartitionMirror:
                 continue
             parsed = parse_key(k)
             if parsed is None:
-                self._ignore(k, "neither a prompt key nor {uid}_{session}_{index}")
+                g = self.core._lookup(self.partition, k)
+                if g is not None and g.removed:
+                    self._orphan(k, "key of a removed group re-created by a late tag write")
+                else:
+                    self._ignore(k, "neither a prompt key nor {uid}_{session}_{index}")
                 continue
             self.kind[k] = WAITING
             self.waiting[k] = parsed
@@ -144,99 +177,30 @@ class PartitionMirror:
             if g is None:
                 continue                              # no prompt key yet: keep waiting
             del self.waiting[k]
-            if g.removed or g.status in _TERMINAL:
-                self.kind[k] = IGNORED               # late write: SPEC §9, never joins a group
-                self.ignored_count += 1
-                log.warning("verl adapter: ignoring trajectory key %r of partition %r: its "
-                            "group is %s", k, self.partition, g.removed or g.status)
+            if (parsed[1], parsed[2]) in g.keys or g.removed == "selected":
+                self._mark_mirrored(k)               # known from a restored lake
                 continue
-            if (parsed[1], parsed[2]) in g.keys:     # restored from the lake
-                self._mark_mirrored(k)
+            if g.removed or g.status in _TERMINAL:   # late write: never joins a group
+                self._orphan(k, f"trajectory of a group that is {g.removed or g.status}")
                 continue
             todo.append((k, parsed, g))
         if not todo:
             return set()
-        rows, held = self._rows(todo, listing)
-        if rows is not None:
-            self.core.put(rows)
-        return held
-
-    def _rows(self, todo: list, listing: dict[str, dict]) -> tuple[pa.Table | None, set[str]]:
-        keys = [k for k, _, _ in todo]
-        tags = [listing[k] for k in keys]
-        need_rm = self.fields != "decisions" or self.filter_metric == "reward"
-        need_extra = self.fields != "decisions" or self.filter_metric not in (None, "reward")
-        extra_keys = keys if need_extra else [k for k, t in zip(keys, tags)
-                                              if not vf.has_tag_versions(t)]
-        read = vf.read_fields(self.tq, self.partition, keys, ["rm_scores"] if need_rm else [])
-        if extra_keys:
-            ex = vf.read_fields(self.tq, self.partition, extra_keys, ["extra_fields"])
-            pos = {k: i for i, k in enumerate(extra_keys)}
-            extra_rows = [ex["extra_fields"][pos[k]] if k in pos else None for k in keys]
-        else:
-            extra_rows = [None] * len(keys)
-        tokens = {}
-        if self.fields == "full":
-            tokens = vf.read_fields(self.tq, self.partition, keys,
-                                    ["prompts", "responses", "response_mask", "rollout_log_probs"])
-        rm_rows = read.get("rm_scores", [None] * len(keys))
-        held: set[str] = set()
-        keep: list[int] = []
-        for i, (k, parsed, _) in enumerate(todo):
-            rows_of_key = [rm_rows[i], extra_rows[i], *(tokens[f][i] for f in tokens)]
-            if any(r is vf.NOT_READY for r in rows_of_key):
-                self.waiting[k] = parsed              # read it again next poll
-                held.add(parsed[0])
-            else:
-                keep.append(i)
-        missing_rm = [todo[i][0] for i in keep
-                      if need_rm and self.filter_metric == "reward" and rm_rows[i] is vf.MISSING]
-        if missing_rm:
-            for i in keep:
-                self.waiting[todo[i][0]] = todo[i][1]
-            raise MissingMetricError(
-                f"{len(missing_rm)} trajectory key(s) of partition {self.partition!r} have no "
-                f"'rm_scores' field, which filter_groups_metric='reward' needs: "
-                f"{sorted({k.split('_')[0] for k in missing_rm})[:5]} (keys {missing_rm[:5]})")
-        if not keep:
-            return None, held
-        cols: dict[str, list] = {c: [] for c in (
-            "uid", "session_id", "index", "min_global_steps", "max_global_steps", "reward",
-            "reward_info", "is_padding", "versions_inferred")}
-        for i in keep:
-            k, (uid, s, x), g = todo[i]
-            extra = vf.extra_of(extra_rows[i])
-            lo, hi, inferred = vf.versions_of(tags[i], extra, g.gs)
-            reward = vf.reward_of(rm_rows[i])
-            cols["uid"].append(uid)
-            cols["session_id"].append(s)
-            cols["index"].append(x)
-            cols["min_global_steps"].append(lo)
-            cols["max_global_steps"].append(hi)
-            cols["reward"].append(0.0 if reward is None else reward)
-            cols["reward_info"].append(vf.reward_info_of(extra))
-            cols["is_padding"].append(bool(tags[i].get("is_padding", False)))
-            cols["versions_inferred"].append(inferred)
-        n = len(keep)
-        data = {f.name: pa.array(cols[f.name], type=f.type) for f in TRAJECTORIES_INPUT
-                if f.name in cols}
-        data["partition"] = pa.array([self.partition] * n, pa.string())
-        empty = pa.array([[]] * n, pa.list_(pa.int32()))
-        data["prompt_ids"], data["response_ids"] = empty, empty
-        for name, src, typ in (("prompt_ids", "prompts", pa.int32()),
-                               ("response_ids", "responses", pa.int32()),
-                               ("response_mask", "response_mask", pa.int8()),
-                               ("rollout_log_probs", "rollout_log_probs", pa.float32())):
-            if src in tokens:
-                arr = vf.token_lists([tokens[src][i] for i in keep], typ)
-                if name in ("prompt_ids", "response_ids"):
-                    arr = arr.fill_null([]) if arr.null_count else arr
-                data[name] = arr
-        table = pa.table({f.name: data[f.name] if f.name in data else pa.nulls(n, f.type)
-                          for f in TRAJECTORIES_INPUT}, schema=TRAJECTORIES_INPUT)
-        for i in keep:
+        try:
+            rows, kept, late = trajectory_rows(
+                self.tq, self.partition, [(k, p, g.gs) for k, p, g in todo],
+                [listing[k] for k, _, _ in todo], self.fields, self.filter_metric)
+            if rows is not None:
+                self.core.put(rows)
+        except Exception:
+            for k, parsed, _ in todo:               # nothing was accepted: try again next poll
+                self.waiting[k] = parsed
+            raise
+        for i in kept:
             self._mark_mirrored(todo[i][0])
-        return table, held
+        for i in late:                              # no data in storage yet: read it next poll
+            self.waiting[todo[i][0]] = todo[i][1]
+        return {todo[i][1][0] for i in late}
 
     def _apply_statuses(self, listing: dict[str, dict], held: set[str]) -> None:
         uids, statuses = [], []
@@ -271,26 +235,26 @@ class PartitionMirror:
                 del self.batches[batch_id]
                 self.core.release(batch_id)
 
-    def _note_fresh_zero_variance(self) -> None:
-        """Remember the value of each newly terminal zero-variance group (the core's own
-        classification), so evictions during `wait_for_sampleable` can report reward counts."""
-        if self.filter_metric is None:
-            return
-        from pipeline.candidates import ZV_YES
-        with self.core._cond:
-            part = self.core._parts.get(self.partition)
-            if part is None:
-                return
-            for u in part.candidates.fresh:
-                c = part.candidates.alive.get(u)
-                if c is not None and c.zv == ZV_YES:
-                    self.zv_values[u] = c.value
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _mark_mirrored(self, k: str) -> None:
         self.kind[k] = TRAJ
         self.order[k] = self._arrivals
         self._arrivals += 1
+
+    def _orphan(self, k: str, why: str) -> None:
+        self.kind[k] = IGNORED
+        self._orphans.append(k)
+        log.warning("verl adapter: clearing orphan key %r of partition %r (%s)", k, self.partition,
+                    why)
+
+    def _clear_orphans(self) -> None:
+        if self._orphans:
+            keys, self._orphans = self._orphans, []
+            clear(self.tq, self.partition, keys)
+            for k in keys:
+                self._forget_key(k)
+            self.orphans_cleared += len(keys)
 
     def _ignore(self, k: str, why: str) -> None:
         self.kind[k] = IGNORED
@@ -320,7 +284,6 @@ class PartitionMirror:
         for u in uids:
             self.kind.pop(u, None)
             self.watch.pop(u, None)
-            self.zv_values.pop(u, None)
             for k in self.by_uid.pop(u, ()):
                 keys.append(k)
                 self.kind.pop(k, None)
@@ -336,7 +299,6 @@ class PartitionMirror:
         for u in uids:
             self.kind.pop(u, None)
             self.watch.pop(u, None)
-            self.zv_values.pop(u, None)
         return traj
 
     def batch_keys(self, batch_id: int, expected_rows: int) -> list[str]:

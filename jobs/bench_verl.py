@@ -1,0 +1,165 @@
+"""Benchmark: time per `sample` of verl 0.9.1's ReplayBufferAsync vs replaylake's verl adapter, both
+reading one real TransferQueue, at several buffer sizes (4 trajectories per group), in one run.
+
+Each size is filled once (finished groups, fields and tags as verl's agent loop writes them).
+Then each implementation, as a fresh instance, makes one cold call and `repeats` timed calls; before
+every timed call (untimed) the trainer clears the previous batch and 64 new groups arrive, so the
+buffer size stays constant and every call has new data to take in, as in a run. Implementations:
+verl's buffer; ours reading only what decisions need (`mirror_fields=decisions`, the default
+without a lake); ours also mirroring every reward for the lake (`rewards`); and both with DAPO
+(`filter_groups_metric="reward"`, which makes each read `rm_scores` of new groups).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+PART, STEP, PER_GROUP, CHUNK = "train", 10, 4, 500
+IMPLS = ("verl", "ours", "ours_rewards", "verl_dapo", "ours_dapo")
+
+
+def _start() -> tuple[Any, bool]:
+    """Ray (num_cpus=4: TransferQueue's actors each ask for a CPU) and TransferQueue, unless this
+    process already has them (e.g. under pytest)."""
+    os.environ.setdefault("TQ_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore")
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    return tq, started
+
+
+def _write_groups(tq: Any, uids: list[str]) -> None:
+    """Finished groups as verl writes them: prompt tags, then 4 trajectories each, then status."""
+    import torch
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+    for c in range(0, len(uids), CHUNK):
+        part = uids[c:c + CHUNK]
+        tq.kv_batch_put(keys=part, partition_id=PART, tags=[
+            {"is_prompt": True, "status": "running", "global_steps": STEP} for _ in part])
+        keys, fields, tags = [], [], []
+        for u in part:
+            for s in range(PER_GROUP):
+                rm = torch.zeros(8, dtype=torch.float32)
+                rm[-1] = float(s % 2)
+                fields.append({"prompts": torch.arange(6), "responses": torch.arange(8),
+                               "response_mask": torch.ones(8, dtype=torch.int64), "rm_scores": rm,
+                               "extra_fields": {"reward_extra_info": {"acc": float(s % 2)},
+                                                "global_steps": STEP - 1,
+                                                "min_global_steps": STEP - 1,
+                                                "max_global_steps": STEP - 1},
+                               "uid": u, "session_id": s, "global_steps": STEP})
+                tags.append({"status": "success", "prompt_len": 6, "response_len": 8,
+                             "seq_len": 14, "global_steps": STEP, "min_global_steps": STEP - 1,
+                             "max_global_steps": STEP - 1})
+                keys.append(f"{u}_{s}_0")
+        tq.kv_batch_put(keys=keys, partition_id=PART, fields=list_of_dict_to_tensordict(fields),
+                        tags=tags)
+        tq.kv_batch_put(keys=part, partition_id=PART, tags=[{"status": "finished"} for _ in part])
+
+
+def _make(impl: str) -> Any:
+    kw: dict[str, Any] = dict(trainer_mode="colocate_async", trainer_config={},
+                              max_off_policy_threshold=8, max_off_policy_strategy="drop",
+                              sampler_kwargs={}, poll_interval=0.05, refill_fn=lambda n: n)
+    if impl.endswith("dapo"):
+        kw["filter_groups_metric"] = "reward"
+    if impl.startswith("verl"):
+        from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+        return ReplayBufferAsync(**kw)
+    from pipeline.adapters.verl import ReplayBufferAsync as Ours
+    return Ours(**kw, mirror_fields="rewards" if impl == "ours_rewards" else "decisions")
+
+
+def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int]) -> dict:
+    buf = _make(impl)
+    times, last = [], None
+    for _ in range(repeats + 1):
+        if last is not None:                       # untimed: the trainer's end of step + new data
+            tq.kv_clear(keys=last, partition_id=PART)
+            _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])
+            fresh[0] += batch
+        t = time.perf_counter()
+        meta, _ = buf.sample(global_steps=STEP, partition_id=PART, batch_size=batch)
+        times.append(time.perf_counter() - t)
+        if len(meta.keys) != batch * PER_GROUP:
+            raise RuntimeError(f"{impl}: {len(meta.keys)} keys for a batch of {batch} groups")
+        last = list(meta.keys)
+    tq.kv_clear(keys=last, partition_id=PART)
+    _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])   # keep the size constant
+    fresh[0] += batch
+    steady = times[1:]
+    return {"first_ms": times[0] * 1e3, "median_ms": statistics.median(steady) * 1e3,
+            "min_ms": min(steady) * 1e3}
+
+
+def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int]) -> dict:
+    keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=PART)
+    t = time.perf_counter()
+    _write_groups(tq, [f"b{i}" for i in range(n)])
+    fill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    tq.kv_list(partition_id=PART)
+    list_ms = (time.perf_counter() - t) * 1e3
+    impls = {impl: _run_impl(tq, impl, batch, repeats, fresh) for impl in IMPLS}
+    med = {k: v["median_ms"] for k, v in impls.items()}
+    return {"groups": n, "trajectories": n * PER_GROUP, "fill_s": round(fill_s, 2),
+            "kv_list_ms": list_ms, "impls": impls,
+            "verl_over_ours": med["verl"] / med["ours"],
+            "verl_over_ours_rewards": med["verl"] / med["ours_rewards"],
+            "verl_dapo_over_ours_dapo": med["verl_dapo"] / med["ours_dapo"],
+            "first_call_verl_dapo_over_ours_dapo":
+                impls["verl_dapo"]["first_ms"] / impls["ours_dapo"]["first_ms"]}
+
+
+def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comma-separated"),
+         repeats: int = typer.Option(5, help="timed sample calls per size and implementation"),
+         batch: int = typer.Option(64, help="groups per sample"),
+         out: Path = typer.Option(Path("runs/bench/verl.json"), help="where to write results")
+         ) -> None:
+    """verl's ReplayBufferAsync vs replaylake's adapter through TransferQueue, same run."""
+    console = Console()
+    with console.status("starting Ray and TransferQueue ..."):
+        tq, started = _start()
+    results, fresh = [], [0]
+    try:
+        for n in [int(s) for s in sizes.split(",")]:
+            with console.status(f"{n:,} groups ..."):
+                results.append(run_size(tq, n, batch, repeats, fresh))
+        keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
+        if keys:
+            tq.kv_clear(keys=keys, partition_id=PART)
+    finally:
+        if started:
+            import ray
+            tq.close()
+            ray.shutdown()
+    table = Table(title=f"sample(batch {batch}) through TransferQueue: median ms "
+                        f"(first call in brackets)")
+    for col in ("groups", "kv_list", *IMPLS, "verl/ours", "dapo verl/ours"):
+        table.add_column(col, justify="right")
+    for r in results:
+        cells = [f"{r['impls'][i]['median_ms']:.1f} ({r['impls'][i]['first_ms']:.0f})"
+                 for i in IMPLS]
+        table.add_row(f"{r['groups']:,}", f"{r['kv_list_ms']:.1f}", *cells,
+                      f"{r['verl_over_ours']:.2f}x", f"{r['verl_dapo_over_ours_dapo']:.2f}x")
+    console.print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"batch": batch, "per_group": PER_GROUP, "results": results},
+                              indent=2))
+    console.print(f"written to {out}")

@@ -1,0 +1,56 @@
+"""One Ray cluster and one TransferQueue per test session, shared by every verl test.
+
+Ray starts with `num_cpus=4` (on these 2-core machines TransferQueue's actors each ask for a CPU
+and would otherwise wait forever), then `transfer_queue.init()` with one storage unit (each unit is
+a process that imports torch: one is enough for tests and starts several seconds sooner).
+The tests are skipped only when verl 0.9.1 / TransferQueue are not importable; `make test`
+installs them, so in CI they run.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from tests.verl._harness import Rollout
+
+
+def _import_stack():
+    try:
+        import ray
+        import transfer_queue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import verl.trainer.ppo.v1.replay_buffer  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - only without the verl extra
+        pytest.skip(f"verl 0.9.1 / TransferQueue 0.1.11 not importable ({exc}); `make test` "
+                    "installs them (requirements-verl.txt)")
+    return ray, transfer_queue
+
+
+@pytest.fixture(scope="session")
+def tq():
+    """The `transfer_queue` module, initialised on a local Ray cluster for the whole session."""
+    os.environ.setdefault("TQ_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray, transfer_queue = _import_stack()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    from omegaconf import OmegaConf
+    transfer_queue.init(OmegaConf.create(
+        {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    yield transfer_queue
+    transfer_queue.close()
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture
+def rollout(tq):
+    """A writer that plays verl's trainer + agent loop; TransferQueue is empty before each test."""
+    r = Rollout(tq)
+    r.clear_all()
+    yield r
+    r.clear_all()

@@ -1,0 +1,28 @@
+"""Smoke test of `replaylake bench verl`: tiny sizes through the session's TransferQueue, and the
+JSON report carries every implementation's figures and the ratios."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jobs.bench_verl import IMPLS
+from jobs.cli import app
+
+pytestmark = pytest.mark.verl
+
+
+def test_bench_verl_writes_every_figure(tq, rollout, tmp_path: Path) -> None:
+    out = tmp_path / "verl.json"
+    result = CliRunner().invoke(app, ["bench", "verl", "--sizes", "12", "--repeats", "2",
+                                      "--batch", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    (row,) = report["results"]
+    assert row["groups"] == 12 and row["trajectories"] == 48
+    for impl in IMPLS:
+        figures = row["impls"][impl]
+        assert figures["median_ms"] > 0 and figures["first_ms"] > 0
+    assert row["verl_over_ours"] == row["impls"]["verl"]["median_ms"] / row["impls"]["ours"]["median_ms"]
