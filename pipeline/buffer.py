@@ -201,6 +201,21 @@ class ReplayBuffer:
                 return 0
             return part.candidates.alive_count - decide.evaluate(part, self.config, ctx).count
 
+    def lookup(self, partition_id: str, uid: str) -> Any:
+        """The live group (uid, gs, n, status, rows, keys ...), a retired marker (removed, never
+        accepted again), or None when the buffer has never seen it. For adapters and tests."""
+        with self._cond:
+            return self._lookup(partition_id, uid)
+
+    def held_batches(self, partition_id: str) -> dict[int, list[tuple[str, int, int]]]:
+        """Selected, unreleased batches: batch id -> its (uid, session_id, index) keys."""
+        with self._cond:
+            part = self._parts.get(partition_id)
+            if part is None:
+                return {}
+            return {b: [(u, s, x) for u in uids for s, x in sorted(part.groups[u].keys)]
+                    for b, uids in part.batches.items()}
+
     def sampleable_uids(self, partition_id: str) -> list[str]:
         """Every group the last poll left sampleable, oldest first (evicts nothing)."""
         with self._cond:

@@ -64,10 +64,8 @@ class PartitionMirror:
         self.watch: dict[str, str] = {}             # in-flight prompt uid -> mirrored status
         self.batches: dict[int, list[str]] = {}     # selected, unreleased batch -> its keys
         self.listing: dict[str, dict] = {}
-        part = core._parts.get(partition)
-        for batch_id, uids in (part.batches.items() if part is not None else ()):
-            self.batches[batch_id] = [f"{u}_{s}_{x}" for u in uids        # restored from a lake:
-                                      for s, x in sorted(part.groups[u].keys)]   # still held
+        for batch_id, keys in core.held_batches(partition).items():   # restored from a lake
+            self.batches[batch_id] = [f"{u}_{s}_{x}" for u, s, x in keys]
         self.orphans_cleared = 0
         self.ignored_count = 0
         self._orphans: list[str] = []
@@ -123,7 +121,7 @@ class PartitionMirror:
         problems = []
         for k in new:
             tag = listing[k]
-            if not tag.get("is_prompt", False) or self.core._lookup(self.partition, k) is not None:
+            if not tag.get("is_prompt", False) or self.core.lookup(self.partition, k) is not None:
                 continue
             if "_" in k:
                 problems.append(f"prompt key {k!r} contains '_': its trajectory keys "
@@ -141,7 +139,7 @@ class PartitionMirror:
         for k in new:
             tag = listing[k]
             if tag.get("is_prompt", False):
-                g = self.core._lookup(self.partition, k)
+                g = self.core.lookup(self.partition, k)
                 if g is None:
                     registers.append(k)
                     self.kind[k] = PROMPT
@@ -157,7 +155,7 @@ class PartitionMirror:
                 continue
             parsed = parse_key(k)
             if parsed is None:
-                g = self.core._lookup(self.partition, k)
+                g = self.core.lookup(self.partition, k)
                 if g is not None and g.removed:
                     self._orphan(k, "key of a removed group re-created by a late tag write")
                 else:
@@ -173,7 +171,7 @@ class PartitionMirror:
         whose terminal status must wait (a key with no data in storage yet)."""
         todo: list[tuple[str, tuple[str, int, int], Any]] = []
         for k, parsed in list(self.waiting.items()):
-            g = self.core._lookup(self.partition, parsed[0])
+            g = self.core.lookup(self.partition, parsed[0])
             if g is None:
                 continue                              # no prompt key yet: keep waiting
             del self.waiting[k]
