@@ -18,7 +18,6 @@ _COMMANDS = [
     (app, "sql", "jobs.sql_query", "main"),
     (app, "audit", "jobs.audit", "main"),
     (app, "export", "jobs.export", "main"),
-    (app, "schema", "jobs.schema_doc", "main"),
     (bench, "ingest", "jobs.bench_ingest", "main"),
     (bench, "decide", "jobs.bench_decide", "main"),
     (bench, "torch", "jobs.bench_torch", "main"),
@@ -27,13 +26,7 @@ _COMMANDS = [
 
 
 for group, name, module, func in _COMMANDS:
-    try:
-        fn = getattr(importlib.import_module(module), func)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        continue  # a job not written yet
-    group.command(name)(fn)
+    group.command(name)(getattr(importlib.import_module(module), func))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline import decide
 from pipeline.batch import Batch
@@ -170,7 +171,7 @@ class ReplayBuffer:
     def apply_trajectories(self, rows: pa.Table) -> None:
         parts = rows.column("partition").unique().to_pylist()
         for p in parts:
-            sub = rows if len(parts) == 1 else rows.filter(pa.compute.equal(rows["partition"], p))
+            sub = rows if len(parts) == 1 else rows.filter(pc.equal(rows["partition"], p))
             self._part(p).apply_trajectories(sub)
 
     # --- the consumer --------------------------------------------------------------------------

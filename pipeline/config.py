@@ -43,7 +43,6 @@ class BufferConfig:
     refill_fn: Callable[[int], Any] | None = None
     poll_interval: float = DEFAULT_POLL_INTERVAL
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
-    sync_refill_failed_groups: bool = False
     preset: str = "custom"
 
     def evictors(self) -> tuple:
@@ -114,7 +113,7 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         zero_variance=ZeroVarianceFilter(filter_groups_metric),
         failure=FailurePolicy("empty" if sync_refill_failed_groups else "none"),
         refill=refill, refill_fn=refill_fn, poll_interval=float(poll_interval),
-        empty_batch_is_error=True, sync_refill_failed_groups=sync_refill_failed_groups,
+        empty_batch_is_error=True,
         preset="sync")
 
 

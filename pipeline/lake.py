@@ -60,7 +60,6 @@ class LakeWriter:
         self._tag = uuid.uuid4().hex[:8]
         self._files: dict[tuple[str, str, int], tuple[object, pa.ipc.RecordBatchStreamWriter]] = {}
         self._lock = threading.Lock()
-        self.bytes_written = 0
         self._opened = 0
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -84,7 +83,6 @@ class LakeWriter:
                 raise LakeError(f"writing {rows.num_rows} row(s) to the lake table {table!r} under "
                                 f"{self.root} failed ({exc}); nothing of this call was "
                                 "acknowledged") from exc
-            self.bytes_written += rows.nbytes
 
     def _append(self, table: str, rows: pa.Table) -> None:
         parts = list(self._split(table, rows))

@@ -53,11 +53,3 @@ class TrajectoryRows:
             self._live[c] -= 1
             if self._live[c] == 0:
                 self._chunks[c] = None
-
-    @property
-    def live_rows(self) -> int:
-        return sum(self._live)
-
-    @property
-    def live_bytes(self) -> int:
-        return sum(c.nbytes for c in self._chunks if c is not None)

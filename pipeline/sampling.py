@@ -145,7 +145,7 @@ def _select(buf, part, ctx: PollContext, call_id: int, poll: int, acc: EvictionM
     payload = part.payload(chosen)
     prefix = prefix_of(ctx.partition)
     if cfg.empty_batch_is_error and not ctx.validation and payload.num_rows == 0:
-        hint = "" if cfg.sync_refill_failed_groups else (
+        hint = "" if cfg.failure.evict == "empty" else (
             "; set sync_refill_failed_groups=True (with refill_fn and gen_batch_size=1) to "
             "replace failure groups that produced no trajectory")
         raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "

@@ -13,12 +13,3 @@ def schema(name: str, doc: str, *fields: pa.Field) -> pa.Schema:
     """A pyarrow schema whose metadata names the table and documents it."""
     return pa.schema(list(fields), metadata={"table": name, "doc": doc})
 
-
-def describe(s: pa.Schema) -> str:
-    """Markdown table of a schema's fields (used by the README and `replaylake schema`)."""
-    lines = [f"### `{s.metadata[b'table'].decode()}` — {s.metadata[b'doc'].decode()}", "",
-             "| column | type | nullable | meaning |", "| --- | --- | --- | --- |"]
-    for f in s:
-        doc = (f.metadata or {}).get(b"doc", b"").decode()
-        lines.append(f"| `{f.name}` | `{f.type}` | {'yes' if f.nullable else 'no'} | {doc} |")
-    return "\n".join(lines)
