@@ -3,68 +3,170 @@
 Layout (hive style, readable by DuckDB/polars/pyarrow while the buffer writes)::
 
     <root>/<table>/partition=<id>/window=<w>/<table>-<first_seq>-<writer>.arrow   (live segments)
+    <root>/<table>/partition=<id>/window=<w>/<table>-<first_seq>-<writer>.arrow.crc (checksums)
     <root>/<table>/partition=<id>/window=<w>/*.parquet                             (compacted)
+    <root>/_log/log-<writer>.arrow (+ .crc)       each writer's segments and multi-partition commits
+    <root>/_writer.lock                           the one-writer-per-lake lock and its holder
 
-Durability: every append is written and flushed to the operating system before the call that
-made it returns, so an acknowledged write survives `kill -9` of the process. With ``fsync=True``
-each append is also fsync'ed (survives power loss, at a cost the ingest benchmark reports).
-A process that dies mid-write leaves a torn tail in its last segment; readers stop at the last
-complete record batch. Each writer opens new segment files, so a torn file is never appended to.
+Durability: every append goes straight to the operating system (no user-space buffer) and its
+checksum record after it, before the call that made it returns, so an acknowledged write survives
+`kill -9` of the process. With ``fsync=True`` each write and each checksum record is fsync'ed in
+that order, and so are new files' directories (a new segment's name survives power loss too).
+A process that dies mid-write leaves a torn tail past the last checksum record; readers ignore it.
+Any other damage is refused (see `lake_read`). Each writer opens new files, so a torn file is
+never appended to.
 
-Atomicity of one call: a call's rows of one partition are one record batch in one file, so they
-land whole or not at all. A call spanning several partitions writes one batch per partition,
-each tagged with the call's first seq in the batch's custom metadata, and then a commit record
-in `<root>/_commits/`; readers skip tagged batches whose call has no commit record. So a crash
-between two partitions' writes leaves nothing of the call, as if it had never been made.
+Atomicity of one call: a call's rows of one partition are one record batch in one file. A call
+spanning several partitions writes one batch per partition, each tagged with the call's name
+(writer + seq range), then a commit record with that name in the writer's log; readers skip tagged
+batches without their commit record, so a call torn between files reads as never made, and a
+later call (even one reusing its seqs) can never commit its orphans.
 """
 from __future__ import annotations
 
 import os
 import threading
 import uuid
-from collections.abc import Callable
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from pipeline import lake_kill
 from pipeline.errors import LakeError
+from pipeline.lake_files import (
+    CALL_KEY,
+    DEFAULT_WINDOW,
+    LOG_DIR,
+    LOG_SCHEMA,
+    WINDOW_COLUMN,
+    call_key,
+    pack_record,
+    segment_files,
+    sum_path,
+    window_of,
+)
+from pipeline.lake_lock import LakeLock
+from pipeline.lake_read import committed_calls, highest_seq, read_segment, read_table
 from schemas import LAKE_TABLES
 
-DEFAULT_WINDOW = 1000
-_COMMIT_SCHEMA = pa.schema([pa.field("table", pa.string()), pa.field("first_seq", pa.int64()),
-                            pa.field("parts", pa.int32())])
-_MULTI = b"replaylake.multi_call"
-_WINDOW_COLUMN = {
-    "trajectories": "max_global_steps",
-    "group_events": "global_steps",
-    "decisions": "step",
-    "metrics": "step",
-}
+__all__ = ["LakeWriter", "read_table", "read_segment", "segment_files", "committed_calls",
+           "window_of", "highest_seq", "DEFAULT_WINDOW"]
 
 
-def window_of(step: int, window: int = DEFAULT_WINDOW) -> int:
-    """The step window a step falls in (negative steps never reach the lake)."""
-    return max(int(step), 0) // window
+class _Capture:
+    """A sink that keeps what the Arrow stream writer emits, so one write lands as one unit."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.chunks.append(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> list[bytes]:
+        out, self.chunks = self.chunks, []
+        return out
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Stream:
+    """One open append-only stream and its checksum file."""
+
+    def __init__(self, path: Path, schema: pa.Schema, point: str, fsync: bool):
+        self.path, self.point, self.fsync = path, point, fsync
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        # the checksum file first: a stream without one is damage, never a crash's leftover
+        self.sum_fd = os.open(sum_path(path), flags, 0o644)
+        try:
+            self.fd = os.open(path, flags, 0o644)
+        except OSError:
+            os.close(self.sum_fd)
+            raise
+        self.size = 0
+        self.sink = _Capture()
+        self.writer = pa.ipc.new_stream(self.sink, schema)
+
+    def write(self, chunks: list[bytes]) -> None:
+        """Write then record; with fsync, each is on disk before the next step."""
+        data = b"".join(chunks)
+        p = self.point
+        lake_kill.torn(p + ".data_torn", self.fd, data)
+        _write_all(self.fd, data)
+        lake_kill.hit(p + ".data_written")
+        if self.fsync:
+            os.fsync(self.fd)
+            lake_kill.hit(p + ".data_synced")
+        self.size += len(data)
+        record = pack_record(self.size, zlib.crc32(data))
+        lake_kill.torn(p + ".sum_torn", self.sum_fd, record)
+        _write_all(self.sum_fd, record)
+        lake_kill.hit(p + ".sum_written")
+        if self.fsync:
+            os.fsync(self.sum_fd)
+            lake_kill.hit(p + ".sum_synced")
+
+    def append(self, batch: pa.RecordBatch, meta: dict[bytes, bytes] | None) -> None:
+        self.writer.write_batch(batch, custom_metadata=meta)
+        self.write(self.sink.take())
+
+    def finish(self) -> None:
+        """Write the end-of-stream marker and close."""
+        try:
+            self.writer.close()
+            self.write(self.sink.take())
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Close both files (idempotent: a closed descriptor number may already be reused)."""
+        fds, self.fd, self.sum_fd = (self.fd, self.sum_fd), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 class LakeWriter:
-    """Appends conformed rows to the lake; thread-safe; one writer per process per lake."""
+    """Appends conformed rows to the lake; thread-safe; holds the lake's one-writer lock."""
 
     def __init__(self, root: str | os.PathLike, *, fsync: bool = False,
                  window: int = DEFAULT_WINDOW):
         self.root = Path(root)
         self.fsync = fsync
         self.window = window
-        self._tag = uuid.uuid4().hex[:8]
-        self._files: dict[tuple[str, str, int], tuple[object, pa.ipc.RecordBatchStreamWriter]] = {}
+        self.tag = uuid.uuid4().hex[:12]
+        self._streams: dict[tuple[str, str, int], _Stream] = {}
         self._lock = threading.Lock()
         self._opened = 0
+        lake_kill.arm()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LakeError(f"cannot create lake directory {self.root}: {exc}") from exc
+        self._root_real = self.root.resolve()
+        self.lock = LakeLock(self.root)
 
     def append(self, table: str, rows: pa.Table) -> None:
         """Write ``rows`` (already of ``LAKE_TABLES[table]``'s schema) durably, then return."""
@@ -74,40 +176,31 @@ class LakeWriter:
         if rows.schema != schema:
             rows = rows.cast(schema)
         with self._lock:
+            if not self.lock.held:
+                raise LakeError(f"the lake writer of {self.root} is closed")
             try:
                 self._append(table, rows)
             except (OSError, pa.ArrowException) as exc:
                 # a half-written batch would hide every later one in its file: abandon the open
-                # segments (later writes start new files) and say so
+                # streams (later writes start new files) and say so
                 self._abandon()
                 raise LakeError(f"writing {rows.num_rows} row(s) to the lake table {table!r} under "
                                 f"{self.root} failed ({exc}); nothing of this call was "
                                 "acknowledged") from exc
+            lake_kill.hit(table + ".acked")
 
     def _append(self, table: str, rows: pa.Table) -> None:
         parts = list(self._split(table, rows))
-        first_seq = int(rows.column("seq")[0].as_py())
-        meta = {_MULTI: str(first_seq).encode()} if len(parts) > 1 else None
-        touched = []
+        seq = rows.column("seq")
+        name = call_key(self.tag, pc.min(seq).as_py(), pc.max(seq).as_py())
+        meta = {CALL_KEY: name.encode()} if len(parts) > 1 else None
         for (partition, win), part in parts:
-            sink, writer = self._open(table, partition, win, int(part.column("seq")[0].as_py()))
-            for batch in part.combine_chunks().to_batches(max_chunksize=part.num_rows or 1):
-                writer.write_batch(batch, custom_metadata=meta)
-            sink.flush()
-            touched.append(sink)
-        if self.fsync:
-            for sink in touched:
-                os.fsync(sink.fileno())
-        if meta is not None:   # every part is durable: now the call counts
-            self._commit(table, first_seq, len(parts))
-
-    def _abandon(self) -> None:
-        for sink, _ in self._files.values():
-            try:
-                sink.close()
-            except OSError:
-                pass
-        self._files.clear()
+            stream = self._stream(table, partition, win, int(part.column("seq")[0].as_py()))
+            stream.append(part.combine_chunks().to_batches(max_chunksize=part.num_rows)[0], meta)
+        if meta is not None:   # every part is written: now the call counts
+            first, last = pc.min(seq).as_py(), pc.max(seq).as_py()
+            self._log({"kind": "commit", "table": table, "writer": self.tag, "first_seq": first,
+                       "last_seq": last, "parts": len(parts)})
 
     def _split(self, table: str, rows: pa.Table):
         """One (partition, window) part per partition; the window is that of its oldest row."""
@@ -115,120 +208,61 @@ class LakeWriter:
         parts = pc.unique(col).to_pylist()
         for p in parts:
             part = rows if len(parts) == 1 else rows.filter(pc.equal(col, p))
-            steps = part.column(_WINDOW_COLUMN[table])
+            steps = part.column(WINDOW_COLUMN[table])
             yield (p, window_of(pc.min(steps).as_py(), self.window)), part
 
-    def _commit(self, table: str, first_seq: int, parts: int) -> None:
-        key = ("_commits", "", 0)
-        if key not in self._files:
-            d = self.root / "_commits"
-            d.mkdir(parents=True, exist_ok=True)
+    def _log(self, record: dict) -> None:
+        key = (LOG_DIR, "", 0)
+        if key not in self._streams:
             self._opened += 1
-            sink = open(d / f"commits-{self._tag}{self._opened:04d}.arrow", "wb")
-            self._files[key] = (sink, pa.ipc.new_stream(sink, _COMMIT_SCHEMA))
-        sink, writer = self._files[key]
-        writer.write_table(pa.table({"table": [table], "first_seq": [first_seq], "parts": [parts]},
-                                    schema=_COMMIT_SCHEMA))
-        sink.flush()
-        if self.fsync:
-            os.fsync(sink.fileno())
+            self._streams[key] = self._create(self.root / LOG_DIR,
+                                              f"log-{self.tag}{self._opened:04d}.arrow",
+                                              LOG_SCHEMA, "log")
+        row = {f.name: [record.get(f.name)] for f in LOG_SCHEMA}
+        self._streams[key].append(pa.record_batch(row, schema=LOG_SCHEMA), None)
 
-    def _open(self, table: str, partition: str, win: int, first_seq: int):
+    def _create(self, d: Path, name: str, schema: pa.Schema, point: str) -> _Stream:
+        """A new stream in ``d``; with fsync, its name (and any new directory) made durable."""
+        new_dirs = [p for p in (d, *d.parents) if not p.exists()]
+        d.mkdir(parents=True, exist_ok=True)
+        if new_dirs:
+            lake_kill.hit(point + ".mkdir")
+        stream = _Stream(d / name, schema, point, self.fsync)
+        lake_kill.hit(point + ".create")
+        if self.fsync:
+            for p in [d, *(q.parent for q in new_dirs)]:
+                _fsync_dir(p)
+            lake_kill.hit(point + ".dir_synced")
+        return stream
+
+    def _stream(self, table: str, partition: str, win: int, first_seq: int) -> _Stream:
         key = (table, partition, win)
-        if key not in self._files:
+        if key not in self._streams:
             d = self.root / table / f"partition={partition}" / f"window={win:06d}"
-            d.mkdir(parents=True, exist_ok=True)
+            if not d.resolve().is_relative_to(self._root_real):
+                raise LakeError(f"partition id {partition!r} would leave the lake {self.root}")
             self._opened += 1
-            path = d / f"{table}-{first_seq:012d}-{self._tag}{self._opened:04d}.arrow"
-            sink = open(path, "wb")
-            writer = pa.ipc.new_stream(sink, LAKE_TABLES[table])
-            sink.flush()
-            self._files[key] = (sink, writer)
-        return self._files[key]
+            name = f"{table}-{first_seq:012d}-{self.tag}{self._opened:04d}.arrow"
+            stream = self._create(d, name, LAKE_TABLES[table], table)
+            self._streams[key] = stream
+            self._log({"kind": "segment", "table": table,
+                       "path": str(stream.path.relative_to(self.root))})
+        return self._streams[key]
+
+    def _abandon(self) -> None:
+        for stream in self._streams.values():
+            stream.abandon()
+        self._streams.clear()
 
     def close(self) -> None:
-        """Finish every open segment (writes the end-of-stream marker)."""
+        """Finish every open stream (end-of-stream marker) and give up the lake's lock."""
         with self._lock:
-            for sink, writer in self._files.values():
-                try:
-                    writer.close()
-                finally:
-                    sink.close()
-            self._files.clear()
-
-
-def segment_files(root: str | os.PathLike, table: str,
-                  partitions: list[str] | None = None) -> list[Path]:
-    """Every live (.arrow) and compacted (.parquet) file of a lake table, in a stable order."""
-    base = Path(root) / table
-    if not base.exists():
-        return []
-    dirs = [base / f"partition={p}" for p in partitions] if partitions is not None else \
-        sorted(base.glob("partition=*"))
-    files: list[Path] = []
-    for d in dirs:
-        files.extend(sorted(d.glob("window=*/*.arrow")))
-        files.extend(sorted(d.glob("window=*/*.parquet")))
-    return files
-
-
-def committed_calls(root: str | os.PathLike) -> set[tuple[str, int]]:
-    """(table, first seq) of every multi-partition call whose commit record is complete."""
-    out: set[tuple[str, int]] = set()
-    for path in sorted((Path(root) / "_commits").glob("*.arrow")):
-        for batch, _ in _batches(path):
-            out.update(zip(batch.column("table").to_pylist(), batch.column("first_seq").to_pylist()))
-    return out
-
-
-def _batches(path: Path):
-    """(batch, custom metadata) of every complete record batch; a torn tail ends the stream."""
-    try:
-        with pa.OSFile(str(path), "rb") as f:
-            reader = pa.ipc.open_stream(f)
-            while True:
-                try:
-                    yield reader.read_next_batch_with_custom_metadata()
-                except StopIteration:
-                    return
-                except (pa.ArrowInvalid, OSError):
-                    return  # torn tail: the process died while writing this batch
-    except (pa.ArrowInvalid, OSError):
-        return  # died before the schema was complete: the file holds no rows
-
-
-def read_segment(path: Path, committed: set[tuple[str, int]] | None = None) -> pa.Table:
-    """Every complete record batch of one segment. A torn tail is ignored, and so are the parts of
-    a multi-partition call without a commit record (``committed``; None reads the lake's own)."""
-    if path.suffix == ".parquet":
-        return pq.read_table(path)
-    table = path.name.split("-")[0]
-    if committed is None:
-        committed = committed_calls(path.parents[3])
-    keep = []
-    for batch, meta in _batches(path):
-        call = (meta or {}).get(_MULTI)
-        if call is None or (table, int(call)) in committed:
-            keep.append(batch)
-    return pa.Table.from_batches(keep, schema=LAKE_TABLES[table])
-
-
-def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
-               keep: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
-    """One lake table as a pyarrow Table sorted by ``seq`` (empty, with its schema, if absent).
-
-    ``keep(segment) -> boolean mask`` filters each segment as it is read, so a large table never
-    has to fit in memory whole before filtering."""
-    schema = LAKE_TABLES[table]
-    committed = committed_calls(root)
-    parts = []
-    for path in segment_files(root, table, partitions):
-        t = read_segment(path, committed)
-        if t.num_rows and keep is not None:
-            t = t.filter(keep(t))
-        if t.num_rows:
-            parts.append(t.cast(schema) if t.schema != schema else t)
-    if not parts:
-        return schema.empty_table()
-    out = pa.concat_tables(parts)
-    return out.take(pc.sort_indices(out, [("seq", "ascending")]))
+            try:
+                for key in sorted(self._streams, key=lambda k: k[0] == LOG_DIR):
+                    self._streams[key].finish()
+            except (OSError, pa.ArrowException) as exc:
+                raise LakeError(f"closing the lake {self.root} failed ({exc}); every "
+                                "acknowledged write was already durable") from exc
+            finally:
+                self._abandon()
+                self.lock.release()

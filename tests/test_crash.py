@@ -4,7 +4,6 @@ torn tail is ignored, a restarted buffer gives the same batches as one that neve
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,9 @@ from conftest import ROOT, add_group, python_env, traj, write_script
 
 from pipeline import IngestError, ReplayBuffer
 from pipeline.lake import read_table, segment_files
+from pipeline.lake_files import log_files
 from schemas import LAKE_TABLES
+from tests._lake_damage import tear_all, tear_last_write
 
 WRITER = """
     import os, signal, sys
@@ -118,7 +119,7 @@ def test_a_torn_tail_is_ignored_and_only_the_torn_batch_is_lost(tmp_path, cut):
     assert acked(proc.stdout.splitlines())["put"] == ["g00000", "g00001", "g00002", "tail"]
     [segment] = segment_files(lake, "trajectories")
     assert read_table(lake, "trajectories").num_rows == 8
-    os.truncate(segment, segment.stat().st_size - cut)      # the last put, torn mid-write
+    tear_last_write(segment, cut)                           # the last put, torn mid-write
 
     survivors = read_table(lake, "trajectories")["uid"].to_pylist()
     assert sorted(Counter(survivors).items()) == [("g00000", 2), ("g00001", 2), ("g00002", 2)]
@@ -135,7 +136,7 @@ def test_a_segment_torn_inside_its_header_holds_no_rows(tmp_path):
     subprocess.run([sys.executable, str(script), str(lake), "2", "-"], cwd=ROOT,
                    capture_output=True, env=python_env(), timeout=60)
     [segment] = segment_files(lake, "trajectories")
-    os.truncate(segment, 10)
+    tear_all(segment, 10)
     assert read_table(lake, "trajectories").num_rows == 0
     with ReplayBuffer.sync(lake=lake) as buf:       # groups without rows: empty failures
         assert buf.counts("train")["finished"] == 2
@@ -338,9 +339,9 @@ def test_a_call_torn_between_two_segment_files_is_restored_all_or_nothing(tmp_pa
     [val_segment] = segment_files(lake, "trajectories", ["val"])
     # killed while writing `val`: that part is torn, and the commit record written after every
     # part was never written either
-    os.truncate(val_segment, val_segment.stat().st_size - 8)
-    [commits] = (lake / "_commits").glob("*.arrow")
-    os.truncate(commits, commits.stat().st_size - 8)
+    tear_last_write(val_segment, 8)
+    [log] = log_files(lake)
+    tear_last_write(log, 8)
     with ReplayBuffer.sync(lake=lake) as buf:
         assert read_table(lake, "trajectories").num_rows == 0   # nothing of the torn call
         buf.put([traj("t", 0), traj("v", 0, partition="val")])  # the producer's retry

@@ -1,0 +1,106 @@
+"""The lake's on-disk format, shared by its writer, reader, checker and lock: paths and records.
+
+Every append-only file (a table segment or a writer's log) is an Arrow IPC stream `X.arrow` with a
+checksum file `X.arrow.crc` beside it. The checksum file holds one fixed-size record per write to
+the stream: the stream's length after that write and the CRC-32 of the bytes the write added, plus
+the record's own CRC. A write counts (was acknowledged) once its record is in the checksum file,
+so the bytes of a stream past its last record are a torn tail, and every byte before it can be
+verified: that is what tells a torn tail (ignored) from damage anywhere else (refused).
+
+Each writer also keeps a log, `_log/log-<writer>.arrow`: one `segment` record per segment it
+created (so a segment that disappears is noticed), one `commit` record per call that spanned
+several partitions (so a call torn between its files is read as never made), and `removed` records
+a salvage (or a job that rewrites segments) writes for files it took away on purpose.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pyarrow as pa
+
+DEFAULT_WINDOW = 1000
+LOG_DIR = "_log"
+LOCK_NAME = "_writer.lock"
+QUARANTINE_DIR = "_quarantine"
+SUM_SUFFIX = ".crc"
+CALL_KEY = b"replaylake.call"       # batch metadata of a multi-partition call: "<writer>:<first>:<last>"
+
+WINDOW_COLUMN = {
+    "trajectories": "max_global_steps",
+    "group_events": "global_steps",
+    "decisions": "step",
+    "metrics": "step",
+}
+
+LOG_SCHEMA = pa.schema([
+    pa.field("kind", pa.string()),          # segment | commit | removed
+    pa.field("table", pa.string()),
+    pa.field("path", pa.string()),          # segment / removed: the file, relative to the lake root
+    pa.field("writer", pa.string()),        # commit: the tag of the writer that made the call
+    pa.field("first_seq", pa.int64()),      # commit: the call's seq range, both ends included
+    pa.field("last_seq", pa.int64()),
+    pa.field("parts", pa.int32()),          # commit: how many record batches the call wrote
+])
+
+_RECORD = struct.Struct("<QI")              # stream length after the write, CRC-32 of its bytes
+_FULL = struct.Struct("<QII")               # ... + the CRC-32 of those 12 bytes
+RECORD_SIZE = _FULL.size
+
+
+def window_of(step: int, window: int = DEFAULT_WINDOW) -> int:
+    """The step window a step falls in (negative steps never reach the lake)."""
+    return max(int(step), 0) // window
+
+
+def call_key(writer: str, first_seq: int, last_seq: int) -> str:
+    """How a multi-partition call is named in its batches' metadata and in its commit record:
+    by its writer and its own seq range, so no other call's rows can ever share its commit."""
+    return f"{writer}:{first_seq}:{last_seq}"
+
+
+def sum_path(path: Path) -> Path:
+    return path.with_name(path.name + SUM_SUFFIX)
+
+
+def pack_record(end: int, data_crc: int) -> bytes:
+    head = _RECORD.pack(end, data_crc)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def unpack_records(raw: bytes) -> list[tuple[int, int] | None]:
+    """(end, crc) of every complete record; None for a record whose own CRC does not match.
+    A partial record at the end (a torn write of the checksum file) is not returned."""
+    out: list[tuple[int, int] | None] = []
+    for i in range(len(raw) // RECORD_SIZE):
+        end, crc, own = _FULL.unpack_from(raw, i * RECORD_SIZE)
+        ok = zlib.crc32(raw[i * RECORD_SIZE:i * RECORD_SIZE + _RECORD.size]) == own
+        out.append((end, crc) if ok else None)
+    return out
+
+
+def segment_files(root: str | os.PathLike, table: str,
+                  partitions: list[str] | None = None) -> list[Path]:
+    """Every live (.arrow) and compacted (.parquet) file of a lake table, in a stable order."""
+    base = Path(root) / table
+    if not base.exists():
+        return []
+    dirs = [base / f"partition={p}" for p in partitions] if partitions is not None else \
+        sorted(base.glob("partition=*"))
+    files: list[Path] = []
+    for d in dirs:
+        files.extend(sorted(d.glob("window=*/*.arrow")))
+        files.extend(sorted(d.glob("window=*/*.parquet")))
+    return files
+
+
+def log_files(root: str | os.PathLike) -> list[Path]:
+    """Every writer's log stream, in a stable order."""
+    return sorted((Path(root) / LOG_DIR).glob("*.arrow"))
+
+
+def table_of(path: Path) -> str:
+    """The lake table a segment file belongs to (its name starts with it)."""
+    return path.name.split("-")[0]

@@ -1,0 +1,219 @@
+"""Reading the lake: every acknowledged write, verified; a torn tail ignored; any damage refused.
+
+A stream's checksum file says which of its bytes were acknowledged (see `lake_files`). Reading a
+stream verifies those bytes and parses them; bytes past the last checksum record are the torn tail
+of a write that never returned, and are ignored. Everything else is damage and raises
+`LakeDamageError` naming the file and the byte offset: a checksum mismatch, a stream shorter than
+its acknowledged length, a damaged checksum record, a stream without its checksum file, a segment
+its writer logged that is gone. `replaylake lake check` lists such damage; `salvage` moves it
+aside and keeps every write that still verifies.
+
+Safe while a writer appends: the checksum file is read first, and a writer writes a stream's
+bytes before their record, so every recorded byte is there to read.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline.errors import LakeError
+from pipeline.lake_files import (
+    CALL_KEY,
+    LOG_SCHEMA,
+    RECORD_SIZE,
+    log_files,
+    segment_files,
+    sum_path,
+    table_of,
+    unpack_records,
+)
+from schemas import LAKE_TABLES
+
+
+class LakeDamageError(LakeError):
+    """A lake file is damaged (not merely torn at its tail): names the file and byte offset."""
+
+    def __init__(self, path: Path, offset: int, problem: str):
+        self.path, self.offset, self.problem = Path(path), offset, problem
+        super().__init__(f"lake file {self.path} is damaged at byte {offset}: {problem}. Only a "
+                         "torn tail is ignored; run `replaylake lake check --lake <lake>` to list "
+                         "the damage and `replaylake lake salvage --lake <lake>` to set it aside")
+
+
+@dataclass
+class Verified:
+    """The acknowledged bytes of one stream, checked against its checksum file."""
+
+    path: Path
+    data: bytes = b""
+    ends: list[int] = field(default_factory=list)    # where each acknowledged write ends
+    torn: int = 0                                    # bytes past the last record (ignored)
+
+
+def verify(path: Path) -> Verified:
+    """The acknowledged, checksum-verified bytes of ``path``; raises LakeDamageError."""
+    sums = sum_path(path)
+    try:
+        raw = sums.read_bytes()
+    except FileNotFoundError:
+        if not path.exists():
+            raise LakeDamageError(path, 0, "the file is missing") from None
+        raise LakeDamageError(path, 0, f"its checksum file {sums.name} is missing") from None
+    records = unpack_records(raw)
+    ends: list[int] = []
+    for i, rec in enumerate(records):
+        if rec is None or (ends and rec[0] <= ends[-1]):
+            raise LakeDamageError(sums, i * RECORD_SIZE, "a checksum record is damaged")
+        ends.append(rec[0])
+    end = ends[-1] if ends else 0
+    try:
+        with open(path, "rb") as f:
+            data = f.read(end)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        if end == 0:       # died between creating the checksum file and the stream
+            return Verified(path)
+        raise LakeDamageError(path, 0, f"the file is missing, but {end} acknowledged bytes "
+                              "were recorded for it") from None
+    if len(data) < end:
+        raise LakeDamageError(path, len(data), f"the file ends at byte {len(data)}, but {end} "
+                              "bytes of it were acknowledged")
+    view, start = memoryview(data), 0
+    for (stop, crc) in records:                     # type: ignore[misc]
+        if zlib.crc32(view[start:stop]) != crc:
+            raise LakeDamageError(path, start, f"checksum mismatch in bytes {start}..{stop}")
+        start = stop
+    return Verified(path, data, ends, max(size - end, 0))
+
+
+def batches(path: Path) -> Iterator[tuple[pa.RecordBatch, dict | None]]:
+    """(batch, custom metadata) of every acknowledged record batch of a stream."""
+    v = verify(path)
+    if not v.data:
+        return
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(v.data))
+        while True:
+            try:
+                yield reader.read_next_batch_with_custom_metadata()
+            except StopIteration:
+                return
+    except pa.ArrowInvalid as exc:
+        raise LakeDamageError(path, 0, f"verified bytes do not parse as Arrow ({exc})") from exc
+
+
+def read_log(root: str | os.PathLike) -> pa.Table:
+    """Every record of every writer's log."""
+    parts = [b for p in log_files(root) for b, _ in batches(p)]
+    return pa.Table.from_batches(parts, schema=LOG_SCHEMA)
+
+
+def committed_calls(root: str | os.PathLike, log: pa.Table | None = None) -> set[tuple[str, str]]:
+    """(table, call name) of every multi-partition call whose commit record is acknowledged."""
+    log = read_log(root) if log is None else log
+    c = log.filter(pc.equal(log.column("kind"), "commit"))
+    return {(t, f"{w}:{a}:{b}") for t, w, a, b in zip(*(c.column(k).to_pylist() for k in (
+        "table", "writer", "first_seq", "last_seq")))}
+
+
+def missing_segments(root: str | os.PathLike, log: pa.Table | None = None) -> list[Path]:
+    """Segments a writer logged that are gone without a `removed` record (salvage writes one)."""
+    log = read_log(root) if log is None else log
+    kinds, paths = log.column("kind").to_pylist(), log.column("path").to_pylist()
+    removed = {p for k, p in zip(kinds, paths) if k == "removed"}
+    out = []
+    for k, p in zip(kinds, paths):
+        if k == "segment" and p not in removed and not (Path(root) / p).exists():
+            out.append(Path(root) / p)
+    return out
+
+
+def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> pa.Table:
+    """Every acknowledged record batch of one segment, without the parts of a multi-partition
+    call that has no commit record (``committed``; None reads the lake's own)."""
+    if path.suffix == ".parquet":
+        return pq.read_table(path)
+    table = table_of(path)
+    if committed is None:
+        committed = committed_calls(path.parents[3])
+    keep = []
+    for batch, meta in batches(path):
+        call = (meta or {}).get(CALL_KEY)
+        if call is None or (table, call.decode()) in committed:
+            keep.append(batch)
+    return pa.Table.from_batches(keep, schema=LAKE_TABLES[table])
+
+
+def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
+               keep: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
+    """One lake table as a pyarrow Table sorted by ``seq`` (empty, with its schema, if absent).
+
+    ``keep(segment) -> boolean mask`` filters each segment as it is read, so a large table never
+    has to fit in memory whole before filtering. Raises LakeDamageError on damage."""
+    schema = LAKE_TABLES[table]
+    log = read_log(root)
+    committed = committed_calls(root, log)
+    gone = [p for p in missing_segments(root, log) if table_of(p) == table and
+            (partitions is None or p.parents[1].name.removeprefix("partition=") in partitions)]
+    if gone:
+        raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
+    parts = []
+    for path in segment_files(root, table, partitions):
+        t = read_segment(path, committed)
+        if t.num_rows and keep is not None:
+            t = t.filter(keep(t))
+        if t.num_rows:
+            parts.append(t.cast(schema) if t.schema != schema else t)
+    if not parts:
+        return schema.empty_table()
+    out = pa.concat_tables(parts)
+    return out.take(pc.sort_indices(out, [("seq", "ascending")]))
+
+
+def _stream_max_seq(path: Path) -> int:
+    """The highest seq of any complete batch in the file, acknowledged or not, damage ignored."""
+    best = -1
+    try:
+        with pa.memory_map(str(path)) as src:
+            reader = pa.ipc.open_stream(src)
+            i = reader.schema.get_field_index("seq")
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except (StopIteration, pa.ArrowInvalid, OSError):
+                    break
+                if batch.num_rows:
+                    best = max(best, int(np.max(batch.column(i).to_numpy(zero_copy_only=False))))
+    except (pa.ArrowInvalid, OSError):
+        pass
+    return best
+
+
+def highest_seq(root: str | os.PathLike) -> int:
+    """The highest `seq` of any complete record batch in any segment of any table, committed or
+    not (-1 for an empty lake): a restart must number after it, so no seq of a torn call is
+    ever handed out again."""
+    best = -1
+    for table in LAKE_TABLES:
+        for path in segment_files(root, table):
+            if path.suffix == ".parquet":
+                meta = pq.read_metadata(path)
+                col = meta.schema.to_arrow_schema().get_field_index("seq")
+                for g in range(meta.num_row_groups):
+                    stats = meta.row_group(g).column(col).statistics
+                    if stats is not None and stats.has_min_max:
+                        best = max(best, int(stats.max))
+                    else:
+                        best = max(best, int(pc.max(pq.read_table(path, columns=["seq"])
+                                                    .column(0)).as_py() or -1))
+            else:
+                best = max(best, _stream_max_seq(path))
+    return best
