@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED ?= 0
 
-.PHONY: run test venv lint bench clean
+.PHONY: run test venv lint bench clean test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,21 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# vLLM 0.33 brings its own CUDA torch (~10 GB): it gets its own venv, never .venv. The import works
+# without a GPU. The conversion tests then run against vLLM's real output classes.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0
+	$(VLLM_VENV)/bin/python -m pip install -q pyarrow==26.0.1 polars==2.1.0 duckdb==2.0.1 \
+		pytest==9.2.0 hypothesis==6.170.17
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	REPLAYLAKE_REAL_VLLM=1 PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider \
+		tests/test_vllm.py tests/test_vllm_resume.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline schemas sql jobs tests
