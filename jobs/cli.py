@@ -10,6 +10,8 @@ app = typer.Typer(help="replaylake: a replay buffer for async LLM RL, on Arrow t
 bench = typer.Typer(help="Benchmarks (figures side by side with the reference, written to a file).",
                     no_args_is_help=True)
 app.add_typer(bench, name="bench")
+lake = typer.Typer(help="Lake maintenance: find damage, set it aside.", no_args_is_help=True)
+app.add_typer(lake, name="lake")
 
 # (group, command, module, function). Job modules keep heavy imports (torch, duckdb, matplotlib)
 # inside their main, so `replaylake --help` stays fast.
@@ -22,6 +24,8 @@ _COMMANDS = [
     (bench, "decide", "jobs.bench_decide", "main"),
     (bench, "torch", "jobs.bench_torch", "main"),
     (bench, "verl", "jobs.bench_verl", "main"),
+    (lake, "check", "jobs.lake_tool", "check"),
+    (lake, "salvage", "jobs.lake_tool", "salvage"),
 ]
 
 

@@ -94,13 +94,13 @@ class _Stream:
 
     def __init__(self, path: Path, schema: pa.Schema, point: str, fsync: bool):
         self.path, self.point, self.fsync = path, point, fsync
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        # the checksum file first: a stream without one is damage, never a crash's leftover
-        self.sum_fd = os.open(sum_path(path), flags, 0o644)
+        # the checksum file first: a stream without one is damage, never a crash's leftover.
+        # File objects (unbuffered), so a writer dropped without close() still closes them.
+        self.sums = open(sum_path(path), "xb", buffering=0)
         try:
-            self.fd = os.open(path, flags, 0o644)
+            self.data = open(path, "xb", buffering=0)
         except OSError:
-            os.close(self.sum_fd)
+            self.sums.close()
             raise
         self.size = 0
         self.sink = _Capture()
@@ -109,20 +109,20 @@ class _Stream:
     def write(self, chunks: list[bytes]) -> None:
         """Write then record; with fsync, each is on disk before the next step."""
         data = b"".join(chunks)
-        p = self.point
-        lake_kill.torn(p + ".data_torn", self.fd, data)
-        _write_all(self.fd, data)
+        p, fd, sum_fd = self.point, self.data.fileno(), self.sums.fileno()
+        lake_kill.torn(p + ".data_torn", fd, data)
+        _write_all(fd, data)
         lake_kill.hit(p + ".data_written")
         if self.fsync:
-            os.fsync(self.fd)
+            os.fsync(fd)
             lake_kill.hit(p + ".data_synced")
         self.size += len(data)
         record = pack_record(self.size, zlib.crc32(data))
-        lake_kill.torn(p + ".sum_torn", self.sum_fd, record)
-        _write_all(self.sum_fd, record)
+        lake_kill.torn(p + ".sum_torn", sum_fd, record)
+        _write_all(sum_fd, record)
         lake_kill.hit(p + ".sum_written")
         if self.fsync:
-            os.fsync(self.sum_fd)
+            os.fsync(sum_fd)
             lake_kill.hit(p + ".sum_synced")
 
     def append(self, batch: pa.RecordBatch, meta: dict[bytes, bytes] | None) -> None:
@@ -138,14 +138,12 @@ class _Stream:
             self.abandon()
 
     def abandon(self) -> None:
-        """Close both files (idempotent: a closed descriptor number may already be reused)."""
-        fds, self.fd, self.sum_fd = (self.fd, self.sum_fd), -1, -1
-        for fd in fds:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        """Close both files (idempotent)."""
+        for f in (self.data, self.sums):
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 class LakeWriter:
@@ -201,6 +199,13 @@ class LakeWriter:
             first, last = pc.min(seq).as_py(), pc.max(seq).as_py()
             self._log({"kind": "commit", "table": table, "writer": self.tag, "first_seq": first,
                        "last_seq": last, "parts": len(parts)})
+
+    def record_removed(self, paths: list[str]) -> None:
+        """Log that these segments (paths relative to the root) were taken away on purpose
+        (salvage, or a job that rewrites segments), so readers stop asking for them."""
+        with self._lock:
+            for p in paths:
+                self._log({"kind": "removed", "path": p})
 
     def _split(self, table: str, rows: pa.Table):
         """One (partition, window) part per partition; the window is that of its oldest row."""

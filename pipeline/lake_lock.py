@@ -13,6 +13,7 @@ and local: on a network file system it may not exclude a writer on another host.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import os
@@ -67,7 +68,8 @@ class LakeLock:
         except OSError as exc:
             os.close(fd)
             raise LakeError(f"cannot lock the lake {root} ({self.path}): {exc}") from exc
-        self._fd: int | None = fd
+        # a file object, so a lock whose owner is dropped without release() still closes
+        self._file: io.FileIO | None = io.FileIO(fd, "r+")
         old = os.pread(fd, 4096, 0)
         if old:
             self.previous = _describe(old)
@@ -81,20 +83,20 @@ class LakeLock:
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._file is not None
 
     def release(self) -> None:
         """Clear the holder record and unlock (idempotent)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
+        f, self._file = self._file, None
+        if f is None:
             return
         _HELD.discard(self)
         try:
-            os.ftruncate(fd, 0)
+            os.ftruncate(f.fileno(), 0)
         finally:
-            os.close(fd)      # closing the last descriptor of the open file drops the flock
+            f.close()         # closing the last descriptor of the open file drops the flock
 
     def _forget(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()

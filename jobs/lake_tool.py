@@ -1,0 +1,67 @@
+"""`replaylake lake check|salvage`: find damage in a lake, and set it aside keeping what verifies.
+
+    replaylake lake check --lake runs/demo/lake      # exit 1 when anything is damaged or missing
+    replaylake lake salvage --lake runs/demo/lake    # needs the lake closed (takes the lock)
+
+`check` only reads and is safe while a buffer writes. A torn tail (the write a crash interrupted)
+is listed but is not damage: readers ignore it. `salvage` moves damaged files whole into
+`<lake>/_quarantine/<when>/` and writes back every acknowledged write that still verifies; a buffer
+then opens the lake again. The writes it could not keep are counted, and their bytes stay in the
+quarantine.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+LakeOption = Annotated[Path, typer.Option("--lake", help="the lake directory")]
+
+
+def _require(lake: Path) -> None:
+    if not lake.is_dir():
+        typer.echo(f"error: {lake} is not a directory", err=True)
+        raise typer.Exit(2)
+
+
+def check(lake: LakeOption) -> None:
+    """List damaged, missing and torn files of a lake; exit code 1 when any is damaged/missing."""
+    from pipeline.lake_check import check as run_check
+    from pipeline.lake_check import describe
+    _require(lake)
+    report = run_check(lake)
+    for line in describe(report):
+        typer.echo(line)
+    bad = report.damaged
+    typer.echo(f"{report.streams} stream(s), {report.acknowledged_bytes} acknowledged byte(s) "
+               f"verified; {len(bad)} damaged or missing"
+               + ("; run `replaylake lake salvage` to set them aside" if bad else ""))
+    if bad:
+        raise typer.Exit(1)
+
+
+def salvage(lake: LakeOption) -> None:
+    """Quarantine what is damaged, keep every write that verifies (the lake must be closed)."""
+    from pipeline.errors import LakeError
+    from pipeline.lake_check import describe
+    from pipeline.lake_check import salvage as run_salvage
+    _require(lake)
+    try:
+        report = run_salvage(lake)
+    except LakeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    for line in describe(report):
+        typer.echo(line)
+    if not report.damaged:
+        typer.echo("nothing to salvage: no damaged or missing file")
+        return
+    for path in report.quarantined:
+        typer.echo(f"quarantined  {path}")
+    typer.echo(f"kept {report.kept_writes} acknowledged write(s) that verify; "
+               f"lost {report.lost_writes} (their bytes are in the quarantine)")
+
+
+if __name__ == "__main__":
+    typer.run(check)
