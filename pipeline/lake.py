@@ -159,8 +159,12 @@ class LakeWriter:
         self._lock = threading.Lock()
         self._opened = 0
         lake_kill.arm()
+        new_dirs = [p for p in (self.root, *self.root.parents) if not p.exists()]
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            if fsync:
+                for p in new_dirs:
+                    _fsync_dir(p.parent)
         except OSError as exc:
             raise LakeError(f"cannot create lake directory {self.root}: {exc}") from exc
         self._root_real = self.root.resolve()

@@ -1,12 +1,18 @@
 """The lake writer under failure: a failed write is reported, hides nothing, and burns its seqs."""
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+import sys
+
 import pyarrow as pa
 import pytest
 
 from pipeline import LakeError, ReplayBuffer
 from pipeline.lake import LakeWriter, read_table, segment_files
-from tests.conftest import traj
+from tests.conftest import ROOT, python_env, traj, write_script
 
 
 def test_a_failed_lake_write_raises_lake_error_and_later_writes_stay_readable(tmp_path):
@@ -43,3 +49,42 @@ def test_writers_in_turn_never_share_a_segment_file(tmp_path):
         writer.append("metrics", t)
         writer.close()
     assert len(segment_files(tmp_path, "metrics")) == 2
+
+
+FSYNC_RUN = """
+    import sys
+    from pipeline import ReplayBuffer
+    with ReplayBuffer.sync(lake=sys.argv[1], fsync=True) as buf:
+        buf.register(partition="train", uids=["a"], global_steps=1)
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to watch the syscalls")
+def test_fsync_makes_new_files_and_their_directories_durable(tmp_path):
+    """Watched with strace: every new file is fsync'ed, and so is every directory a new name was
+    added to, after the name was added (so a new segment cannot vanish on power loss)."""
+    lake, trace = tmp_path / "new" / "lake", tmp_path / "trace.txt"
+    script = write_script(tmp_path, "fsync_run.py", FSYNC_RUN)
+    subprocess.run(["strace", "-f", "-e", "trace=openat,fsync", "-o", str(trace), sys.executable,
+                    str(script), str(lake)], check=True, cwd=ROOT, env=python_env(), timeout=120)
+    fds: dict[tuple[str, str], str] = {}
+    created, synced = {}, {}
+    for n, line in enumerate(trace.read_text().splitlines()):
+        m = re.match(r'(\d+)\s+openat\(AT_FDCWD, "([^"]+)", ([A-Z_|]+).*\) = (\d+)$', line)
+        if m:
+            fds[m[1], m[4]] = m[2]
+            if "O_CREAT" in m[3]:
+                created.setdefault(m[2], n)
+            continue
+        m = re.match(r"(\d+)\s+fsync\((\d+)\)\s+= 0", line)
+        if m and (m[1], m[2]) in fds:
+            synced[fds[m[1], m[2]]] = n                # the last fsync of each path
+    segment = next(p for p in created if p.endswith(".arrow") and "group_events" in p)
+    window = os.path.dirname(segment)
+    new_files = [p for p in created if p.endswith((".arrow", ".crc"))]
+    assert len(new_files) == 4                        # one segment + the log, each with sums
+    assert all(p in synced for p in new_files)
+    for d in (window, os.path.dirname(window), str(lake / "group_events"), str(lake),
+              str(lake.parent), str(tmp_path), str(lake / "_log")):
+        assert d in synced, f"directory {d} was never fsync'ed"
+    assert synced[window] > created[segment]          # after the name was added
