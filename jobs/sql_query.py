@@ -7,7 +7,7 @@
 
 The connection comes from pipeline.analysis.connect: in-memory DuckDB, the lake's tables and
 derived views registered, file/extension access switched off and the configuration locked, so no
-statement given here can modify the lake (SPEC §8).
+statement given here can modify the lake.
 """
 from __future__ import annotations
 

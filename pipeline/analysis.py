@@ -2,8 +2,8 @@
 
 `connect(lake_dir)` reads every table through pipeline.lake's torn-tail-tolerant reader (live
 `.arrow` segments and compacted `.parquet`), registers them as Arrow views (`trajectories`,
-`group_events`, `decisions`, `metrics`), creates the derived views of `sql/views/*.sql`
-(`groups`, `trajectory_fates`, `inflight`, `batches`), and then locks the connection down:
+`group_events`, `decisions`, `metrics`), creates the derived views (`DERIVED_VIEWS`, each one
+query file under `sql/`), and then locks the connection down:
 
     SET enable_external_access = false   -- no file, extension or network access at all:
                                          -- COPY ... TO, EXPORT, ATTACH, INSTALL/LOAD, read_csv,
@@ -14,7 +14,15 @@ Why this and not a read-only database file: the lake is Arrow IPC streams and Pa
 DuckDB database, and DuckDB cannot open an in-memory database read-only. With external access off
 the only things a statement can touch are this connection's in-memory catalog (a user may create
 temp views in it) and the Arrow tables the Python side registered, which DuckDB scans read-only.
-So no statement run through this interface can modify the lake (SPEC §8).
+So no statement run through this interface can modify the lake.
+
+Several derived views are the declarations the live buffer compiles, run here over the lake:
+`group_aggregates` (what every eviction rule reads), `provenance` (the staleness and span
+formulas of trained rows) and `off_policy` (the per-step metrics). Their inputs are rebuilt from
+the lake by `group_trajectories`, `candidates` and `batch_rows`. Which trajectory value the
+zero-variance filter compares is the DuckDB variable `filter_metric` (`connect(...,
+filter_metric=...)`; change it later with `SET VARIABLE filter_metric = 'acc'`, which the lock
+allows: a variable is not configuration).
 
 The views are a snapshot of the lake as `connect` (or `refresh`) read it. Reading while a buffer
 appends is safe: a segment's torn or half-written last batch is skipped, every table is cut at the
@@ -32,27 +40,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.errors import LakeError
+from pipeline.errors import ConfigError, LakeError
 from pipeline.lake import read_table
-from schemas import LAKE_TABLES
+from schemas import CANDIDATES, GROUP_TRAJECTORIES, LAKE_TABLES
 from sql import loader
 
 BASE_TABLES = tuple(LAKE_TABLES)
-# Derived views, in dependency order; each is sql/views/<name>.sql.
-DERIVED_VIEWS = ("groups", "trajectory_fates", "inflight", "batches")
-
-CANDIDATES = pa.schema([
-    pa.field("partition", pa.string()),
-    pa.field("uid", pa.string()),
-    pa.field("global_steps", pa.int64()),
-    pa.field("term_seq", pa.int64()),
-    pa.field("status", pa.string()),          # finished | failure
-    pa.field("n_traj", pa.int64()),
-    pa.field("zero_variance", pa.bool_()),
-    pa.field("value", pa.float64()),
-], metadata={"table": "candidates",
-             "doc": "terminal groups a poll decides over (the live candidate table's columns); "
-                    "a finished group with n_traj = 0 counts as a failure"})
+# Derived views, in dependency order; each is the query file of that name under sql/.
+DERIVED_VIEWS = ("groups", "group_trajectories", "group_aggregates", "candidates", "batch_rows",
+                 "provenance", "off_policy", "trajectory_fates", "inflight", "batches")
+DEFAULT_FILTER_METRIC = "reward"
 
 INFLIGHT = pa.schema([
     pa.field("partition", pa.string()),
@@ -61,7 +58,27 @@ INFLIGHT = pa.schema([
     pa.field("status", pa.string()),          # pending | running
 ], metadata={"table": "inflight", "doc": "pending and running groups (what the wait gate reads)"})
 
-RELATIONS = {"candidates": CANDIDATES, "inflight": INFLIGHT}
+BATCH_ROWS = pa.schema([
+    pa.field("partition", pa.string()),
+    pa.field("step", pa.int64()),             # the step of the selection
+    pa.field("batch_id", pa.int64()),
+    pa.field("uid", pa.string()),
+    pa.field("global_steps", pa.int64()),     # the group's dispatch step when it was selected
+    pa.field("min_global_steps", pa.int64()),
+    pa.field("max_global_steps", pa.int64()),
+    pa.field("is_padding", pa.bool_()),
+    pa.field("n_response_tokens", pa.int64()),
+    pa.field("span_tokens", pa.int64()),      # tokens covered by version spans (null: none)
+    pa.field("span_version_sum", pa.int64()),  # sum of n_tokens * version (null: none)
+    pa.field("span_version_min", pa.int64()),  # oldest version with tokens (null: none)
+    pa.field("seq", pa.int64()),              # the trajectory's seq
+], metadata={"table": "batch_rows",
+             "doc": "one row per trajectory of every selected group (the provenance inputs)"})
+
+# Relations a query reads that are not lake tables, with the types a case or a caller gives
+# their rows (registered under the name, they shadow the derived view of that name).
+RELATIONS = {"candidates": CANDIDATES, "inflight": INFLIGHT,
+             "group_trajectories": GROUP_TRAJECTORIES, "batch_rows": BATCH_ROWS}
 
 
 def _dedupe(table: pa.Table) -> pa.Table:
@@ -115,9 +132,10 @@ def register(con: duckdb.DuckDBPyConnection, tables: Mapping[str, pa.Table]) -> 
     """Register Arrow tables as views, then create the derived views that do not exist yet.
 
     Lake tables missing from ``tables`` are registered empty, so every view always exists. Extra
-    relations (e.g. `candidates` for the policy queries) are registered as given; one named like
-    a derived view (e.g. `inflight`) shadows that view until it is unregistered. Registering again
-    replaces the tables; the derived views read them by name, so they follow."""
+    relations (see `RELATIONS`) are registered as given; one named like a derived view (e.g.
+    `candidates`) shadows that view until it is unregistered. Registering again replaces the
+    tables; the derived views read them by name, so they follow. Without a `filter_metric`
+    variable (see `set_filter_metric`) every trajectory's metric reads as null."""
     for name in BASE_TABLES:
         con.register(name, tables.get(name, LAKE_TABLES[name].empty_table()))
     for name, table in tables.items():
@@ -130,18 +148,32 @@ def register(con: duckdb.DuckDBPyConnection, tables: Mapping[str, pa.Table]) -> 
             con.sql(f"create view {view} as {loader.load(view).text}")
 
 
+def set_filter_metric(con: duckdb.DuckDBPyConnection, metric: str | None) -> None:
+    """Choose the trajectory value the group aggregates compare (the `filter_metric` variable):
+    `reward` for the reward sum, another name for that entry of `reward_info`, None for none."""
+    if metric is not None and (not isinstance(metric, str) or not metric):
+        raise ConfigError(f"filter_metric={metric!r}: give a reward metric name such as "
+                          "'reward' or 'acc', or None")
+    con.execute("set variable filter_metric = $metric", {"metric": metric})
+
+
 def lock(con: duckdb.DuckDBPyConnection) -> None:
     """Switch off every file/extension access and freeze the configuration (see module doc)."""
     con.execute("set enable_external_access = false")
     con.execute("set lock_configuration = true")
 
 
-def connect(lake_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
+def connect(lake_dir: str | os.PathLike, *,
+            filter_metric: str | None = DEFAULT_FILTER_METRIC) -> duckdb.DuckDBPyConnection:
     """An in-memory, locked-down DuckDB connection with the lake's tables and derived views.
 
-    One connection per thread (DuckDB connections are not shareable across threads)."""
+    ``filter_metric`` is the metric the run's zero-variance filter compared (the buffer's
+    `filter_groups_metric`); it only changes the `metric_*` columns of `group_trajectories`,
+    `group_aggregates` and `candidates`. One connection per thread (DuckDB connections are not
+    shareable across threads)."""
     tables = read_lake(lake_dir)
     con = duckdb.connect(":memory:")
+    set_filter_metric(con, filter_metric)
     register(con, tables)
     lock(con)
     return con

@@ -21,7 +21,13 @@ import duckdb
 import pyarrow as pa
 
 from pipeline import ReplayBuffer
-from pipeline.analysis import BASE_TABLES, RELATIONS, register
+from pipeline.analysis import (
+    BASE_TABLES,
+    DEFAULT_FILTER_METRIC,
+    RELATIONS,
+    register,
+    set_filter_metric,
+)
 from schemas import LAKE_TABLES
 
 CASE_TS = 0  # every case row's `ts` (microseconds since the epoch, UTC)
@@ -35,6 +41,19 @@ class Run:
     batches: list[Any] = field(default_factory=list)   # pipeline.Batch objects, in order
     threshold: int | None = None
     buffer: Any = None                                  # the (closed) ReplayBuffer
+
+
+def _length(uid: str, session: int) -> int:
+    return 1 + (session + len(uid)) % 5
+
+
+def _spans(lo: int, hi: int, n_tokens: int) -> list[dict]:
+    """Per-token versions as odd sessions report them: the first half of the tokens from the
+    oldest version, the rest from the newest (a zero-token run when the response has one)."""
+    if lo == hi:
+        return [{"version": lo, "n_tokens": n_tokens}]
+    return [{"version": lo, "n_tokens": n_tokens // 2},
+            {"version": hi, "n_tokens": n_tokens - n_tokens // 2}]
 
 
 class Rollout:
@@ -78,8 +97,9 @@ class Rollout:
         rows = [{"partition": part, "uid": uid, "session_id": s, "index": 0,
                  "min_global_steps": lo, "max_global_steps": hi, "reward": rewards[s],
                  "reward_info": [("acc", rewards[s])],
-                 "prompt_ids": [1, 2, 3], "response_ids": list(range(1 + (s + len(uid)) % 5)),
-                 "response_mask": None, "rollout_log_probs": None, "version_spans": None,
+                 "prompt_ids": [1, 2, 3], "response_ids": list(range(_length(uid, s))),
+                 "response_mask": None, "rollout_log_probs": None,
+                 "version_spans": _spans(lo, hi, _length(uid, s)) if s % 2 else None,
                  "is_padding": False} for s in range(self.n)]
         self.buf.put(rows)
         self.buf.update_status(partition=part, uids=[uid],
@@ -224,7 +244,9 @@ _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float6
 
 class CaseDB:
     """One DuckDB connection reused by every case (a fresh connection costs ~50 ms here): each
-    case re-registers the lake tables and its own relations, dropping the previous case's."""
+    case re-registers the lake tables and its own relations, dropping the previous case's, and
+    sets the filter metric the lake views compare (`"filter_metric"` in the case, default
+    `reward`; null for a run without the filter)."""
 
     def __init__(self) -> None:
         self.con = duckdb.connect(":memory:")
@@ -235,6 +257,7 @@ class CaseDB:
             self.con.unregister(name)
         tables = case_tables(case)
         self._extra = [n for n in tables if n not in BASE_TABLES]
+        set_filter_metric(self.con, case.get("filter_metric", DEFAULT_FILTER_METRIC))
         register(self.con, tables)
         return self.con
 

@@ -3,6 +3,7 @@ connection cannot modify anything, and reading while a buffer writes is safe."""
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from pathlib import Path
@@ -11,9 +12,8 @@ import duckdb
 import pytest
 
 from pipeline import ReplayBuffer
-from pipeline.analysis import connect, refresh
-from pipeline.candidates import FINISHED, ZV_YES
-from pipeline.errors import LakeError
+from pipeline.analysis import BASE_TABLES, DERIVED_VIEWS, RELATIONS, connect, refresh
+from pipeline.errors import ConfigError, LakeError
 from pipeline.lake import segment_files
 from sql.loader import run
 from tests._sql_fixtures import Run, shared_run
@@ -90,14 +90,64 @@ def test_eviction_counts_match_the_metrics_the_buffer_reported(async_run: Run) -
     assert {reason for _, reason in by_reason} == set(keys)   # the run exercises every reason
 
 
-def test_lake_candidates_equal_the_live_candidate_index(async_run: Run) -> None:
-    part = async_run.buffer._parts["train"]
-    live = sorted((c.uid, c.gs, c.term_seq, "finished" if c.status == FINISHED else "failure",
-                   c.n_traj, c.zv == ZV_YES) for c in part.candidates.alive.values())
-    lake = run(connect(async_run.lake), "lake_candidates", metric="reward")
-    got = sorted((r["uid"], r["global_steps"], r["term_seq"], r["status"], r["n_traj"],
-                  r["zero_variance"]) for r in lake.to_pylist() if r["partition"] == "train")
-    assert got == live and live
+@pytest.mark.parametrize("which", ["async_run", "sync_run"])
+def test_off_policy_view_equals_the_metrics_of_each_batch(which: str, request) -> None:
+    """The lake runs the off-policy declaration over rows it rebuilt itself; the live buffer
+    computed the batch's metrics when it handed the batch out: they agree key for key."""
+    r: Run = request.getfixturevalue(which)
+    rows = {(x["partition"], x["step"]): x for x in run(connect(r.lake), "off_policy").to_pylist()}
+    per_step: dict[tuple, list] = {}
+    for b in r.batches:
+        per_step.setdefault((b.partition, b.step), []).append(b)
+    checked = 0
+    for key, batches in per_step.items():
+        if len(batches) != 1:
+            continue   # several calls in one step: the lake row merges them
+        live = batches[0].off_policy_metrics
+        prefix = "training" if key[0] == "train" else "validation"
+        row = rows.get(key)
+        if row is None:
+            assert live == {}
+            continue
+        for column, value in row.items():
+            m = re.fullmatch(r"(.+)_(mean|max|min)", column)
+            if m is None:
+                continue
+            name = f"{prefix}/off_policy/{m.group(1)}/{m.group(2)}"
+            if value is None:
+                assert name not in live
+            else:
+                assert live[name] == pytest.approx(value), name
+                checked += 1
+    assert checked > 0
+
+
+def test_exact_token_staleness_is_reported_where_versions_were(async_run: Run) -> None:
+    con = connect(async_run.lake)
+    n = one(con, "select count(*) from off_policy where token_staleness_exact_mean is not null")
+    assert n[0] > 0
+
+
+def test_derived_relations_have_the_declared_types(async_run: Run) -> None:
+    con = connect(async_run.lake)
+    for name, schema in RELATIONS.items():
+        got = con.sql(f"select * from {name}").to_arrow_table().schema
+        assert [(f.name, f.type) for f in got] == [(f.name, f.type) for f in schema], name
+    assert one(con, "select count(*) from candidates")[0] > 0
+
+
+def test_the_filter_metric_is_chosen_at_connect(sync_run: Run) -> None:
+    by_reward = connect(sync_run.lake)
+    by_acc = connect(sync_run.lake, filter_metric="acc")
+    none = connect(sync_run.lake, filter_metric=None)
+    q = "select count(metric), count(*) from group_trajectories"
+    n_reward, total = one(by_reward, q)
+    assert n_reward == total > 0
+    assert one(by_acc, q) == (total, total)   # every simulated trajectory reports acc
+    assert one(none, q) == (0, total)
+    assert one(by_acc, "select getvariable('filter_metric')") == ("acc",)
+    with pytest.raises(ConfigError, match="filter_metric=3"):
+        connect(sync_run.lake, filter_metric=3)
 
 
 def test_groups_view_accounts_for_every_group(sync_run: Run) -> None:
@@ -170,8 +220,7 @@ def test_statements_that_touch_files_or_settings_fail(statement: str, sync_run: 
 
 def test_selects_over_every_view_work_on_the_locked_connection(sync_run: Run) -> None:
     con = connect(sync_run.lake)
-    for view in ("trajectories", "group_events", "decisions", "metrics", "groups",
-                 "trajectory_fates", "inflight", "batches"):
+    for view in (*BASE_TABLES, *DERIVED_VIEWS):
         one(con, f"select count(*) from {view}")
     assert one(con, "select current_setting('enable_external_access')") == (False,)
 

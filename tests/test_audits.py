@@ -44,7 +44,7 @@ def _traj(g: dict) -> dict:
 def _in_two_batches(lake: Path) -> str:
     g = _group(lake, "sampled")
     _append(lake, "decisions", [{"partition": "train", "step": 99, "call_id": 99, "poll": 0,
-                                 "kind": "select", "uid": g["uid"], "span": 1, "batch_id": 999,
+                                 "kind": "select", "uid": g["uid"], "group_span": 1, "batch_id": 999,
                                  "count": 1}])
     return g["uid"]
 
@@ -59,14 +59,14 @@ def _stale_selection(lake: Path) -> str:
     g = _group(lake, "live")
     _append(lake, "decisions", [{"partition": "train", "step": g["global_steps"] + 50,
                                  "call_id": 99, "poll": 0, "kind": "select", "uid": g["uid"],
-                                 "span": 51, "batch_id": 999, "count": 1}])
+                                 "group_span": 51, "batch_id": 999, "count": 1}])
     return g["uid"]
 
 
 def _evict_after_select(lake: Path) -> str:
     g = _group(lake, "sampled")
     _append(lake, "decisions", [{"partition": "train", "step": 99, "call_id": 99, "poll": 0,
-                                 "kind": "evict", "uid": g["uid"], "reason": "stale", "span": 9,
+                                 "kind": "evict", "uid": g["uid"], "reason": "stale", "group_span": 9,
                                  "count": 1}])
     return g["uid"]
 

@@ -40,7 +40,7 @@ def test_sql_runs_a_named_query_with_params_as_csv_and_json() -> None:
 
 def test_sql_lists_the_named_queries() -> None:
     res = cli.invoke(app, ["sql", "--list"])
-    assert res.exit_code == 0 and "stale_groups(step BIGINT, threshold BIGINT)" in res.output
+    assert res.exit_code == 0 and "stale(step BIGINT, threshold BIGINT)" in res.output
 
 
 def test_sql_refuses_writes_and_reports_bad_params(tmp_path: Path) -> None:

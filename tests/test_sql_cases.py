@@ -1,4 +1,4 @@
-"""SQL is tested as data (DESIGN §6.4): every `sql/**/*.sql` file has `sql/cases/<name>.json`, whose
+"""SQL is tested as data: every `sql/**/*.sql` file has `sql/cases/<name>.json`, whose
 cases give input rows per relation and the expected rows; a query file without a case fails."""
 from __future__ import annotations
 
@@ -132,20 +132,23 @@ def test_two_files_with_one_name_are_an_error(tmp_path: Path) -> None:
 
 def test_unknown_names_and_wrong_params_are_clear_errors() -> None:
     con = duckdb.connect()
-    with pytest.raises(SqlError, match="unknown query 'stale'; known queries: .*stale_groups"):
-        run(con, "stale")
-    with pytest.raises(SqlError, match=r"missing threshold; it expects stale_groups\(step BIGINT, "
+    with pytest.raises(SqlError, match="unknown query 'stale_groups'; known queries: .*stale"):
+        run(con, "stale_groups")
+    with pytest.raises(SqlError, match=r"missing threshold; it expects stale\(step BIGINT, "
                                        r"threshold BIGINT\)"):
-        run(con, "stale_groups", step=3)
+        run(con, "stale", step=3)
     with pytest.raises(SqlError, match="unexpected batch; it expects"):
-        run(con, "stale_groups", step=3, threshold=2, batch=1)
+        run(con, "stale", step=3, threshold=2, batch=1)
     with pytest.raises(SqlError, match="threshold must be BIGINT, got '2'"):
-        run(con, "stale_groups", step=3, threshold="2")
+        run(con, "stale", step=3, threshold="2")
     with pytest.raises(SqlError, match="must be BIGINT, got True"):
-        run(con, "stale_groups", step=True, threshold=2)
+        run(con, "stale", step=True, threshold=2)
+    with pytest.raises(SqlError, match="evict_all must be BOOLEAN, got 1"):
+        run(con, "failure", evict_all=1)
     with pytest.raises(SqlError, match="not a BIGINT"):
-        load("stale_groups").coerce({"step": "3", "threshold": "two"})
-    assert load("stale_groups").coerce({"step": "3", "threshold": "2"}) == {"step": 3, "threshold": 2}
+        load("stale").coerce({"step": "3", "threshold": "two"})
+    assert load("stale").coerce({"step": "3", "threshold": "2"}) == {"step": 3, "threshold": 2}
+    assert load("failure").coerce({"evict_all": "false"}) == {"evict_all": False}
 
 
 def test_every_query_returns_the_columns_its_header_declares_even_when_empty() -> None:

@@ -1,11 +1,12 @@
 -- name: decision_log
--- description: the decision log per poll (SPEC §10.3): for every poll of every sample call that
---   decided something, the groups evicted (in all, and per reason), the refill prompts asked,
---   the groups selected (and the batch) and the surplus discarded, in the order they happened.
+-- description: the decision log per poll: for every poll of every sample call that decided
+--   something, the groups evicted (in all, and per reason as a map reason -> groups, so a new
+--   rule shows up without touching this file), the refill prompts asked, the groups selected
+--   (and the batch) and the surplus discarded, in the order they happened.
 -- params: none
 -- reads: decisions
--- returns: partition, step, call_id, poll, evicted, evicted_stale, evicted_zero_variance,
---   evicted_failure, refilled, selected, batch_id, discarded, first_seq
+-- returns: partition, step, call_id, poll, evicted, evicted_by_reason, refilled, selected,
+--   batch_id, discarded, first_seq
 with
 decs as (
     select partition, step, call_id, poll, kind, uid, reason, batch_id, count, seq
@@ -13,13 +14,11 @@ decs as (
     where kind <> 'release'
 ),
 
-final as (
+per_poll as (
     select
         partition, step, call_id, poll,
         count(distinct uid) filter (where kind = 'evict') as evicted,
-        count(*) filter (where kind = 'evict' and reason = 'stale') as evicted_stale,
-        count(*) filter (where kind = 'evict' and reason = 'zero_variance') as evicted_zero_variance,
-        count(*) filter (where kind = 'evict' and reason = 'failure') as evicted_failure,
+        histogram(reason) filter (where kind = 'evict') as evicted_by_reason,
         coalesce(sum(count) filter (where kind = 'refill'), 0)::bigint as refilled,
         count(*) filter (where kind = 'select') as selected,
         min(batch_id) filter (where kind = 'select') as batch_id,
@@ -27,6 +26,14 @@ final as (
         min(seq) as first_seq
     from decs
     group by partition, step, call_id, poll
+),
+
+final as (
+    select
+        partition, step, call_id, poll, evicted,
+        coalesce(evicted_by_reason, map([], []))::map(varchar, bigint) as evicted_by_reason,
+        refilled, selected, batch_id, discarded, first_seq
+    from per_poll
 )
 
 select * from final

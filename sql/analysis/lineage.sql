@@ -19,7 +19,7 @@ trajs as (
     where uid = $uid
 ),
 decs as (
-    select partition, seq, kind, step, reason, span, value, batch_id, count
+    select partition, seq, kind, step, reason, group_span, value, batch_id, count
     from decisions
     where uid = $uid
 ),
@@ -47,10 +47,10 @@ timeline as (
     select
         partition, seq, kind, step, null, null, null, null, null,
         case kind
-            when 'evict' then 'reason=' || reason || ', span=' || span
+            when 'evict' then 'reason=' || reason || ', group_span=' || group_span
                 || coalesce(', value=' || value, '')
-            when 'select' then 'batch_id=' || batch_id || ', span=' || span
-            when 'discard' then 'surplus, span=' || span
+            when 'select' then 'batch_id=' || batch_id || ', group_span=' || group_span
+            when 'discard' then 'surplus, group_span=' || group_span
             when 'release' then 'batch_id=' || batch_id
             else kind
         end

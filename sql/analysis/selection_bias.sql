@@ -1,5 +1,5 @@
 -- name: selection_bias
--- description: what training saw versus what was generated (SPEC §10.6): per partition and
+-- description: what training saw versus what was generated: per partition and
 --   dispatch step, the non-padding trajectories of the current group incarnations in cohorts
 --   generated (all) / trained / evicted / discarded / live, each with its count, mean response
 --   length, mean reward, mean newest weight version and mean span.

@@ -1,33 +1,36 @@
 -- name: staleness_by_step
 -- description: per partition and trainer step, the off-policy profile of the trajectories
---   trained on (non-padding rows of sampled groups): how many, their staleness
---   (step - 1) - max_global_steps (mean / max / min), worst staleness (step - 1) -
---   min_global_steps (mean / max) and span max - min + 1 (mean / max) — SPEC §2 and §6.2.
+--   trained on (non-padding rows of sampled groups): how many, their staleness at the step
+--   (mean / max / min), worst staleness (mean / max), trajectory span (mean / max), the
+--   staleness weighted by response tokens and the exact per-token staleness (mean / max, over
+--   rows that reported version spans). A view of `off_policy`: the formulas live in
+--   `provenance` and `off_policy` only.
 -- params: none
--- reads: trajectory_fates
+-- reads: off_policy
 -- returns: partition, step, n_trajectories, staleness_mean, staleness_max, staleness_min,
---   staleness_worst_mean, staleness_worst_max, span_mean, span_max
+--   staleness_worst_mean, staleness_worst_max, span_mean, span_max, token_staleness_mean,
+--   token_staleness_exact_mean, token_staleness_exact_max
 with
-trained as (
-    select partition, fate_step as step, staleness, staleness_worst, span
-    from trajectory_fates
-    where fate = 'sampled' and not is_padding
+per_step as (
+    select * from off_policy
 ),
 
 final as (
     select
         partition,
         step,
-        count(*) as n_trajectories,
-        avg(staleness) as staleness_mean,
-        max(staleness) as staleness_max,
-        min(staleness) as staleness_min,
-        avg(staleness_worst) as staleness_worst_mean,
-        max(staleness_worst) as staleness_worst_max,
-        avg(span) as span_mean,
-        max(span) as span_max
-    from trained
-    group by partition, step
+        n_trajectories::bigint as n_trajectories,
+        trajectory_staleness_mean as staleness_mean,
+        trajectory_staleness_max as staleness_max,
+        trajectory_staleness_min as staleness_min,
+        trajectory_staleness_worst_mean as staleness_worst_mean,
+        trajectory_staleness_worst_max as staleness_worst_max,
+        trajectory_spans_mean as span_mean,
+        trajectory_spans_max as span_max,
+        token_staleness_mean,
+        token_staleness_exact_mean,
+        token_staleness_exact_max
+    from per_step
 )
 
 select * from final

@@ -1,5 +1,5 @@
 -- name: state_as_of
--- description: time travel (SPEC §10.2): every group registered by the end of trainer step
+-- description: time travel: every group registered by the end of trainer step
 --   `step`, with its status and fate at that moment. "End of step s" is everything the lake
 --   recorded before the first decision taken at a later step (the whole lake when there is
 --   none), so it includes the rollouts that arrived while step s trained.

@@ -1,14 +1,14 @@
 -- name: stale_bound_respected
 -- description: audit — under `drop` with threshold T no group is selected with group span
---   step - global_steps + 1 > T (SPEC §5.1). The span is taken from the `select` row and also
---   recomputed from the group's dispatch step at that moment, so a wrongly logged span is
---   caught too. Validation partitions (`val`) are exempt.
+--   step - global_steps + 1 > T: a group that old must have been evicted instead. The group span
+--   is taken from the `select` row and also recomputed from the group's dispatch step at that
+--   moment, so a wrongly logged span is caught too. Validation partitions (`val`) are exempt.
 -- params: threshold BIGINT
 -- reads: decisions, group_events
--- returns: partition, uid, batch_id, step, span, recomputed_span
+-- returns: partition, uid, batch_id, step, group_span, recomputed_group_span
 with
 selects as (
-    select partition, uid, batch_id, step, span, seq
+    select partition, uid, batch_id, step, group_span, seq
     from decisions
     where kind = 'select' and partition <> 'val'
 ),
@@ -25,8 +25,8 @@ dispatch_at_select as (
     group by s.partition, s.uid, s.seq
 ),
 spans as (
-    select s.partition, s.uid, s.batch_id, s.step, s.span,
-           s.step - d.global_steps + 1 as recomputed_span
+    select s.partition, s.uid, s.batch_id, s.step, s.group_span,
+           s.step - d.global_steps + 1 as recomputed_group_span
     from selects as s
     left join dispatch_at_select as d
         on d.partition = s.partition and d.uid = s.uid and d.seq = s.seq
@@ -34,7 +34,7 @@ spans as (
 
 final as (
     select * from spans
-    where span > $threshold or recomputed_span > $threshold
+    where group_span > $threshold or recomputed_group_span > $threshold
 )
 
 select * from final

@@ -1,7 +1,7 @@
 -- name: select_oldest
--- description: selection (SPEC §3): per partition, the batch_size oldest candidates by
---   (global_steps, terminal status arrival seq, uid) — run it over what survived eviction.
---   The seq is unique, so the order is total; hash order never enters (SPEC §9).
+-- description: selection: per partition, the batch_size oldest candidates by (global_steps,
+--   terminal status arrival seq, uid) — run it over what survived eviction. The seq is unique,
+--   so the order is total and a rerun picks the same groups (hash order never enters).
 -- params: batch_size BIGINT
 -- reads: candidates
 -- returns: partition, uid, global_steps, term_seq, rank

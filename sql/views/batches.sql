@@ -1,21 +1,22 @@
 -- name: batches
--- description: one row per batch handed out: step, call, group and trajectory counts, and the
---   trajectory staleness at the step it was sampled (non-padding rows; SPEC §2 formulas)
+-- description: one row per batch handed out: step, call, group and trajectory counts, the
+--   trajectory staleness at the step it was sampled (non-padding rows, from the `provenance`
+--   view) and the largest group span logged with its selections
 -- params: none
--- reads: decisions, trajectory_fates
+-- reads: decisions, provenance
 -- returns: partition, batch_id, step, call_id, n_groups, n_trajectories, n_padding,
 --   staleness_mean, staleness_max, staleness_min, group_span_max, released, select_seq
 with
 selects as (
-    select partition, batch_id, step, call_id, span, seq from decisions where kind = 'select'
+    select partition, batch_id, step, call_id, group_span, seq
+    from decisions
+    where kind = 'select'
 ),
 releases as (
     select distinct partition, batch_id from decisions where kind = 'release'
 ),
 rows_trained as (
-    select partition, batch_id, is_padding, staleness
-    from trajectory_fates
-    where fate = 'sampled'
+    select partition, batch_id, is_padding, staleness from provenance
 ),
 
 per_batch as (
@@ -24,7 +25,7 @@ per_batch as (
         min(step) as step,
         min(call_id) as call_id,
         count(*) as n_groups,
-        max(span) as group_span_max,
+        max(group_span) as group_span_max,
         min(seq) as select_seq
     from selects
     group by partition, batch_id

@@ -1,9 +1,10 @@
 -- name: trajectory_fates
 -- description: one row per trajectory in the lake (metadata, no token payload) with its group's
 --   dispatch step and fate; `fate` is `dropped` for a partial trajectory a re-issue discarded.
---   staleness / staleness_worst are at the step that trained it (sampled rows only).
+--   staleness / staleness_worst are at the step that trained it (sampled rows only), taken from
+--   the `provenance` view, where their formulas live.
 -- params: none
--- reads: trajectories, groups
+-- reads: trajectories, groups, provenance
 -- returns: partition, uid, session_id, index, seq, min_global_steps, max_global_steps, span,
 --   reward, reward_info, response_len, is_padding, global_steps, fate, reason, batch_id, fate_step,
 --   staleness, staleness_worst
@@ -17,6 +18,13 @@ trajs as (
 grps as (
     select partition, uid, global_steps, reissued_seq, fate, reason, batch_id, fate_step
     from groups
+),
+-- A trained row's staleness depends only on its batch (hence step) and its versions, so these
+-- keys are unique and the join below never duplicates a row.
+trained as (
+    select distinct
+        partition, batch_id, uid, min_global_steps, max_global_steps, staleness, staleness_worst
+    from provenance
 ),
 
 joined as (
@@ -35,14 +43,19 @@ joined as (
 
 final as (
     select
-        partition, uid, session_id, index, seq, min_global_steps, max_global_steps, span, reward,
-        reward_info, response_len, is_padding, global_steps, fate,
-        case when fate = 'dropped' then null else reason end as reason,
-        case when fate = 'dropped' then null else batch_id end as batch_id,
-        case when fate = 'dropped' then null else fate_step end as fate_step,
-        case when fate = 'sampled' then (fate_step - 1) - max_global_steps end as staleness,
-        case when fate = 'sampled' then (fate_step - 1) - min_global_steps end as staleness_worst
-    from joined
+        j.partition, j.uid, j.session_id, j.index, j.seq, j.min_global_steps,
+        j.max_global_steps, j.span, j.reward, j.reward_info, j.response_len, j.is_padding,
+        j.global_steps, j.fate,
+        case when j.fate = 'dropped' then null else j.reason end as reason,
+        case when j.fate = 'dropped' then null else j.batch_id end as batch_id,
+        case when j.fate = 'dropped' then null else j.fate_step end as fate_step,
+        p.staleness,
+        p.staleness_worst
+    from joined as j
+    left join trained as p
+        on j.fate = 'sampled' and p.partition = j.partition and p.batch_id = j.batch_id
+        and p.uid = j.uid and p.min_global_steps = j.min_global_steps
+        and p.max_global_steps = j.max_global_steps
 )
 
 select * from final

@@ -1,0 +1,45 @@
+-- name: candidates
+-- description: the candidate table of the lake's current state, as the live buffer holds it:
+--   every terminal group still live (not sampled, evicted or discarded) with the aggregates the
+--   rules read. A group without trajectories has n_traj 0 and null aggregates, and counts as a
+--   failure even when it finished. Run the files of `sql/rules/` over it for audits and what-if.
+-- params: none
+-- reads: groups, group_aggregates
+-- returns: partition, uid, global_steps, term_seq, status, n_traj, metric_min, metric_max,
+--   metric_nulls, response_tokens_sum, response_tokens_min, response_tokens_max, min_version,
+--   max_version
+with
+terminal as (
+    select partition, uid, global_steps, term_seq, effective_status
+    from groups
+    where effective_status in ('finished', 'failure') and fate = 'live'
+),
+aggs as (
+    select
+        partition, uid, n_traj, metric_min, metric_max, metric_nulls, response_tokens_sum,
+        response_tokens_min, response_tokens_max, min_version, max_version
+    from group_aggregates
+),
+
+final as (
+    select
+        g.partition,
+        g.uid,
+        g.global_steps::bigint as global_steps,
+        g.term_seq::bigint as term_seq,
+        g.effective_status as status,
+        coalesce(a.n_traj, 0)::bigint as n_traj,
+        a.metric_min::double as metric_min,
+        a.metric_max::double as metric_max,
+        coalesce(a.metric_nulls, 0)::bigint as metric_nulls,
+        a.response_tokens_sum::bigint as response_tokens_sum,
+        a.response_tokens_min::bigint as response_tokens_min,
+        a.response_tokens_max::bigint as response_tokens_max,
+        a.min_version::bigint as min_version,
+        a.max_version::bigint as max_version
+    from terminal as g
+    left join aggs as a on a.partition = g.partition and a.uid = g.uid
+)
+
+select * from final
+order by partition, global_steps, term_seq, uid
