@@ -13,6 +13,7 @@ import math
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from pipeline.analysis import (
 from schemas import LAKE_TABLES
 
 CASE_TS = 0  # every case row's `ts` (microseconds since the epoch, UTC)
+# Called around every sample call of a simulated run: (buffer, step, partition, "before"|"after")
+Checkpoint = Callable[[ReplayBuffer, int, str, str], None]
 
 
 @dataclass
@@ -109,9 +112,14 @@ class Rollout:
         self.dispatch(k)
 
 
+def _no_checkpoint(buf: ReplayBuffer, step: int, partition: str, when: str) -> None:
+    return None
+
+
 def simulate_async(lake: Path, *, steps: int = 8, batch: int = 3, threshold: int = 2,
-                   seed: int = 0) -> Run:
-    """async, drop(threshold), DAPO filter on `reward`; some groups finish late (stale)."""
+                   seed: int = 0, checkpoint: Checkpoint = _no_checkpoint) -> Run:
+    """async, drop(threshold), DAPO filter on `reward`; some groups finish late (stale).
+    ``checkpoint(buf, step, partition, "before" | "after")`` runs around every sample call."""
     ro = Rollout(seed)
     buf = ReplayBuffer.async_(lake=lake, max_off_policy_threshold=threshold,
                               filter_groups_metric="reward", refill_fn=ro.refill,
@@ -127,20 +135,26 @@ def simulate_async(lake: Path, *, steps: int = 8, batch: int = 3, threshold: int
             for _, u in [x for x in late if x[0] == g]:
                 ro.settle(u)
             late = [x for x in late if x[0] != g]
+            checkpoint(buf, g, "train", "before")
             b = buf.sample(g, "train", batch, timeout=10)
+            checkpoint(buf, g, "train", "after")
             run.batches.append(b)
             buf.release(b)
             if g % 3 == 0:   # a validation partition: never evicts
                 ro.partition = "val"
                 ro.dispatch(2)
+                checkpoint(buf, g, "val", "before")
                 run.batches.append(buf.sample(g, "val", 2, timeout=10))
+                checkpoint(buf, g, "val", "after")
                 ro.partition = "train"
     return run
 
 
-def simulate_sync_dapo(lake: Path, *, steps: int = 4, batch: int = 2, seed: int = 1) -> Run:
+def simulate_sync_dapo(lake: Path, *, steps: int = 4, batch: int = 2, seed: int = 1,
+                       checkpoint: Checkpoint = _no_checkpoint) -> Run:
     """sync DAPO (credit, drain, surplus discard), then a restart that re-issues an in-flight
-    group: its partial trajectory stays in the lake but no longer belongs to the group."""
+    group: its partial trajectory stays in the lake but no longer belongs to the group.
+    ``checkpoint`` runs around every sample call, as in `simulate_async`."""
     ro = Rollout(seed)
     cfg = dict(filter_groups_metric="acc", refill_fn=ro.refill, train_batch_size=batch,
                gen_batch_size=1, max_inflight_gen_batches=2, poll_interval=0.01)
@@ -151,7 +165,9 @@ def simulate_sync_dapo(lake: Path, *, steps: int = 4, batch: int = 2, seed: int 
         for g in range(1, steps + 1):
             ro.step = g
             ro.dispatch(batch + 1)
+            checkpoint(buf, g, "train", "before")
             b = buf.sample(g, "train", batch, timeout=10)
+            checkpoint(buf, g, "train", "after")
             run.batches.append(b)
             buf.release(b)
         ro.step = steps + 1
@@ -168,7 +184,9 @@ def simulate_sync_dapo(lake: Path, *, steps: int = 4, batch: int = 2, seed: int 
         assert buf.reissue(steps + 2) == {"train": [u]}
         buf.update_status(partition="train", uids=[u], status="running")
         ro.settle(u)
+        checkpoint(buf, steps + 2, "train", "before")
         b = buf.sample(steps + 2, "train", 1, timeout=10)
+        checkpoint(buf, steps + 2, "train", "after")
         run.batches.append(b)
     run.buffer = buf
     return run
