@@ -26,7 +26,7 @@ from pipeline.adapters.verl_mirror import PartitionMirror, clear
 from pipeline.buffer import ReplayBuffer as CoreBuffer
 from pipeline.errors import EmptyBatchError
 from pipeline.ingest import check_partition
-from pipeline.sampling import run_call
+from pipeline.metrics import typed
 
 DAPO_FILTERED_REWARD_COUNTS_KEY = "_dapo_filtered_reward_counts"
 FILTER_GROUPS_REWARD_METRIC = "reward"
@@ -42,12 +42,14 @@ __all__ = [
 
 
 def verl_metrics(scalars: dict[str, float], reward_counts: dict[float, int]) -> dict[str, Any]:
-    """The core's eviction metrics with verl's value types: counts as int, the three staleness
-    values as numpy float64, and the filtered reward counts as a plain {float: int} dict under
-    `_dapo_filtered_reward_counts` (verl's step aggregator merges it only if it is a dict)."""
+    """The core's eviction metrics with verl's value types, as each key declares them (counts as
+    int, the three staleness values as numpy float64), and the filtered reward counts as a plain
+    {float: int} dict under `_dapo_filtered_reward_counts` (verl's step aggregator merges it only
+    if it is a dict)."""
     out: dict[str, Any] = {}
     for k, v in scalars.items():
-        out[k] = np.float64(v) if "/evicted_samples_staleness/" in k else int(v)
+        t = typed(k, v)
+        out[k] = np.float64(t) if isinstance(t, float) else t
     if reward_counts:
         out[DAPO_FILTERED_REWARD_COUNTS_KEY] = {float(v): int(c) for v, c in reward_counts.items()}
     return out
@@ -138,8 +140,8 @@ class ReplayBuffer:
         with self._lock:
             m = self._mirror(partition_id)
             try:
-                batch = run_call(self.core, global_steps, partition_id, batch_size, consume=True,
-                                 timeout=None, before_poll=m.sync)
+                batch = self.core.sample(global_steps, partition_id, batch_size,
+                                         before_poll=m.sync)
             except EmptyBatchError as exc:
                 hint = "" if self.sync_refill_failed_groups else (
                     " Enable trainer.v1.sampler.sync_refill_failed_groups to replace failed groups.")
@@ -172,8 +174,8 @@ class _DepthQueries:
         gate is open; returns (every sampleable uid, verl's metric dict); consumes nothing."""
         with self._lock:
             m = self._mirror(partition_id)
-            _, scalars = run_call(self.core, global_steps, partition_id, target_count,
-                                  consume=False, timeout=None, before_poll=m.sync)
+            _, scalars = self.core.wait_for_sampleable(global_steps, partition_id, target_count,
+                                                       before_poll=m.sync)
             uids = set(self.core.sampleable_uids(partition_id))
             return uids, verl_metrics(dict(scalars), scalars.reward_counts)
 

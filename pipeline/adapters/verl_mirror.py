@@ -150,7 +150,7 @@ class PartitionMirror:
                     self.kind[k] = PROMPT
                     if g.status not in _TERMINAL:
                         self.watch[k] = g.status
-                        if tag.get("status") == "pending" and tag.get("global_steps") != g.gs:
+                        if tag.get("status") == "pending" and tag.get("global_steps") != g.global_steps:
                             reissue = int(tag["global_steps"])   # verl re-issued after resume
                 continue
             parsed = parse_key(k)
@@ -186,7 +186,7 @@ class PartitionMirror:
             return set()
         try:
             rows, kept, late = trajectory_rows(
-                self.tq, self.partition, [(k, p, g.gs) for k, p, g in todo],
+                self.tq, self.partition, [(k, p, g.global_steps) for k, p, g in todo],
                 [listing[k] for k, _, _ in todo], self.fields, self.filter_metric)
             if rows is not None:
                 self.core.put(rows)
