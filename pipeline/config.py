@@ -93,8 +93,14 @@ def _non_negative_int(name: str, value: Any) -> None:
         raise ConfigError(f"{name}={value!r} must be an int >= 0 (0 = unbounded)")
 
 
-def _filter_rules(filter_groups_metric: str | None) -> tuple[RuleUse, ...]:
-    return (RuleUse("zero_variance"),) if filter_groups_metric is not None else ()
+def _filter_rules(filter_groups_metric: str | None, max_response_length: int | None
+                  ) -> tuple[RuleUse, ...]:
+    """The filter rules: zero variance (DAPO) and the opt-in overlong rule (not in verl)."""
+    out = (RuleUse("zero_variance"),) if filter_groups_metric is not None else ()
+    if max_response_length is not None:
+        _positive_int("max_response_length", max_response_length, "(or None: keep long groups)")
+        out += (RuleUse("overlong", (("max_response_length", max_response_length),)),)
+    return out
 
 
 def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
@@ -102,7 +108,7 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                 refill_fn: Callable[[int], Any] | None = None,
                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
-                max_num_gen_batches: int = 0,
+                max_num_gen_batches: int = 0, max_response_length: int | None = None,
                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
     """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored."""
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
@@ -124,7 +130,7 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         refill = RefillFailedWhileShort()
     else:
         refill = NoRefill()
-    rules = _filter_rules(filter_groups_metric)
+    rules = _filter_rules(filter_groups_metric, max_response_length)
     if sync_refill_failed_groups:
         rules += (RuleUse("failure", (("evict_all", False),)),)
     return BufferConfig(
@@ -139,7 +145,7 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                  refill_fn: Callable[[int], Any] | None = None,
                  train_batch_size: int | None = None, gen_batch_size: int | None = None,
                  max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
-                 max_num_gen_batches: int = 0,
+                 max_num_gen_batches: int = 0, max_response_length: int | None = None,
                  poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
     """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once.
 
@@ -152,7 +158,7 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     rules: tuple[RuleUse, ...] = ()
     if stale.bound() is not None:
         rules += (RuleUse("stale", (("threshold", max_off_policy_threshold),)),)
-    rules += _filter_rules(filter_groups_metric)
+    rules += _filter_rules(filter_groups_metric, max_response_length)
     rules += (RuleUse("failure", (("evict_all", True),)),)
     return BufferConfig(
         rules=rules, stale=stale, filter_metric=filter_groups_metric,
