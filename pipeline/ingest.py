@@ -1,4 +1,5 @@
-"""Ingest validation: conform producer input to schemas/ and check every SPEC §2 rule.
+"""Ingest validation: conform producer input to schemas/ and check every ingest rule (see the README's
+"Ingest rules").
 
 A call is accepted or rejected *whole*: every problem of every row is collected, and if there is
 any, an IngestError listing them all is raised before anything reaches the lake or the live

@@ -1,4 +1,4 @@
-"""Constructor validation (SPEC §4): which error, in which order, naming which parameter."""
+"""Constructor validation: which error, in which order, naming which parameter."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Metric declarations, merging across polls and calls, and the off-policy batch metrics (SPEC §6)."""
+"""Metric declarations, merging across polls and calls, and the off-policy batch metrics."""
 from __future__ import annotations
 
 import pyarrow as pa

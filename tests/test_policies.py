@@ -1,4 +1,4 @@
-"""The eviction, gating, filtering, failure and refill rules of SPEC §4-§5, scenario by scenario."""
+"""The eviction, gating, filtering, failure and refill rules, scenario by scenario."""
 from __future__ import annotations
 
 import time

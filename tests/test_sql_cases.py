@@ -1,4 +1,4 @@
-"""SQL is tested as data (DESIGN §6.4): every `sql/**/*.sql` file has `sql/cases/<name>.json`, whose
+"""SQL is tested as data: every `sql/**/*.sql` file has `sql/cases/<name>.json`, whose
 cases give input rows per relation and the expected rows; a query file without a case fails."""
 from __future__ import annotations
 

@@ -4,11 +4,11 @@
 Each instance owns a core `pipeline.ReplayBuffer` (the `sync` or `async` preset, over an optional
 lake). Before every poll it mirrors the partition's TransferQueue keys into the core
 (verl_mirror.py); the core decides; a listener performs on TransferQueue exactly the effects
-verl's buffer performs (SPEC §11): an evicted or discarded group loses its prompt key and all its
+verl's buffer performs: an evicted or discarded group loses its prompt key and all its
 trajectory keys, a selected group only its prompt key, and `kv_clear` never gets an empty list.
 `sample` returns TransferQueue's own `KVBatchMeta` (the selected trajectory keys in TransferQueue
-order, with their tags as listed) and verl's metric dict. Where verl is defective (SPEC §9) the
-core's behaviour is kept; docs/verl.md lists every difference.
+order, with their tags as listed) and verl's metric dict. Where verl is defective the
+core's behaviour is kept; the README's verl section lists every difference.
 
 Importing this module needs neither verl nor TransferQueue; both are imported at first use.
 """
@@ -60,7 +60,7 @@ class ReplayBuffer:
 
     Keywords are verl 0.9.1's, in its order, plus replaylake's: ``lake_dir`` (None = memory only;
     else every trajectory and decision also lands in that lake), ``max_num_gen_batches`` (bounds
-    DAPO refills; 0 = unbounded, SPEC §9) and ``mirror_fields``: which TransferQueue fields are read
+    DAPO refills; 0 = unbounded,) and ``mirror_fields``: which TransferQueue fields are read
     per new trajectory — `decisions` (only what a rule needs: `rm_scores` for metric `reward`,
     `extra_fields` for a named metric or when the tags carry no versions), `rewards` (also every
     reward and `reward_extra_info`, for the lake; ~80 us per trajectory, once), `full` (also the
@@ -134,7 +134,7 @@ class ReplayBuffer:
 
     # --- verl's API --------------------------------------------------------------------------------
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
-        """Whole groups, oldest dispatch first (ties: arrival of the terminal status, SPEC §3),
+        """Whole groups, oldest dispatch first (ties: arrival of the terminal status),
         after this preset's evictions and refills; returns (KVBatchMeta, verl's metric dict)."""
         from transfer_queue import KVBatchMeta
         with self._lock:

@@ -25,7 +25,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "train_batch_size": None, "gen_batch_size": None, "max_inflight_gen_batches": 1,
     "sync_refill_failed_groups": False,
 }
-# replaylake's additions (SPEC §4, §9, §11)
+# replaylake's additions: a lake, the DAPO refill bound, what to mirror, the overlong rule
 EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto",
                                   "max_response_length": None}
 SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
