@@ -11,16 +11,22 @@ from pipeline.errors import (
     InvariantError,
     LakeError,
     MissingMetricError,
+    PresetKeywordError,
     RefillLimitError,
     ReplayLakeError,
     SampleTimeout,
+    UnknownBatchError,
     UnknownGroupError,
+    UnknownMetricError,
 )
 from pipeline.metrics import METRICS, StepAggregator
+from pipeline.sampling import Ready
+from pipeline.store import GroupView
 
 __all__ = [
-    "METRICS", "Batch", "BufferConfig", "ConfigError", "EmptyBatchError", "IngestError",
-    "InvariantError", "LakeError", "MissingMetricError", "RefillLimitError", "ReplayBuffer",
-    "ReplayLakeError", "SampleTimeout", "StepAggregator", "UnknownBatchError", "UnknownGroupError",
+    "METRICS", "Batch", "BufferConfig", "ConfigError", "EmptyBatchError", "GroupView",
+    "IngestError", "InvariantError", "LakeError", "MissingMetricError", "PresetKeywordError",
+    "Ready", "RefillLimitError", "ReplayBuffer", "ReplayLakeError", "SampleTimeout",
+    "StepAggregator", "UnknownBatchError", "UnknownGroupError", "UnknownMetricError",
     "async_config", "sync_config",
 ]

@@ -1,79 +1,65 @@
-"""The per-partition index of terminal groups not yet removed: what every poll decides over.
+"""The per-partition index of terminal groups not yet removed: the access path every poll uses.
 
-Incremental by design (SPEC §9: verl re-lists and re-sorts every group on every call):
-- each group is classified once, when it turns terminal (finished groups are immutable);
-- groups that turned terminal since the last committed poll are `fresh`: rules that depend only on
-  a group's own data (zero variance, failure) need to look at fresh groups only;
-- a rule that fires as time passes (staleness) declares a horizon: only groups dispatched before it
-  can newly match, and those are found by walking the front of a heap ordered by
-  (global_steps, terminal seq) without touching the rest;
+The rules are queries (sql/rules/); this index only decides which rows a poll hands them, like a
+database index serving `WHERE` and `ORDER BY ... LIMIT`:
+- a group turns terminal once and is then immutable, so its aggregates are computed once (the
+  first poll after it turned terminal, together with every other such group, in one query);
+- groups that turned terminal since the last committed poll are `fresh`: a rule without a horizon
+  reads only a group's own aggregates and needs to see fresh groups only;
+- a rule that fires as time passes declares a horizon: only groups dispatched before it can newly
+  match, found by walking the front of a heap ordered by (global_steps, terminal seq);
 - the k oldest groups come off the same heap in O(k log k).
-So a poll costs O(fresh + newly matching + k log n), not O(buffer size).
+So a poll costs O(fresh + newly matching + k log n), never O(buffer size).
 """
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
-import numpy as np
+import polars as pl
+import pyarrow as pa
 
-FINISHED, FAILURE = 1, 2
-ZV_NO, ZV_YES, ZV_MISSING = 0, 1, 2
+from schemas import CANDIDATES
 
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One terminal group as the rules see it (immutable once terminal)."""
-
-    uid: str
-    gs: int          # dispatch global_steps
-    term_seq: int    # arrival seq of the terminal status: unique, the tie-break after gs
-    status: int      # FINISHED | FAILURE (a finished group without trajectories is FAILURE)
-    n_traj: int
-    zv: int          # ZV_NO | ZV_YES | ZV_MISSING (finished, > 1 trajectory, filter on)
-    value: float     # the single metric value of a zero-variance group
-
-
-class Columns:
-    """Rows to examine as numpy columns: the shape every policy mask is written against."""
-
-    def __init__(self, rows: list[Candidate]):
-        self.rows = rows
-        self.gs = np.fromiter((r.gs for r in rows), np.int64, len(rows))
-        self.term_seq = np.fromiter((r.term_seq for r in rows), np.int64, len(rows))
-        self.status = np.fromiter((r.status for r in rows), np.int8, len(rows))
-        self.n_traj = np.fromiter((r.n_traj for r in rows), np.int32, len(rows))
-        self.zv = np.fromiter((r.zv for r in rows), np.int8, len(rows))
-        self.value = np.fromiter((r.value for r in rows), np.float64, len(rows))
-
-    def __len__(self) -> int:
-        return len(self.rows)
+COLUMNS = tuple(CANDIDATES.names)
+POLARS_SCHEMA = pl.Schema(pl.from_arrow(CANDIDATES.empty_table()).schema)
+_TERM_SEQ = COLUMNS.index("term_seq")
 
 
 class CandidateIndex:
-    """Alive terminal groups of one partition: a dict, a lazily-cleaned heap and the fresh list."""
+    """Alive terminal groups of one partition: rows (tuples in CANDIDATES order), the groups still
+    awaiting their aggregates, a lazily-cleaned heap and the fresh list."""
 
     def __init__(self) -> None:
-        self.alive: dict[str, Candidate] = {}
+        self.alive: dict[str, tuple] = {}
+        self.pending: dict[str, tuple[int, int, str]] = {}   # uid -> (gs, term seq, status)
         self.fresh: list[str] = []
         self._heap: list[tuple[int, int, str]] = []
 
     @property
     def alive_count(self) -> int:
-        return len(self.alive)
+        return len(self.alive) + len(self.pending)
 
-    def add(self, c: Candidate) -> None:
-        self.alive[c.uid] = c
-        self.fresh.append(c.uid)
-        heapq.heappush(self._heap, (c.gs, c.term_seq, c.uid))
+    def add(self, uid: str, gs: int, term_seq: int, status: str) -> None:
+        """A group turned terminal; its aggregates come with the next `complete`."""
+        self.pending[uid] = (gs, term_seq, status)
+        self.fresh.append(uid)
+        heapq.heappush(self._heap, (gs, term_seq, uid))
+
+    def complete(self, rows: list[tuple]) -> None:
+        """Store the candidate rows of pending groups (their aggregates are now known)."""
+        for r in rows:
+            uid = r[1]
+            del self.pending[uid]
+            self.alive[uid] = r
 
     def remove(self, uids: list[str]) -> None:
         for u in uids:
-            del self.alive[u]
+            if self.alive.pop(u, None) is None:
+                del self.pending[u]
         h = self._heap
         while h and not self._live(h[0]):   # selected/stale groups sit at the front: drop them now
             heapq.heappop(h)
-        if len(h) > 64 and len(h) > 2 * len(self.alive):
+        if len(h) > 64 and len(h) > 2 * self.alive_count:
             self._heap = [e for e in self._heap if self._live(e)]
             heapq.heapify(self._heap)
 
@@ -82,32 +68,35 @@ class CandidateIndex:
         self.fresh = []
 
     def _live(self, e: tuple[int, int, str]) -> bool:
-        c = self.alive.get(e[2])
-        return c is not None and c.term_seq == e[1]
+        r = self.alive.get(e[2])
+        if r is not None:
+            return r[_TERM_SEQ] == e[1]
+        p = self.pending.get(e[2])
+        return p is not None and p[1] == e[1]
 
-    def before(self, horizon: int) -> list[Candidate]:
+    def before(self, horizon: int) -> list[str]:
         """Alive groups with gs < horizon, by walking only the heap's front (no pops)."""
         out, h, stack = [], self._heap, [0] if self._heap else []
         while stack:
             i = stack.pop()
             if i < len(h) and h[i][0] < horizon:
                 if self._live(h[i]):
-                    out.append(self.alive[h[i][2]])
+                    out.append(h[i][2])
                 stack.extend((2 * i + 1, 2 * i + 2))
         return out
 
-    def to_examine(self, horizon: int | None) -> list[Candidate]:
-        """Fresh groups plus those a time-dependent rule may newly match, each once."""
-        rows = {u: self.alive[u] for u in self.fresh if u in self.alive}
+    def to_examine(self, horizon: int | None) -> list[tuple]:
+        """Rows of the fresh groups plus those a time-dependent rule may newly match, each once.
+        Every pending group must have been completed first."""
+        uids = dict.fromkeys(u for u in self.fresh if u in self.alive)
         if horizon is not None:
-            for c in self.before(horizon):
-                rows.setdefault(c.uid, c)
-        return list(rows.values())
+            uids.update(dict.fromkeys(self.before(horizon)))
+        return [self.alive[u] for u in uids]
 
     def oldest(self, k: int | None) -> list[str]:
         """The k oldest alive groups by (gs, term_seq), oldest first; all of them if k is None."""
         if k is None:
-            return [c.uid for c in sorted(self.alive.values(), key=lambda c: (c.gs, c.term_seq))]
+            return [e[2] for e in sorted(e for e in self._heap if self._live(e))]
         out: list[str] = []
         h = self._heap
         front = [(h[0], 0)] if h else []
@@ -120,6 +109,15 @@ class CandidateIndex:
                     heapq.heappush(front, (h[j], j))
         return out
 
-    def missing_metric(self) -> list[str]:
-        """Fresh finished groups lacking the filter metric (sorted uids)."""
-        return sorted(u for u in self.fresh if u in self.alive and self.alive[u].zv == ZV_MISSING)
+    def status(self, uid: str) -> str:
+        return self.alive[uid][COLUMNS.index("status")]
+
+
+def frame(rows: list[tuple]) -> pl.DataFrame:
+    """Candidate rows as a polars frame of the CANDIDATES schema (what compiled rules read)."""
+    return pl.DataFrame(rows, schema=POLARS_SCHEMA, orient="row")
+
+
+def table(rows: list[tuple]) -> pa.Table:
+    """Candidate rows as an Arrow table of the CANDIDATES schema."""
+    return pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], schema=CANDIDATES)

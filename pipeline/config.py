@@ -1,7 +1,10 @@
-"""Buffer configuration as frozen policy values, and the `sync` / `async` presets with verl's keywords.
+"""Buffer configuration as frozen values, and the `sync` / `async` presets with verl's keywords.
 
-Validation runs at construction, in SPEC §4's order, and names the parameter, the value and what
-to do. Presets map verl 0.9.1's constructor keywords 1:1, so a verl config carries over unchanged.
+A configuration switches rules on (sql/rules/, with the parameters they bind) and picks the
+staleness settings and a refill policy. Validation runs at construction and names the parameter,
+the value and what to do, in this order: threshold, strategy, a filter metric without refill_fn,
+sync_refill_failed_groups without refill_fn, then the sync-only checks. Presets map verl 0.9.1's
+constructor keywords 1:1, so a verl config carries over unchanged.
 """
 from __future__ import annotations
 
@@ -10,15 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipeline.errors import ConfigError
+from pipeline.partitions import is_validation
 from pipeline.policies import (
     DapoCredit,
-    FailurePolicy,
     NoRefill,
     RefillFailedWhileShort,
     ReplaceEvicted,
     StalePolicy,
-    ZeroVarianceFilter,
 )
+from pipeline.rules import RuleUse
 
 DEFAULT_THRESHOLD = 8
 DEFAULT_POLL_INTERVAL = 2.0
@@ -34,20 +37,26 @@ class StrategyError(ConfigError):
 
 @dataclass(frozen=True)
 class BufferConfig:
-    """Everything a buffer decides with. Build it with `sync_config` / `async_config`."""
+    """Everything a buffer decides with. Build it with `sync_config` / `async_config`.
 
+    ``rules``: the eviction rules switched on, with their parameters; ``filter_metric``: the
+    metric the group aggregates read (`reward`, a named reward metric, or None)."""
+
+    rules: tuple[RuleUse, ...] = ()
     stale: StalePolicy = field(default_factory=StalePolicy)
-    zero_variance: ZeroVarianceFilter = field(default_factory=ZeroVarianceFilter)
-    failure: FailurePolicy = field(default_factory=FailurePolicy)
+    filter_metric: str | None = None
     refill: Any = field(default_factory=NoRefill)
     refill_fn: Callable[[int], Any] | None = None
     poll_interval: float = DEFAULT_POLL_INTERVAL
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
     preset: str = "custom"
 
-    def evictors(self) -> tuple:
-        """The evictors in a fixed order (their reasons are columns of one fused query)."""
-        return (self.stale, self.zero_variance, self.failure)
+    def rules_for(self, partition: str) -> tuple[RuleUse, ...]:
+        """The rules a poll of ``partition`` runs (none on a validation partition)."""
+        return () if is_validation(partition) else self.rules
+
+    def uses(self, name: str) -> RuleUse | None:
+        return next((u for u in self.rules if u.name == name), None)
 
 
 def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refill_fn: Any,
@@ -67,6 +76,9 @@ def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refi
             "must be replaced by new prompts)")
     if sync_refill_failed_groups and refill_fn is None:
         raise ConfigError("sync_refill_failed_groups=True requires refill_fn")
+    if refill_fn is not None and not callable(refill_fn):
+        raise ConfigError(f"refill_fn={refill_fn!r} must be callable as refill_fn(n): it asks the "
+                          "rollout side for n more prompts")
     if not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
         raise ConfigError(f"poll_interval={poll_interval!r} must be a positive number of seconds")
 
@@ -81,12 +93,22 @@ def _non_negative_int(name: str, value: Any) -> None:
         raise ConfigError(f"{name}={value!r} must be an int >= 0 (0 = unbounded)")
 
 
+def _filter_rules(filter_groups_metric: str | None, max_response_length: int | None
+                  ) -> tuple[RuleUse, ...]:
+    """The filter rules: zero variance (DAPO) and the opt-in overlong rule (not in verl)."""
+    out = (RuleUse("zero_variance"),) if filter_groups_metric is not None else ()
+    if max_response_length is not None:
+        _positive_int("max_response_length", max_response_length, "(or None: keep long groups)")
+        out += (RuleUse("overlong", (("max_response_length", max_response_length),)),)
+    return out
+
+
 def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                 max_off_policy_strategy: str = "drop", filter_groups_metric: str | None = None,
                 refill_fn: Callable[[int], Any] | None = None,
                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
-                max_num_gen_batches: int = 0,
+                max_num_gen_batches: int = 0, max_response_length: int | None = None,
                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
     """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored."""
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
@@ -108,13 +130,13 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         refill = RefillFailedWhileShort()
     else:
         refill = NoRefill()
+    rules = _filter_rules(filter_groups_metric, max_response_length)
+    if sync_refill_failed_groups:
+        rules += (RuleUse("failure", (("evict_all", False),)),)
     return BufferConfig(
-        stale=StalePolicy(),
-        zero_variance=ZeroVarianceFilter(filter_groups_metric),
-        failure=FailurePolicy("empty" if sync_refill_failed_groups else "none"),
+        rules=rules, stale=StalePolicy(), filter_metric=filter_groups_metric,
         refill=refill, refill_fn=refill_fn, poll_interval=float(poll_interval),
-        empty_batch_is_error=True,
-        preset="sync")
+        empty_batch_is_error=True, preset="sync")
 
 
 def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
@@ -123,7 +145,7 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                  refill_fn: Callable[[int], Any] | None = None,
                  train_batch_size: int | None = None, gen_batch_size: int | None = None,
                  max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
-                 max_num_gen_batches: int = 0,
+                 max_num_gen_batches: int = 0, max_response_length: int | None = None,
                  poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
     """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once.
 
@@ -132,10 +154,14 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
                   refill_fn, sync_refill_failed_groups, poll_interval)
     _non_negative_int("max_num_gen_batches", max_num_gen_batches)
+    stale = StalePolicy(max_off_policy_threshold, max_off_policy_strategy)
+    rules: tuple[RuleUse, ...] = ()
+    if stale.bound() is not None:
+        rules += (RuleUse("stale", (("threshold", max_off_policy_threshold),)),)
+    rules += _filter_rules(filter_groups_metric, max_response_length)
+    rules += (RuleUse("failure", (("evict_all", True),)),)
     return BufferConfig(
-        stale=StalePolicy(max_off_policy_threshold, max_off_policy_strategy),
-        zero_variance=ZeroVarianceFilter(filter_groups_metric),
-        failure=FailurePolicy("all"),
+        rules=rules, stale=stale, filter_metric=filter_groups_metric,
         refill=ReplaceEvicted(max_num_gen_batches if filter_groups_metric else 0,
                               train_batch_size) if refill_fn is not None else NoRefill(),
         refill_fn=refill_fn, poll_interval=float(poll_interval), preset="async")

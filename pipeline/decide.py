@@ -1,74 +1,102 @@
-"""One poll: which groups the active rules evict, and which groups are oldest.
+"""One poll: which groups the configured rules evict, evaluated by the live engine (polars).
 
-The buffer calls these under its lock, so the index cannot change during a poll; evicted groups
-are removed before selection looks (SPEC §5). Only fresh groups and those behind a rule's horizon
-are examined (pipeline/candidates.py), so a poll's cost follows what changed, not the buffer size.
+The buffer calls this under its lock, so the index cannot change during a poll; evicted groups are
+removed before selection looks. The rules are the declarations of sql/rules/, compiled once; the
+rows they see are exactly what the candidate index hands a poll (fresh groups and those behind a
+rule's horizon), so a poll's cost follows what changed, not the buffer's size.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
+import polars as pl
 
-from pipeline.candidates import FAILURE, Columns
-from pipeline.config import BufferConfig
+from pipeline import aggregates, candidates, declared, rules
 from pipeline.errors import MissingMetricError
-from pipeline.policies.context import PollContext
+from pipeline.rules import RuleUse
 from pipeline.store import PartitionState
+
+_GROUP_SPAN = "group_span"
 
 
 @dataclass
 class Eviction:
-    """Rows one poll evicts: uid, the reasons that fired, its span and (zero-variance) value."""
+    """Groups one poll evicts (oldest first), the reasons that fired for each, its group span at
+    the decision, the value column of rules that record one, and its refill credit."""
 
-    uids: list[str]
-    reasons: dict[str, list[bool]]
-    spans: list[int]
-    values: list[float]
-    empty_failures: int
+    uids: list[str] = field(default_factory=list)
+    reasons: dict[str, list[bool]] = field(default_factory=dict)
+    group_spans: list[int] = field(default_factory=list)
+    values: dict[str, list[float | None]] = field(default_factory=dict)
+    credits: list[int] = field(default_factory=list)
 
     @property
     def count(self) -> int:
         return len(self.uids)
 
+    def by_reason(self) -> dict[str, int]:
+        return {r: sum(h) for r, h in self.reasons.items()}
 
-NOTHING = Eviction([], {}, [], [], 0)
+    def rows(self) -> list[tuple[int, str]]:
+        """(row index, reason) of every (group, reason) that fired, in decision-log order."""
+        return [(i, r) for i in range(self.count) for r, h in self.reasons.items() if h[i]]
 
 
-def evaluate(part: PartitionState, cfg: BufferConfig, ctx: PollContext) -> Eviction:
-    """The evictions of one poll, reasons combined by union. Changes nothing."""
-    rules = [ev for ev in cfg.evictors() if ev.active(ctx)]
-    if not rules or part.candidates.alive_count == 0:
-        return NOTHING
-    if cfg.zero_variance.active(ctx):
-        missing = part.candidates.missing_metric()
-        if missing:
-            raise MissingMetricError(
-                f"{len(missing)} finished group(s) of partition {ctx.partition!r} have a "
-                f"trajectory without reward metric {cfg.zero_variance.metric!r} "
-                f"(filter_groups_metric): {missing[:5]}; add it to reward_info, or choose a "
-                "metric every trajectory reports")
-    horizons = [h for h in (r.horizon(ctx) for r in rules) if h is not None]
+def _params(uses: tuple[RuleUse, ...], step: int) -> dict:
+    out: dict = {}
+    for u in uses:
+        out.update(u.bind(step))
+    return out
+
+
+def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
+             filter_metric: str | None) -> Eviction:
+    """The evictions of one poll, reasons combined by union. Changes no group's fate."""
+    if not uses or part.candidates.alive_count == 0:
+        return Eviction()
+    aggregates.complete(part)
+    horizons = [h for h in (u.rule.horizon(u.bind(step)) for u in uses) if h is not None]
     rows = part.candidates.to_examine(max(horizons) if horizons else None)
     if not rows:
-        return NOTHING
-    cols = Columns(rows)
-    masks = {r.reason: r.mask(cols, ctx) for r in rules}
-    hit = np.flatnonzero(np.logical_or.reduce(list(masks.values())))
-    if hit.size == 0:
-        return NOTHING
-    hit = hit[np.lexsort((cols.term_seq[hit], cols.gs[hit]))]   # decision rows oldest first
-    reasons = {r: m[hit].tolist() for r, m in masks.items()}
-    fail = masks.get("failure")
-    empty = 0 if fail is None else int(
-        (fail[hit] & (cols.status[hit] == FAILURE) & (cols.n_traj[hit] == 0)).sum())
-    spans = (ctx.step - cols.gs[hit] + 1).tolist()
-    return Eviction([rows[i].uid for i in hit], reasons, spans, cols.value[hit].tolist(), empty)
+        return Eviction()
+    frame = declared.with_params(candidates.frame(rows), _params(uses, step))
+    span_expr = declared.compiled_items("provenance")[_GROUP_SPAN]
+    exprs = [u.rule.expr.alias(u.name) for u in uses]
+    check = rules.get("missing_metric")
+    if filter_metric is not None:
+        exprs.append(check.expr.alias(check.name))
+    out = frame.with_columns(step=pl.lit(step)).select(
+        "uid", "global_steps", "term_seq", span_expr.alias(_GROUP_SPAN),
+        *{u.rule.value for u in uses if u.rule.value}, *exprs)
+    if filter_metric is not None:
+        _raise_missing(out, part.partition, filter_metric)
+    hit = out.filter(pl.any_horizontal([u.name for u in uses]).fill_null(False))
+    if hit.height == 0:
+        return Eviction()
+    hit = hit.sort("global_steps", "term_seq")
+    ev = Eviction(uids=hit["uid"].to_list(), group_spans=hit[_GROUP_SPAN].to_list())
+    credits = [0] * hit.height
+    for u in uses:
+        fired = hit[u.name].fill_null(False).to_list()
+        ev.reasons[u.name] = fired
+        if u.rule.value:
+            ev.values[u.name] = hit[u.rule.value].to_list()
+        credits = [max(c, u.rule.credit) if f else c for c, f in zip(credits, fired)]
+    ev.credits = credits
+    return ev
 
 
-def oldest(part: PartitionState, k: int | None) -> list[str]:
-    """The k oldest alive groups by (global_steps, terminal arrival seq); all if k is None.
+def group_spans(step: int, dispatch_steps: list[int]) -> list[int]:
+    """The declared group span (sql/metrics/provenance.sql) of groups dispatched at these steps."""
+    frame = pl.DataFrame({"global_steps": dispatch_steps}, schema={"global_steps": pl.Int64})
+    expr = declared.compiled_items("provenance")[_GROUP_SPAN]
+    return frame.with_columns(step=pl.lit(step, pl.Int64)).select(expr)[:, 0].to_list()
 
-    The terminal seq is unique per buffer, so (global_steps, seq) is already a total order and uid
-    never has to break a tie. Hash order never enters (verl's defect, SPEC §9)."""
-    return part.candidates.oldest(k)
+
+def _raise_missing(out: pl.DataFrame, partition: str, metric: str) -> None:
+    missing = out.filter(pl.col("missing_metric").fill_null(False))["uid"].sort().to_list()
+    if missing:
+        raise MissingMetricError(
+            f"{len(missing)} finished group(s) of partition {partition!r} have a trajectory "
+            f"without reward metric {metric!r} (filter_groups_metric): {missing[:5]}; add it to "
+            "reward_info, or choose a metric every trajectory reports")

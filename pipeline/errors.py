@@ -12,6 +12,11 @@ class ConfigError(ReplayLakeError, ValueError):
     """A configuration value is invalid; raised at construction, naming the parameter."""
 
 
+class PresetKeywordError(ReplayLakeError, TypeError):
+    """An unknown keyword to a preset constructor (a TypeError, as Python raises for any unknown
+    keyword), naming the method the user called and the closest known keyword."""
+
+
 class IngestError(ReplayLakeError, ValueError):
     """Input rejected whole: carries every problem found (column, rows, what is wrong).
 
@@ -54,8 +59,19 @@ class InvariantError(ReplayLakeError, AssertionError):
     """An internal invariant broke: a bug in replaylake, never the user's input."""
 
 
-class UnknownBatchError(ReplayLakeError, KeyError):
+class _KeyErrorMessage(KeyError):
+    """A KeyError whose message prints as written (a bare KeyError prints its repr, in quotes)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownBatchError(ReplayLakeError, _KeyErrorMessage):
     """`release` of a batch this buffer does not hold (never sampled, or already released)."""
+
+
+class UnknownMetricError(ReplayLakeError, _KeyErrorMessage):
+    """A metric key that is not declared, or a mean merged without its weight."""
 
 
 class LakeError(ReplayLakeError, OSError):

@@ -1,4 +1,5 @@
-"""Ingest validation: conform producer input to schemas/ and check every SPEC §2 rule.
+"""Ingest validation: conform producer input to schemas/ and check every ingest rule (see the README's
+"Ingest rules").
 
 A call is accepted or rejected *whole*: every problem of every row is collected, and if there is
 any, an IngestError listing them all is raised before anything reaches the lake or the live
@@ -20,6 +21,7 @@ from schemas.conform import rows_where
 
 STATUSES = ("pending", "running", "finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
+UNKNOWN_GROUP = "unknown_group"   # Problem.kind of rows naming a group that is not in flight
 _SAFE_PARTITION = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -60,8 +62,7 @@ def _partition_problems(table: pa.Table) -> list[Problem]:
 
 def _raise(what: str, problems: list[Problem]) -> None:
     if problems:
-        unknown = all("unknown group" in p.message or "not accepting" in p.message
-                      for p in problems)
+        unknown = all(p.kind == UNKNOWN_GROUP for p in problems)
         raise (UnknownGroupError if unknown else IngestError)(what, problems)
 
 
@@ -114,7 +115,8 @@ def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
         g = lookup(p, u)
         if g is None or g.removed:
             problems.append(Problem("uid", (i,), f"unknown group {u!r} in partition {p!r} "
-                                                 "(never registered, or already removed)"))
+                                                 "(never registered, or already removed)",
+                                    UNKNOWN_GROUP))
             continue
         cur = sim.get((p, u), g.status)
         if _RANK[s] <= _RANK[cur]:
@@ -242,10 +244,10 @@ def _group_problems(table: pa.Table, lookup: Callable[[str, str], Any]) -> list[
             out_of_n.append(i)
     if unknown:
         out.append(Problem("uid", tuple(unknown), "unknown group: register it before sending "
-                                                  "its trajectories"))
+                                                  "its trajectories", UNKNOWN_GROUP))
     if closed:
         out.append(Problem("uid", tuple(closed), "group is not accepting trajectories (it is "
-                                                 "terminal or already removed)"))
+                                                 "terminal or already removed)", UNKNOWN_GROUP))
     if dup:
         out.append(Problem("session_id", tuple(dup),
                            "duplicate (uid, session_id, index) within this call"))

@@ -9,7 +9,7 @@ import pyarrow as pa
 from pipeline.lake import LakeWriter
 from schemas import LAKE_TABLES
 
-_HISTORY_ONLY = ("decisions", "metrics")
+_HISTORY_ONLY = ("metrics",)
 
 
 class Journal:
@@ -41,7 +41,7 @@ class Journal:
 
     def record_rows(self, table: str, rows: list[dict]) -> pa.Table | None:
         """`record` for a few python rows (decisions, metrics, events). Without a lake, history
-        rows (decisions, metrics) only take their seq numbers: nothing in memory reads them."""
+        rows (metrics) only take their seq numbers: nothing in memory reads them."""
         if self.lake is None and table in _HISTORY_ONLY:
             self.next_seq += len(rows)
             return None

@@ -1,58 +1,86 @@
-"""Metrics: declared reductions, eviction metrics merged across polls, off-policy batch metrics.
+"""Metrics: one declaration per key (reduction, weight, value type), eviction metrics merged across
+polls, and the off-policy metrics of a batch computed from their SQL declaration.
 
-Every metric key is declared once in METRICS with its reduction and, for means, the weight that
-merges it; the step aggregator reads that table and never guesses from a key's spelling.
+Eviction keys come from the rules' headers (sql/rules/: `metric`, `spread`); off-policy keys from
+the aggregates of sql/metrics/off_policy.sql (`<name>_mean|max|min` -> `off_policy/<name>/...`).
+The step aggregator reads the declarations and never guesses from a key's spelling.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
+import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
-PREFIXES = ("training", "validation")
+from pipeline import declared, rules
+from pipeline.errors import UnknownMetricError
+from pipeline.partitions import PREFIXES
 
-
-def prefix_of(partition: str) -> str:
-    """`training` only when the partition id is exactly `train` (verl's rule)."""
-    return "training" if partition == "train" else "validation"
+OFF_POLICY = "off_policy"
+DISCARDED = "filter_groups/discarded_surplus_samples"
+# off_policy.sql columns that are weights (how many rows a mean was taken over), not metrics
+WEIGHTS = {"trajectory": "n_trajectories", "token": "n_response_tokens",
+           "token_exact": "n_span_tokens"}
 
 
 @dataclass(frozen=True)
 class Metric:
-    reduction: str          # sum | mean | max | min | last
-    weight: str | None = None  # for mean: the key (or weight name) weighting each value
+    reduction: str              # sum | mean | max | min | last
+    weight: str | None = None   # for mean: the key (or weight name) weighting each value
+    type: type = float          # the value's type as reported (int for counts and step maxima)
+    column: str | None = None   # off-policy metrics: the column of off_policy.sql
+
+
+def _off_policy_keys() -> dict[str, Metric]:
+    """`off_policy/<name>/<stat>` for every `<name>_<stat>` aggregate of off_policy.sql."""
+    out: dict[str, Metric] = {}
+    for col in declared.compiled_items(OFF_POLICY):
+        name, _, stat = col.rpartition("_")
+        if stat not in ("mean", "max", "min"):
+            continue   # a weight column
+        weight = WEIGHTS["token_exact" if "exact" in name else
+                         "token" if name.startswith("token") else "trajectory"]
+        out[f"off_policy/{name}/{stat}"] = Metric(
+            stat, weight if stat == "mean" else None, float if stat == "mean" else int, col)
+    return out
 
 
 def _declare() -> dict[str, Metric]:
     out: dict[str, Metric] = {}
     for p in PREFIXES:
-        ev = f"{p}/off_policy/evicted_samples"
-        out[ev] = Metric("sum")
-        out[f"{ev}_staleness/mean"] = Metric("mean", ev)
-        out[f"{ev}_staleness/max"] = Metric("max")
-        out[f"{ev}_staleness/min"] = Metric("min")
-        out[f"{p}/filter_groups/evicted_samples"] = Metric("sum")
-        out[f"{p}/filter_groups/discarded_surplus_samples"] = Metric("sum")
-        out[f"{p}/rollout_failure/evicted_samples"] = Metric("sum")
-        for name in ("trajectory_spans", "trajectory_staleness", "trajectory_staleness_worst"):
-            out[f"{p}/off_policy/{name}/mean"] = Metric("mean", "n_trajectories")
-            out[f"{p}/off_policy/{name}/max"] = Metric("max")
-            out[f"{p}/off_policy/{name}/min"] = Metric("min")
-        out[f"{p}/off_policy/token_staleness/mean"] = Metric("mean", "n_response_tokens")
-        out[f"{p}/off_policy/token_staleness_exact/mean"] = Metric("mean", "n_span_tokens")
-        out[f"{p}/off_policy/token_staleness_exact/max"] = Metric("max")
-    out["global_steps"] = Metric("last")
+        for rule in rules.reasons().values():
+            count = f"{p}/{rule.metric}"
+            out[count] = Metric("sum", type=int)
+            if rule.spread:
+                out[f"{p}/{rule.spread}/mean"] = Metric("mean", count)
+                out[f"{p}/{rule.spread}/max"] = Metric("max")
+                out[f"{p}/{rule.spread}/min"] = Metric("min")
+        out[f"{p}/{DISCARDED}"] = Metric("sum", type=int)
+        for key, m in _off_policy_keys().items():
+            out[f"{p}/{key}"] = m
+    out["global_steps"] = Metric("last", type=int)
     return out
 
 
 METRICS: dict[str, Metric] = _declare()
 
 
+def typed(key: str, value: float) -> Any:
+    """``value`` as the declared type of ``key`` (int counts stay ints)."""
+    return declared_metric(key).type(value)
+
+
+def declared_metric(key: str) -> Metric:
+    m = METRICS.get(key)
+    if m is None:
+        raise UnknownMetricError(f"metric {key!r} is not declared in pipeline.metrics.METRICS")
+    return m
+
+
 class CallMetrics(dict):
-    """The scalar eviction metrics of one call (a plain dict of SPEC §6.1 keys), carrying the
-    `{value: count}` of its zero-variance evictions as ``reward_counts`` (not a scalar)."""
+    """The scalar eviction metrics of one call, carrying the `{value: count}` of its filtered
+    groups as ``reward_counts`` (not a scalar)."""
 
     def __init__(self, scalars: dict[str, float], reward_counts: dict[float, int]):
         super().__init__(scalars)
@@ -63,93 +91,97 @@ class CallMetrics(dict):
 class EvictionMetrics:
     """Eviction metrics of one sample call; polls add into it (counts are groups)."""
 
-    stale_spans: list[int] = field(default_factory=list)
-    filtered: int = 0
-    failures: int = 0
+    counts: dict[str, int] = field(default_factory=dict)         # per reason
+    spans: dict[str, list[int]] = field(default_factory=dict)    # group spans, per reason
     discarded: int = 0
     reward_counts: dict[float, int] = field(default_factory=dict)
 
-    def add_stale(self, spans: list[int]) -> None:
-        self.stale_spans.extend(spans)
-
-    def add_filtered(self, values: list[float]) -> None:
-        self.filtered += len(values)
-        for v in values:
-            self.reward_counts[v] = self.reward_counts.get(v, 0) + 1
+    def add(self, ev: Any) -> None:
+        """Add one poll's `decide.Eviction`: every reason that fired counts the group once."""
+        for i, reason in ev.rows():
+            self.counts[reason] = self.counts.get(reason, 0) + 1
+            self.spans.setdefault(reason, []).append(ev.group_spans[i])
+            if reason in ev.values:
+                v = ev.values[reason][i]
+                self.reward_counts[v] = self.reward_counts.get(v, 0) + 1
 
     def scalars(self, prefix: str) -> dict[str, float]:
-        """SPEC §6.1 keys; a key appears only when non-zero."""
+        """The eviction keys; a key appears only when non-zero."""
         out: dict[str, float] = {}
-        if self.stale_spans:
-            s = self.stale_spans
-            out[f"{prefix}/off_policy/evicted_samples"] = len(s)
-            out[f"{prefix}/off_policy/evicted_samples_staleness/mean"] = float(np.mean(s))
-            out[f"{prefix}/off_policy/evicted_samples_staleness/max"] = max(s)
-            out[f"{prefix}/off_policy/evicted_samples_staleness/min"] = min(s)
-        if self.filtered:
-            out[f"{prefix}/filter_groups/evicted_samples"] = self.filtered
+        for reason, rule in rules.reasons().items():
+            n = self.counts.get(reason, 0)
+            if not n:
+                continue
+            out[f"{prefix}/{rule.metric}"] = n
+            if rule.spread:
+                s = self.spans[reason]
+                out[f"{prefix}/{rule.spread}/mean"] = sum(s) / len(s)
+                out[f"{prefix}/{rule.spread}/max"] = float(max(s))
+                out[f"{prefix}/{rule.spread}/min"] = float(min(s))
         if self.discarded:
-            out[f"{prefix}/filter_groups/discarded_surplus_samples"] = self.discarded
-        if self.failures:
-            out[f"{prefix}/rollout_failure/evicted_samples"] = self.failures
+            out[f"{prefix}/{DISCARDED}"] = self.discarded
         return out
 
 
-def off_policy_metrics(batch: pa.Table, step: int, prefix: str = "training"
-                       ) -> tuple[dict[str, float], dict[str, float]]:
-    """SPEC §6.2 metrics over the non-padding rows, and the weights that merge their means.
+def off_policy_metrics(rows: Any, step: int | None = None, prefix: str = "training"
+                       ) -> tuple[dict[str, Any], dict[str, float]]:
+    """The off-policy metrics of a batch, and the weights that merge their means.
 
-    An all-padding (or empty) batch yields no metrics at all: never NaN, never a crash."""
-    keep = pc.invert(batch.column("is_padding"))
-    rows = batch.filter(keep)
-    if rows.num_rows == 0:
+    ``rows``: the provenance frame of `pipeline.batch.batch_rows`, or a trajectory table (then
+    ``step`` is the training step). No non-padding row: no metrics (never NaN, never a crash)."""
+    if not isinstance(rows, pl.DataFrame):
+        from pipeline.batch import batch_rows
+        for name in ("partition", "uid"):       # metrics do not depend on them
+            if name not in rows.column_names:
+                rows = rows.append_column(name, pa.array([""] * rows.num_rows, pa.string()))
+        uids = rows.column("uid").to_pylist()
+        rows = batch_rows(rows, batch_id=-1, step=step, group_steps=dict.fromkeys(uids, step))
+    kept = rows.filter(declared.compiled_predicate(OFF_POLICY))
+    if kept.height == 0:
         return {}, {}
-    mn = rows.column("min_global_steps").to_numpy()
-    mx = rows.column("max_global_steps").to_numpy()
-    out: dict[str, float] = {}
-    for name, v in (("trajectory_spans", mx - mn + 1),
-                    ("trajectory_staleness", (step - 1) - mx),
-                    ("trajectory_staleness_worst", (step - 1) - mn)):
-        out[f"{prefix}/off_policy/{name}/mean"] = float(v.mean())
-        out[f"{prefix}/off_policy/{name}/max"] = int(v.max())
-        out[f"{prefix}/off_policy/{name}/min"] = int(v.min())
-    weights = {"n_trajectories": float(rows.num_rows)}
-    n_tok = pc.list_value_length(rows.column("response_ids")).to_numpy(zero_copy_only=False)
-    if n_tok.sum() > 0:
-        out[f"{prefix}/off_policy/token_staleness/mean"] = float(
-            np.average((step - 1) - mx, weights=n_tok))
-        weights["n_response_tokens"] = float(n_tok.sum())
-    spans = rows.column("version_spans").combine_chunks()
-    if spans.null_count < len(spans):
-        flat = pc.list_flatten(spans)
-        ver = flat.field("version").to_numpy()
-        cnt = flat.field("n_tokens").to_numpy()
-        if cnt.sum() > 0:
-            stale = (step - 1) - ver
-            out[f"{prefix}/off_policy/token_staleness_exact/mean"] = float(
-                np.average(stale, weights=cnt))
-            out[f"{prefix}/off_policy/token_staleness_exact/max"] = int(stale[cnt > 0].max())
-            weights["n_span_tokens"] = float(cnt.sum())
+    items = declared.compiled_items(OFF_POLICY)
+    row = kept.select(e.alias(k) for k, e in items.items()).row(0, named=True)
+    out: dict[str, Any] = {}
+    for key, m in _off_policy_keys().items():
+        v = row[m.column]
+        if v is not None:
+            out[f"{prefix}/{key}"] = m.type(v)
+    weights = {w: float(row[w]) for w in WEIGHTS.values() if row[w]}
     return out, weights
 
 
 class StepAggregator:
-    """Merges the metrics of several sample calls into one step, by declared reductions."""
+    """Merges the metrics of several sample calls into one step, by declared reductions.
+
+    A mean needs its weight: from the metrics themselves (an eviction mean is weighted by its
+    count key) or from ``weights`` / a `Batch` (off-policy means by rows or tokens); a mean whose
+    weight is missing is an error, never a silent unweighted mean."""
 
     def __init__(self) -> None:
         self._vals: dict[str, list[tuple[float, float]]] = {}
         self.reward_counts: dict[float, int] = {}
 
-    def add(self, metrics: dict[str, float], weights: dict[str, float] | None = None,
+    def add(self, metrics: Any, weights: dict[str, float] | None = None,
             reward_counts: dict[float, int] | None = None) -> None:
+        """Add one call's metrics: a `Batch` (its metrics, weights and reward counts), or a
+        metric dict with its ``weights`` and ``reward_counts``."""
+        if hasattr(metrics, "metric_weights"):   # a Batch
+            weights = {**metrics.metric_weights, **(weights or {})}
+            reward_counts = reward_counts or metrics.filtered_reward_counts
+            metrics = metrics.metrics
         weights = weights or {}
         for k, v in metrics.items():
-            decl = METRICS.get(k)
-            if decl is None:
-                raise KeyError(f"metric {k!r} is not declared in pipeline.metrics.METRICS")
+            decl = declared_metric(k)
             w = 1.0
             if decl.reduction == "mean":
-                w = float(metrics.get(decl.weight, weights.get(decl.weight, 0.0)))
+                if decl.weight in metrics:
+                    w = float(metrics[decl.weight])
+                elif decl.weight in weights:
+                    w = float(weights[decl.weight])
+                else:
+                    raise UnknownMetricError(
+                        f"metric {k!r} is a mean weighted by {decl.weight!r}: pass the batch "
+                        f"(aggregator.add(batch)) or weights={{{decl.weight!r}: ...}}")
             self._vals.setdefault(k, []).append((float(v), w))
         for value, count in (reward_counts or {}).items():
             self.reward_counts[value] = self.reward_counts.get(value, 0) + count
@@ -163,7 +195,7 @@ class StepAggregator:
                 out[k] = sum(xs)
             elif red == "mean":
                 total = sum(w for _, w in vals)
-                out[k] = sum(v * w for v, w in vals) / total if total else float(np.mean(xs))
+                out[k] = sum(v * w for v, w in vals) / total if total else 0.0
             elif red == "max":
                 out[k] = max(xs)
             elif red == "min":

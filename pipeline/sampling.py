@@ -1,173 +1,187 @@
-"""The sample loop: poll, evict, refill, wait, select (SPEC §3-§5), shared by `sample` and
-`wait_for_sampleable`. Rules live in policies/; this file only sequences them.
+"""The sample loop: poll, evict, refill, wait, select; shared by `sample` and
+`wait_for_sampleable`. Rules live in sql/rules/, refill in policies/; this file only sequences them.
+
+One poll works on one consistent snapshot (the buffer's lock is held from evaluation to the
+decision rows), so the groups it evicts are gone before anything else is decided. Between polls
+the lock is released: producers keep writing, `refill_fn` registers new groups, adapters mirror
+their data plane (`before_poll`).
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
-from pipeline import decide
-from pipeline.batch import Batch, with_provenance
-from pipeline.candidates import FINISHED
-from pipeline.errors import ConfigError, EmptyBatchError, InvariantError, SampleTimeout
-from pipeline.ingest import check_partition
-from pipeline.metrics import CallMetrics, EvictionMetrics, off_policy_metrics, prefix_of
+from pipeline import aggregates, decide
+from pipeline.batch import Batch, batch_rows, with_provenance
+from pipeline.config import BufferConfig
+from pipeline.errors import EmptyBatchError, InvariantError, SampleTimeout
+from pipeline.metrics import CallMetrics, EvictionMetrics, off_policy_metrics
+from pipeline.partitions import metric_prefix
 from pipeline.policies.context import CallState, PollContext, PollOutcome
-
-if TYPE_CHECKING:
-    from pipeline.buffer import ReplayBuffer
+from pipeline.state import BufferState
+from pipeline.store import PartitionState
 
 log = logging.getLogger("replaylake")
 WARN_EVERY_S = 60.0
 
 
-def run_call(buf: ReplayBuffer, global_steps: int, partition_id: str, batch_size: int, *,
-             consume: bool, timeout: float | None,
-             before_poll: Callable[[], None] | None = None) -> Any:
-    """One `sample` (consume=True) or `wait_for_sampleable` call. ``before_poll`` runs before each
-    poll with the lock released: adapters mirror an external data plane into the buffer there."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ConfigError(f"batch_size={batch_size!r} must be a positive int")
-    if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
-        raise ConfigError(f"global_steps={global_steps!r} must be an int >= 0")
-    check_partition(partition_id)
-    cfg = buf.config
-    ctx = PollContext(global_steps, partition_id, batch_size)
+@dataclass(frozen=True)
+class Ready:
+    """What `wait_for_sampleable` returns: the oldest sampleable uids and the call's eviction
+    metrics (``metrics.reward_counts``: the filtered reward counts). Unpacks as (uids, metrics)."""
+
+    uids: list[str]
+    metrics: CallMetrics
+
+    def __iter__(self):
+        return iter((self.uids, self.metrics))
+
+
+def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume: bool,
+             timeout: float | None, before_poll: Callable[[], None] | None = None
+             ) -> Batch | Ready:
+    """One `sample` (consume=True) or `wait_for_sampleable` call (arguments already checked)."""
     st, acc = CallState(), EvictionMetrics()
     start = last_warn = time.monotonic()
     deadline = None if timeout is None else start + timeout
-    with buf._cond:
-        call_id = buf._next_call
-        buf._next_call += 1
+    call_id = state.new_call()
+    uses = cfg.rules_for(ctx.partition)
     poll = 0
     while True:
-        dispatch = 0
+        # every iteration is one poll: mirror, evaluate + evict, then refill, finish or wait
         if before_poll is not None:
             before_poll()
-        with buf._cond:
-            part = buf._part(partition_id)
-            seen = buf._version
-            ev = decide.evaluate(part, cfg, ctx)
+        dispatch = 0
+        with state.cond:
+            part = state.part(ctx.partition)
+            seen = state.version
+            ev = decide.evaluate(part, uses, ctx.step, part.filter_metric)
             if ev.count:
-                _apply_eviction(buf, part, ctx, call_id, poll, ev, acc, st)
+                _evict(state, part, ctx, call_id, poll, ev)
+                acc.add(ev)
+                for r, n in ev.by_reason().items():
+                    st.evicted[r] = st.evicted.get(r, 0) + n
             part.candidates.settle()
-            outcome = PollOutcome(ev.count, {r: sum(v) for r, v in ev.reasons.items()},
-                                  ev.empty_failures, part.candidates.alive_count,
-                                  len(part.inflight))
+            outcome = PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
+                                  sum(1 for c in ev.credits if c >= 2),
+                                  part.candidates.alive_count, len(part.inflight))
             if cfg.refill_fn is not None:
-                dispatch = cfg.refill.after_poll(outcome, st, ctx)
+                dispatch = cfg.refill.after_poll(outcome, st, ctx) + part.refill_owed
+            now = time.monotonic()
             if dispatch:
-                buf._journal.record_rows("decisions", [{
-                    "partition": partition_id, "step": global_steps, "call_id": call_id,
+                state.commit("decisions", [{
+                    "partition": ctx.partition, "step": ctx.step, "call_id": call_id,
                     "poll": poll, "kind": "refill", "reason": type(cfg.refill).__name__,
                     "count": dispatch}])
                 st.refilled += dispatch
-            elif _ready(buf, part, ctx, outcome, st):
+                part.refill_owed = dispatch
+            elif _ready(cfg, part, ctx, outcome, st):
                 if not consume:
-                    uids = decide.oldest(part, batch_size)
-                    if ctx.validation:
-                        return uids, CallMetrics({}, {})
-                    return uids, CallMetrics(acc.scalars(prefix_of(partition_id)), acc.reward_counts)
-                return _select(buf, part, ctx, call_id, poll, acc)
-            else:
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    raise SampleTimeout(
-                        f"sample(global_steps={global_steps}, partition_id={partition_id!r}, "
-                        f"batch_size={batch_size}) timed out after {timeout}s with "
-                        f"{outcome.sampleable} sampleable group(s)", part.counts())
-                if st.refilled and now - last_warn >= WARN_EVERY_S:
-                    last_warn = now
-                    log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
-                                "%d filtered, %d refilled, %d in flight, %d sampleable",
-                                global_steps, partition_id, batch_size, now - start,
-                                st.filtered, st.refilled, outcome.inflight, outcome.sampleable)
-                if buf._version == seen:
-                    wait = cfg.poll_interval if deadline is None else \
-                        min(cfg.poll_interval, max(deadline - now, 0.0))
-                    buf._cond.wait(wait)
+                    uids = part.candidates.oldest(ctx.batch_size)
+                    scalars = {} if ctx.validation else acc.scalars(metric_prefix(ctx.partition))
+                    return Ready(uids, CallMetrics(scalars, {} if ctx.validation
+                                                   else acc.reward_counts))
+                return _select(state, cfg, part, ctx, call_id, poll, acc)
+            _check_time(ctx, timeout, deadline, now, part, state)
+            if st.refilled and now - last_warn >= WARN_EVERY_S:
+                last_warn = now
+                log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
+                            "evicted %s, %d refilled, %d in flight, %d sampleable",
+                            ctx.step, ctx.partition, ctx.batch_size, now - start, st.evicted,
+                            st.refilled, outcome.inflight, outcome.sampleable)
+            if not dispatch and state.version == seen:
+                wait = cfg.poll_interval if deadline is None else \
+                    min(cfg.poll_interval, max(deadline - now, 0.0))
+                state.cond.wait(wait)
         poll += 1
         if dispatch:
-            cfg.refill_fn(dispatch)  # lock released: it registers the new groups with us
+            # lock released: refill_fn registers the new groups through this very buffer. If it
+            # raises, the prompts stay owed and the next poll (of this or a later call) asks again.
+            cfg.refill_fn(dispatch)
+            with state.cond:
+                part.refill_owed = 0
 
 
-def _ready(buf: ReplayBuffer, part, ctx: PollContext, o: PollOutcome, st: CallState) -> bool:
+def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None, now: float,
+                part: PartitionState, state: BufferState) -> None:
+    """Every poll honours the timeout, also one that just asked for a refill."""
+    if deadline is None or now < deadline:
+        return
+    hint = ""
+    if not part.groups and not part.candidates.alive_count:
+        known = sorted(p for p in state.parts if p != ctx.partition and state.parts[p].groups)
+        hint = (f"; partition {ctx.partition!r} has never received a group (known partitions: "
+                f"{known or 'none'})")
+    raise SampleTimeout(
+        f"sample(global_steps={ctx.step}, partition={ctx.partition!r}, "
+        f"batch_size={ctx.batch_size}) timed out after {timeout}s with "
+        f"{part.candidates.alive_count} sampleable group(s){hint}", part.counts())
+
+
+def _ready(cfg: BufferConfig, part: PartitionState, ctx: PollContext, o: PollOutcome,
+           st: CallState) -> bool:
     if o.sampleable < ctx.batch_size:
         return False
-    if not buf.config.stale.gate_open(ctx, part.oldest_inflight()):
+    if cfg.stale.gate_active() and not cfg.stale.gate_open(ctx.step, part.oldest_inflight()):
         return False
-    if buf.config.refill.drains and not ctx.validation:
+    if cfg.refill.drains and not ctx.validation:
         return st.draining and o.inflight == 0
     return True
 
 
-def _apply_eviction(buf, part, ctx, call_id, poll, ev, acc, st) -> None:
-    rows = []
-    for i, uid in enumerate(ev.uids):
-        for reason, hits in ev.reasons.items():
-            if hits[i]:
-                value = ev.values[i] if reason == "zero_variance" else None
-                rows.append({"partition": ctx.partition, "step": ctx.step, "call_id": call_id,
-                             "poll": poll, "kind": "evict", "uid": uid, "reason": reason,
-                             "span": ev.spans[i], "value": value, "count": 1})
-    buf._journal.record_rows("decisions", rows)
-    part.apply_removed(ev.uids, "evicted")
-    buf._emit("evict", ctx.partition, ev.uids, None)
-    hits = ev.reasons
-    acc.add_stale([s for s, h in zip(ev.spans, hits.get("stale", [])) if h])
-    zv = [v for v, h in zip(ev.values, hits.get("zero_variance", [])) if h]
-    acc.add_filtered(zv)
-    st.filtered += len(zv)
-    acc.failures += sum(hits.get("failure", []))
+def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: int, poll: int,
+           ev: decide.Eviction) -> None:
+    state.commit("decisions", [
+        {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+         "kind": "evict", "uid": ev.uids[i], "reason": reason, "group_span": ev.group_spans[i],
+         "value": ev.values[reason][i] if reason in ev.values else None, "count": 1}
+        for i, reason in ev.rows()])
 
 
-def _select(buf, part, ctx: PollContext, call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
-    cfg = buf.config
-    chosen = decide.oldest(part, ctx.batch_size)
+def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: PollContext,
+            call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
+    aggregates.complete(part)
+    chosen = part.candidates.oldest(ctx.batch_size)
+    steps = {u: part.groups[u].gs for u in chosen}
+    spans = dict(zip(chosen, decide.group_spans(ctx.step, list(steps.values()))))
     bound = cfg.stale.bound()
     if bound is not None and not ctx.validation:
-        over = [u for u in chosen if ctx.step - part.groups[u].gs + 1 > bound]
+        over = [u for u in chosen if spans[u] > bound]
         if over:
             raise InvariantError(f"selected groups exceed the staleness bound {bound}: {over[:5]}")
     if cfg.refill.drains and not ctx.validation:
         chosen_set = set(chosen)
-        surplus = [u for u in decide.oldest(part, None) if u not in chosen_set]
+        surplus = [u for u in part.candidates.oldest(None) if u not in chosen_set]
         if surplus:
-            buf._journal.record_rows("decisions", [
+            surplus_spans = decide.group_spans(ctx.step, [part.groups[u].gs for u in surplus])
+            state.commit("decisions", [
                 {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-                 "kind": "discard", "uid": u, "span": ctx.step - part.groups[u].gs + 1,
-                 "count": 1} for u in surplus])
-            part.apply_removed(surplus, "discarded")
-            buf._emit("discard", ctx.partition, surplus, None)
+                 "kind": "discard", "uid": u, "group_span": s, "count": 1}
+                for u, s in zip(surplus, surplus_spans)])
             acc.discarded += len(surplus)
     payload = part.payload(chosen)
-    prefix = prefix_of(ctx.partition)
     if cfg.empty_batch_is_error and not ctx.validation and payload.num_rows == 0:
-        hint = "" if cfg.failure.evict == "empty" else (
+        hint = "" if cfg.uses("failure") else (
             "; set sync_refill_failed_groups=True (with refill_fn and gen_batch_size=1) to "
             "replace failure groups that produced no trajectory")
         raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "
                               f"{ctx.partition!r} hold no trajectory at all{hint}")
-    batch_id = buf._next_batch
-    buf._next_batch += 1
-    status = {u: ("finished" if part.candidates.alive[u].status == FINISHED else "failure")
-              for u in chosen}
-    steps = {u: part.groups[u].gs for u in chosen}
-    buf._journal.record_rows("decisions", [
+    batch_id = state.next_batch
+    status = {u: part.candidates.status(u) for u in chosen}
+    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
+    state.commit("decisions", [
         {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-         "kind": "select", "uid": u, "span": ctx.step - steps[u] + 1, "batch_id": batch_id,
+         "kind": "select", "uid": u, "group_span": spans[u], "batch_id": batch_id,
          "count": 1} for u in chosen])
-    part.apply_removed(chosen, "selected", batch_id, ctx.step)
-    buf._emit("select", ctx.partition, chosen, batch_id)
-    table = with_provenance(payload, batch_id=batch_id, step=ctx.step, group_steps=steps,
-                            group_status=status)
+    table = with_provenance(payload, rows, status)
+    prefix = metric_prefix(ctx.partition)
     evm = {} if ctx.validation else acc.scalars(prefix)
-    opm, weights = off_policy_metrics(table, ctx.step, prefix)
+    opm, weights = off_policy_metrics(rows, prefix=prefix)
     metrics = {**evm, **opm}
     if metrics:
-        buf._journal.record_rows("metrics", [
+        state.commit("metrics", [
             {"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id, "name": k,
              "value": float(v)} for k, v in metrics.items()])
     return Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,

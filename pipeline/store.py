@@ -1,127 +1,115 @@
 """Live state of one partition: groups and their lifecycle, in-flight set, candidates, payload.
 
 Every mutation is an `apply_*` method taking rows already validated and already written to the
-lake. The restore path replays the lake through the very same methods, which is why restarting
+lake (pipeline/state.py calls them, for live calls and for restore alike), which is why restarting
 on a lake gives back the same buffer.
 """
 from __future__ import annotations
 
+import heapq
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
-from pipeline.candidates import (
-    FAILURE,
-    FINISHED,
-    ZV_MISSING,
-    ZV_NO,
-    ZV_YES,
-    Candidate,
-    CandidateIndex,
-)
-from pipeline.ingest import metric_values
+from pipeline.aggregates import meta_frame
+from pipeline.candidates import CandidateIndex
+from pipeline.partitions import is_validation
 from pipeline.rows import TrajectoryRows
 
 
 class Group:
-    """One prompt group's lifecycle and the running aggregates its classification needs."""
+    """One prompt group's lifecycle and where its trajectories are stored."""
 
-    __slots__ = ("uid", "gs", "n", "status", "term_seq", "rows", "keys", "sessions",
-                 "mmin", "mmax", "missing", "removed", "batch_id")
+    __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "sessions", "removed", "batch_id")
 
     def __init__(self, uid: str, gs: int, n: int | None):
         self.uid, self.gs, self.n = uid, gs, n
         self.status = "pending"
-        self.term_seq: int | None = None
         self.rows: list[int] = []
         self.keys: set[tuple[int, int]] = set()
         self.sessions: set[int] = set()
-        self.mmin = float("inf")
-        self.mmax = float("-inf")
-        self.missing = 0
         self.removed: str | None = None   # None while live; else selected|evicted|discarded
         self.batch_id: int | None = None
 
-    def classify(self, filter_metric: str | None) -> tuple[int, int, float]:
-        """(status code, zero-variance flag, value) when the group turns terminal."""
-        if self.status == "failure" or not self.rows:
-            return FAILURE, ZV_NO, float("nan")
-        if filter_metric is None or len(self.rows) < 2:
-            return FINISHED, ZV_NO, float("nan")
-        if self.missing:
-            return FINISHED, ZV_MISSING, float("nan")
-        if self.mmin == self.mmax:  # exact equality of every value (min == max)
-            return FINISHED, ZV_YES, self.mmin
-        return FINISHED, ZV_NO, float("nan")
+
+@dataclass(frozen=True)
+class GroupView:
+    """A read-only snapshot of one group, as `ReplayBuffer.lookup` returns it.
+
+    ``removed`` is None for a live group, `selected` for a group in an unreleased batch and
+    `retired` for one that is gone for good (released, evicted, discarded): never accepted again."""
+
+    uid: str
+    global_steps: int | None
+    n: int | None
+    status: str
+    removed: str | None
+    batch_id: int | None
+    keys: frozenset[tuple[int, int]]
+
+    @property
+    def sessions(self) -> frozenset[int]:
+        return frozenset(s for s, _ in self.keys)
 
 
-class _Retired:
-    """Stands for a group that was selected, evicted, discarded or released."""
-
-    removed = "retired"
-    status = "removed"
-    n = None
-    keys: frozenset = frozenset()
-    sessions: frozenset = frozenset()
-
-
-RETIRED = _Retired()
+def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
+    """The frozen view of a live group, a retired marker, or None for an unknown uid."""
+    if g is None:
+        return GroupView(uid, None, None, "removed", "retired", None, frozenset()) \
+            if retired else None
+    return GroupView(uid, g.gs, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys))
 
 
 class PartitionState:
-    """Groups, in-flight set, candidate table and trajectory payload of one partition."""
+    """Groups, in-flight set, candidate index and trajectory payload of one partition."""
 
     def __init__(self, partition: str, filter_metric: str | None):
         self.partition = partition
-        self.filter_metric = filter_metric if partition != "val" else None
+        self.filter_metric = None if is_validation(partition) else filter_metric
         self.groups: dict[str, Group] = {}
-        self.inflight: dict[str, int] = {}      # uid -> global_steps of pending/running groups
+        self.inflight: dict[str, int] = {}       # uid -> global_steps of pending/running groups
+        self._inflight_heap: list[tuple[int, str]] = []
         self.candidates = CandidateIndex()
         self.rows = TrajectoryRows()
         self.batches: dict[int, list[str]] = {}  # selected, not yet released
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
         self.retired: set[str] = set()           # removed uids: never accepted again
+        self.refill_owed = 0                     # refills decided but not yet acknowledged
 
     # --- producers ---------------------------------------------------------------------------
+    def _fly(self, uid: str, gs: int) -> None:
+        self.inflight[uid] = gs
+        heapq.heappush(self._inflight_heap, (gs, uid))
+
     def apply_registered(self, uid: str, gs: int, n: int | None) -> None:
         self.groups[uid] = Group(uid, gs, n)
-        self.inflight[uid] = gs
+        self._fly(uid, gs)
 
     def apply_status(self, uid: str, status: str, seq: int) -> None:
         g = self.groups[uid]
         g.status = status
         if status in ("finished", "failure"):
             self.inflight.pop(uid, None)
-            g.term_seq = seq
-            code, zv, value = g.classify(self.filter_metric)
-            self.candidates.add(Candidate(uid, g.gs, seq, code, len(g.rows), zv, value))
+            self.candidates.add(uid, g.gs, seq, status)
 
     def apply_reissued(self, uid: str, gs: int) -> None:
         """In-flight group back to pending at the resume step; its partial trajectories dropped."""
         g = self.groups[uid]
         self.rows.drop(g.rows)
-        fresh = Group(uid, gs, g.n)
-        self.groups[uid] = fresh
-        self.inflight[uid] = gs
+        self.groups[uid] = Group(uid, gs, g.n)
+        self._fly(uid, gs)
 
     def apply_trajectories(self, rows: pa.Table) -> None:
-        ids = self.rows.append(rows)
+        ids = self.rows.append(rows, meta_frame(rows, self.filter_metric))
         uids = rows.column("uid").to_pylist()
         sessions = rows.column("session_id").to_pylist()
         indexes = rows.column("index").to_pylist()
-        values = metric_values(rows, self.filter_metric)
-        vals = values.to_pylist() if values is not None else None
         for j, (u, s, x) in enumerate(zip(uids, sessions, indexes)):
             g = self.groups[u]
             g.rows.append(ids[j])
             g.keys.add((s, x))
             g.sessions.add(s)
-            if vals is not None:
-                v = vals[j]
-                if v is None:
-                    g.missing += 1
-                else:
-                    g.mmin = min(g.mmin, v)
-                    g.mmax = max(g.mmax, v)
 
     # --- the consumer ------------------------------------------------------------------------
     def apply_removed(self, uids: list[str], how: str, batch_id: int | None = None,
@@ -140,17 +128,19 @@ class PartitionState:
                 g = self.groups.pop(u)
                 self.rows.drop(g.rows)
 
-    def apply_released(self, batch_id: int) -> None:
+    def apply_released(self, batch_id: int) -> list[str]:
         self.batch_step.pop(batch_id, None)
-        for u in self.batches.pop(batch_id, []):
+        uids = self.batches.pop(batch_id, [])
+        for u in uids:
             g = self.groups.pop(u)
             self.rows.drop(g.rows)
+        return uids
 
-    def lookup(self, uid: str) -> Group | None:
-        """The live group, a retired marker for removed uids, or None for unknown ones."""
+    def lookup(self, uid: str) -> Group | GroupView | None:
+        """The live group, a retired marker for a removed uid, or None for an unknown one."""
         g = self.groups.get(uid)
         if g is None and uid in self.retired:
-            return RETIRED
+            return view(uid, None, True)
         return g
 
     # --- reads -------------------------------------------------------------------------------
@@ -162,7 +152,11 @@ class PartitionState:
         return out
 
     def oldest_inflight(self) -> int | None:
-        return min(self.inflight.values()) if self.inflight else None
+        """The smallest dispatch step of a pending/running group (a lazily cleaned heap)."""
+        h = self._inflight_heap
+        while h and self.inflight.get(h[0][1]) != h[0][0]:
+            heapq.heappop(h)
+        return h[0][0] if h else None
 
     def payload(self, uids: list[str]) -> pa.Table:
         rows: list[int] = []

@@ -1,4 +1,4 @@
-"""Batch table -> torch tensors for the trainer (SPEC §7), built straight from the Arrow buffers.
+"""Batch table -> torch tensors for the trainer, built straight from the Arrow buffers.
 
 The only core module that imports torch. Every tensor is written once from the list offsets and
 value buffers of the Arrow columns: no Python list, no Python loop over rows. The token streams

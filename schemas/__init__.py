@@ -4,8 +4,10 @@ from __future__ import annotations
 from schemas.conform import Problem, conform
 from schemas.tables import (
     BATCH_PROVENANCE,
+    CANDIDATES,
     DECISIONS,
     GROUP_EVENTS,
+    GROUP_TRAJECTORIES,
     GROUPS_INPUT,
     LAKE_TABLES,
     METRICS,
@@ -16,6 +18,6 @@ from schemas.tables import (
 )
 
 __all__ = [
-    "BATCH_PROVENANCE", "DECISIONS", "GROUP_EVENTS", "GROUPS_INPUT", "LAKE_TABLES", "METRICS",
+    "BATCH_PROVENANCE", "CANDIDATES", "DECISIONS", "GROUP_EVENTS", "GROUP_TRAJECTORIES", "GROUPS_INPUT", "LAKE_TABLES", "METRICS",
     "STATUS_INPUT", "TRAJECTORIES", "TRAJECTORIES_INPUT", "VERSION_SPAN", "Problem", "conform",
 ]

@@ -19,11 +19,14 @@ MAX_ROWS_SHOWN = 5
 
 @dataclass(frozen=True)
 class Problem:
-    """One reason an input is rejected: the column, the offending rows (0-based), and what is wrong."""
+    """One reason an input is rejected: the column, the offending rows (0-based), what is wrong,
+    and its kind (`invalid`, or `unknown_group` for rows naming a group that is not in flight),
+    from which the error type is chosen."""
 
     column: str
     rows: tuple[int, ...]
     message: str
+    kind: str = "invalid"
 
     def __str__(self) -> str:
         if not self.rows:
@@ -49,6 +52,13 @@ def _to_columns(data: Any) -> tuple[dict[str, Any], int]:
     if isinstance(data, pa.Table):
         return {name: data.column(name) for name in data.column_names}, data.num_rows
     if isinstance(data, Mapping):
+        scalar = [k for k, v in data.items()
+                  if isinstance(v, (str, bytes)) or not hasattr(v, "__len__")]
+        if scalar:
+            raise TypeError(
+                f"a dict is read as columns (each key maps to a list of values), but "
+                f"{scalar[0]!r} holds the single value {data[scalar[0]]!r}: to send one row, wrap "
+                "it in a list ([row])")
         cols = {k: _column_from_values(list(v)) for k, v in data.items()}
         lengths = {len(v) for v in cols.values()}
         if len(lengths) > 1:

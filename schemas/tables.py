@@ -93,7 +93,8 @@ DECISIONS = schema(
     field("reason", pa.string(),
           "evict: stale | zero_variance | failure; refill: the policy that asked",
           nullable=True),
-    field("span", pa.int64(), "group span g - global_steps + 1 at the decision", nullable=True),
+    field("group_span", pa.int64(), "group span g - global_steps + 1 at the decision",
+          nullable=True),
     field("value", pa.float64(), "zero_variance: the group's single metric value",
           nullable=True),
     field("batch_id", pa.int64(), "select / release: the batch", nullable=True),
@@ -122,6 +123,40 @@ BATCH_PROVENANCE = schema(
     field("staleness_worst", pa.int64(), "(g - 1) - min_global_steps"),
     field("group_span", pa.int64(), "g - global_steps + 1"),
     field("times_sampled", pa.int32(), "how often the group was handed out (always 1)"),
+)
+
+# --- what the rules read (declared once; the live buffer and the lake build the same rows) -------
+
+GROUP_TRAJECTORIES = schema(
+    "group_trajectories", "per-trajectory inputs of the group aggregates",
+    field("partition", pa.string(), _PARTITION),
+    field("uid", pa.string(), _UID),
+    field("metric", pa.float64(), "the filter metric of the trajectory (reward sum or named "
+          "reward metric); null when it lacks it or no filter is configured", nullable=True),
+    field("n_response_tokens", pa.int64(), "number of response tokens"),
+    field("min_global_steps", pa.int64(), "oldest weight version that produced a token"),
+    field("max_global_steps", pa.int64(), "newest weight version that produced a token"),
+)
+
+CANDIDATES = schema(
+    "candidates", "terminal groups a poll decides over, with the aggregates every rule reads",
+    field("partition", pa.string(), _PARTITION),
+    field("uid", pa.string(), _UID),
+    field("global_steps", pa.int64(), "dispatch step"),
+    field("term_seq", pa.int64(), "arrival seq of the terminal status (tie-break after "
+          "global_steps)"),
+    field("status", pa.string(), "finished | failure (a finished group without trajectories "
+          "is a failure)"),
+    field("n_traj", pa.int64(), "trajectories of the group"),
+    field("metric_min", pa.float64(), "smallest filter-metric value", nullable=True),
+    field("metric_max", pa.float64(), "largest filter-metric value", nullable=True),
+    field("metric_nulls", pa.int64(), "trajectories lacking the filter metric"),
+    field("response_tokens_sum", pa.int64(), "response tokens of all trajectories",
+          nullable=True),
+    field("response_tokens_min", pa.int64(), "shortest response", nullable=True),
+    field("response_tokens_max", pa.int64(), "longest response", nullable=True),
+    field("min_version", pa.int64(), "oldest weight version of any trajectory", nullable=True),
+    field("max_version", pa.int64(), "newest weight version of any trajectory", nullable=True),
 )
 
 LAKE_TABLES = {

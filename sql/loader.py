@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,9 @@ from pipeline.errors import ReplayLakeError
 
 SQL_DIR = Path(__file__).resolve().parent
 HEADER_FIELDS = ("name", "description", "params", "reads", "returns")
+# Fields only declarations compiled by the live engine carry (rules and checks; see
+# pipeline/declared.py): the eviction reason or check name, the horizon, the metric keys, ...
+OPTIONAL_FIELDS = ("reason", "check", "horizon", "metric", "spread", "value", "credit")
 
 # DuckDB parameter types a header may declare, with the python values each accepts.
 PARAM_TYPES: dict[str, tuple[type, ...]] = {
@@ -73,6 +76,7 @@ class Query:
     columns: tuple[str, ...]
     text: str
     path: Path
+    extra: Mapping[str, str] = field(default_factory=dict)   # the OPTIONAL_FIELDS present
 
     @property
     def signature(self) -> str:
@@ -166,9 +170,9 @@ def parse(path: str | Path) -> Query:
             fields[last] = f"{fields[last]} {c.group(1).strip()}"
         elif m := _FIELD.match(line):
             key = m.group(1)
-            if key not in HEADER_FIELDS:
+            if key not in HEADER_FIELDS and key not in OPTIONAL_FIELDS:
                 raise SqlError(f"{path}: unknown header field {key!r}; fields are "
-                               f"{', '.join(HEADER_FIELDS)}")
+                               f"{', '.join(HEADER_FIELDS + OPTIONAL_FIELDS)}")
             if key in fields:
                 raise SqlError(f"{path}: header field {key!r} appears twice")
             fields[key] = m.group(2).strip()
@@ -194,7 +198,8 @@ def parse(path: str | Path) -> Query:
         bad = [x for x in items if not _IDENT.match(x)]
         if bad or not items:
             raise SqlError(f"{path}: `{what}` must list identifiers, got {fields[what]!r}")
-    return Query(name, fields["description"], params, tables, columns, text, path)
+    extra = {k: v for k, v in fields.items() if k in OPTIONAL_FIELDS}
+    return Query(name, fields["description"], params, tables, columns, text, path, extra)
 
 
 @cache

@@ -1,4 +1,4 @@
-"""Constructor validation (SPEC §4): which error, in which order, naming which parameter."""
+"""Constructor validation: which error, in which order, naming which parameter."""
 from __future__ import annotations
 
 import pytest
@@ -58,7 +58,7 @@ def test_sync_dapo_needs_positive_batch_sizes_at_construction(kw, name):
 
 def test_async_dapo_does_not_need_sync_batch_sizes():
     cfg = async_config(filter_groups_metric="reward", refill_fn=refill)
-    assert cfg.zero_variance.metric == "reward"
+    assert cfg.filter_metric == "reward" and cfg.uses("zero_variance") is not None
 
 
 def test_sync_refill_failed_groups_requires_gen_batch_size_one():
@@ -75,7 +75,8 @@ def test_presets_are_values_of_independent_policies():
     s = sync_config(filter_groups_metric="reward", refill_fn=refill, train_batch_size=4,
                     gen_batch_size=2, max_inflight_gen_batches=3)
     a = async_config(max_off_policy_threshold=4, max_off_policy_strategy="wait")
-    assert (s.stale.strategy, s.failure.evict, type(s.refill).__name__, s.refill.drains) == \
-        (None, "none", "DapoCredit", True)
-    assert (a.stale.strategy, a.stale.threshold, a.failure.evict, a.refill.drains) == \
-        ("wait", 4, "all", False)
+    assert (s.stale.strategy, s.uses("failure"), type(s.refill).__name__, s.refill.drains) == \
+        (None, None, "DapoCredit", True)
+    assert (a.stale.strategy, a.stale.threshold, dict(a.uses("failure").params),
+            a.refill.drains) == ("wait", 4, {"evict_all": True}, False)
+    assert a.uses("stale") is None       # `wait` never evicts for staleness

@@ -1,4 +1,4 @@
-"""Crash safety (SPEC §8): a writer process killed with SIGKILL loses no acknowledged write, a
+"""Crash safety: a writer process killed with SIGKILL loses no acknowledged write, a
 torn tail is ignored, a restarted buffer gives the same batches as one that never crashed, and
 `reissue` hands in-flight groups back for re-dispatch."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ingest rejects every bad-input class of SPEC §2 with a typed error naming column and row, and a
+"""Ingest rejects every bad-input class with a typed error naming column and row, and a
 rejected call changes nothing: not the live buffer, not the lake (all-or-nothing per call)."""
 from __future__ import annotations
 

@@ -1,19 +1,28 @@
-"""Metric declarations, merging across polls and calls, and the off-policy batch metrics (SPEC §6)."""
+"""Metric declarations, merging across polls and calls, and the off-policy batch metrics."""
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
 from pipeline import METRICS, StepAggregator
+from pipeline.decide import Eviction
 from pipeline.metrics import EvictionMetrics, off_policy_metrics
 
 P = "training/off_policy"
 
 
+def _poll(reason, spans, values=None):
+    """One poll's eviction of len(spans) groups for ``reason`` (what decide.evaluate returns)."""
+    n = len(spans)
+    return Eviction(uids=[f"g{i}" for i in range(n)], reasons={reason: [True] * n},
+                    group_spans=list(spans), credits=[0] * n,
+                    values={reason: list(values)} if values is not None else {})
+
+
 def test_eviction_metrics_of_two_polls_merge_to_count_weighted_mean():
     m = EvictionMetrics()
-    m.add_stale([10])
-    m.add_stale([1, 2, 3])
+    m.add(_poll("stale", [10]))
+    m.add(_poll("stale", [1, 2, 3]))
     out = m.scalars("training")
     assert out[f"{P}/evicted_samples"] == 4
     assert out[f"{P}/evicted_samples_staleness/mean"] == 4.0
@@ -24,7 +33,7 @@ def test_eviction_metrics_of_two_polls_merge_to_count_weighted_mean():
 def test_eviction_keys_appear_only_when_non_zero():
     assert EvictionMetrics().scalars("training") == {}
     m = EvictionMetrics()
-    m.add_filtered([0.0, 0.0, 1.0])
+    m.add(_poll("zero_variance", [1, 1, 1], values=[0.0, 0.0, 1.0]))
     assert m.scalars("validation") == {"validation/filter_groups/evicted_samples": 3}
     assert m.reward_counts == {0.0: 2, 1.0: 1}
 

@@ -1,4 +1,4 @@
-"""The eviction, gating, filtering, failure and refill rules of SPEC §4-§5, scenario by scenario."""
+"""The eviction, gating, filtering, failure and refill rules, scenario by scenario."""
 from __future__ import annotations
 
 import time
@@ -177,7 +177,7 @@ def test_sync_dapo_refills_two_per_filtered_group_and_discards_the_surplus():
     assert batch.uids == ["mixed", "refill0"]
     assert batch.metrics[FILTERED] == 1 and batch.metrics[SURPLUS] == 1
     assert buf.get_sampleable_count(1, "train") == 0
-    assert "refill1" not in buf._parts["train"].groups   # its data is gone from memory
+    assert buf.lookup("train", "refill1").removed == "retired"   # its data is gone from memory
 
 
 def test_sync_dapo_streams_credit_into_free_inflight_slots_and_drains():
@@ -355,6 +355,6 @@ def test_sync_dapo_draining_that_can_no_longer_fill_raises_instead_of_hanging():
     from pipeline.policies.refill import DapoCredit
     policy, st = DapoCredit(train_batch_size=2, gen_batch_size=1), CallState(draining=True)
     ctx = PollContext(step=1, partition="train", batch_size=2)
-    assert policy.after_poll(PollOutcome(0, {}, 0, sampleable=1, inflight=1), st, ctx) == 0
+    assert policy.after_poll(PollOutcome(0, {}, 0, 0, sampleable=1, inflight=1), st, ctx) == 0
     with pytest.raises(RefillLimitError, match="nothing is in flight"):
-        policy.after_poll(PollOutcome(0, {}, 0, sampleable=1, inflight=0), st, ctx)
+        policy.after_poll(PollOutcome(0, {}, 0, 0, sampleable=1, inflight=0), st, ctx)

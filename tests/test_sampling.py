@@ -1,4 +1,4 @@
-"""Lifecycle and sampling (SPEC §3): whole groups, oldest dispatch first, a deterministic
+"""Lifecycle and sampling: whole groups, oldest dispatch first, a deterministic
 tie-break, blocking with wake-up, timeouts that say why, release, and provenance columns."""
 from __future__ import annotations
 

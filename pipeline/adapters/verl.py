@@ -4,11 +4,11 @@
 Each instance owns a core `pipeline.ReplayBuffer` (the `sync` or `async` preset, over an optional
 lake). Before every poll it mirrors the partition's TransferQueue keys into the core
 (verl_mirror.py); the core decides; a listener performs on TransferQueue exactly the effects
-verl's buffer performs (SPEC §11): an evicted or discarded group loses its prompt key and all its
+verl's buffer performs: an evicted or discarded group loses its prompt key and all its
 trajectory keys, a selected group only its prompt key, and `kv_clear` never gets an empty list.
 `sample` returns TransferQueue's own `KVBatchMeta` (the selected trajectory keys in TransferQueue
-order, with their tags as listed) and verl's metric dict. Where verl is defective (SPEC §9) the
-core's behaviour is kept; docs/verl.md lists every difference.
+order, with their tags as listed) and verl's metric dict. Where verl is defective the
+core's behaviour is kept; the README's verl section lists every difference.
 
 Importing this module needs neither verl nor TransferQueue; both are imported at first use.
 """
@@ -26,7 +26,7 @@ from pipeline.adapters.verl_mirror import PartitionMirror, clear
 from pipeline.buffer import ReplayBuffer as CoreBuffer
 from pipeline.errors import EmptyBatchError
 from pipeline.ingest import check_partition
-from pipeline.sampling import run_call
+from pipeline.metrics import typed
 
 DAPO_FILTERED_REWARD_COUNTS_KEY = "_dapo_filtered_reward_counts"
 FILTER_GROUPS_REWARD_METRIC = "reward"
@@ -42,12 +42,14 @@ __all__ = [
 
 
 def verl_metrics(scalars: dict[str, float], reward_counts: dict[float, int]) -> dict[str, Any]:
-    """The core's eviction metrics with verl's value types: counts as int, the three staleness
-    values as numpy float64, and the filtered reward counts as a plain {float: int} dict under
-    `_dapo_filtered_reward_counts` (verl's step aggregator merges it only if it is a dict)."""
+    """The core's eviction metrics with verl's value types, as each key declares them (counts as
+    int, the three staleness values as numpy float64), and the filtered reward counts as a plain
+    {float: int} dict under `_dapo_filtered_reward_counts` (verl's step aggregator merges it only
+    if it is a dict)."""
     out: dict[str, Any] = {}
     for k, v in scalars.items():
-        out[k] = np.float64(v) if "/evicted_samples_staleness/" in k else int(v)
+        t = typed(k, v)
+        out[k] = np.float64(t) if isinstance(t, float) else t
     if reward_counts:
         out[DAPO_FILTERED_REWARD_COUNTS_KEY] = {float(v): int(c) for v, c in reward_counts.items()}
     return out
@@ -58,7 +60,7 @@ class ReplayBuffer:
 
     Keywords are verl 0.9.1's, in its order, plus replaylake's: ``lake_dir`` (None = memory only;
     else every trajectory and decision also lands in that lake), ``max_num_gen_batches`` (bounds
-    DAPO refills; 0 = unbounded, SPEC §9) and ``mirror_fields``: which TransferQueue fields are read
+    DAPO refills; 0 = unbounded,) and ``mirror_fields``: which TransferQueue fields are read
     per new trajectory — `decisions` (only what a rule needs: `rm_scores` for metric `reward`,
     `extra_fields` for a named metric or when the tags carry no versions), `rewards` (also every
     reward and `reward_extra_info`, for the lake; ~80 us per trajectory, once), `full` (also the
@@ -132,14 +134,14 @@ class ReplayBuffer:
 
     # --- verl's API --------------------------------------------------------------------------------
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
-        """Whole groups, oldest dispatch first (ties: arrival of the terminal status, SPEC §3),
+        """Whole groups, oldest dispatch first (ties: arrival of the terminal status),
         after this preset's evictions and refills; returns (KVBatchMeta, verl's metric dict)."""
         from transfer_queue import KVBatchMeta
         with self._lock:
             m = self._mirror(partition_id)
             try:
-                batch = run_call(self.core, global_steps, partition_id, batch_size, consume=True,
-                                 timeout=None, before_poll=m.sync)
+                batch = self.core.sample(global_steps, partition_id, batch_size,
+                                         before_poll=m.sync)
             except EmptyBatchError as exc:
                 hint = "" if self.sync_refill_failed_groups else (
                     " Enable trainer.v1.sampler.sync_refill_failed_groups to replace failed groups.")
@@ -172,8 +174,8 @@ class _DepthQueries:
         gate is open; returns (every sampleable uid, verl's metric dict); consumes nothing."""
         with self._lock:
             m = self._mirror(partition_id)
-            _, scalars = run_call(self.core, global_steps, partition_id, target_count,
-                                  consume=False, timeout=None, before_poll=m.sync)
+            _, scalars = self.core.wait_for_sampleable(global_steps, partition_id, target_count,
+                                                       before_poll=m.sync)
             uids = set(self.core.sampleable_uids(partition_id))
             return uids, verl_metrics(dict(scalars), scalars.reward_counts)
 

@@ -1,7 +1,7 @@
 """Reading trajectory fields from TransferQueue robustly, and turning them into typed values.
 
 TransferQueue 0.1.11 has two silent traps when several keys are read at once (see
-notes/verl_behaviour.md §12): a field absent on *some* requested keys yields an empty TensorDict
+found by running TransferQueue 0.1.11): a field absent on *some* requested keys yields an empty TensorDict
 (not an error), and keys without any data yet (tags only) raise "Some fields are not ready". So a
 read that comes back short is bisected until every key is classified as read, missing (the field
 does not exist on it) or not ready (no data yet: read it again next poll). The normal case is one

@@ -9,7 +9,7 @@ always written before its terminal status, and one listing is a consistent snaps
 order never rejects a trajectory verl would have used). Keys of selected groups that disappear
 (the trainer clears them after the step) release the batch.
 
-Keys the core must not accept are *orphans* (SPEC §9): a late write that re-creates the key of a
+Keys the core must not accept are *orphans* (a defect of verl's buffer): a late write that re-creates the key of a
 removed group (e.g. a status written after the prompt key was cleared), or a trajectory of a group
 that is removed or already terminal. They can never be trained on, and verl leaves them in
 TransferQueue forever (a leak); the adapter clears them. Keys it cannot attribute to a group it
@@ -116,7 +116,7 @@ class PartitionMirror:
         return out
 
     def _check_prompts(self, new: list[str], listing: dict[str, dict]) -> None:
-        """Reject unusable new prompt keys before any state changes (SPEC §9: verl would crash
+        """Reject unusable new prompt keys before any state changes (verl would crash
         with a KeyError on a missing `global_steps`, or mis-attribute a uid containing `_`)."""
         problems = []
         for k in new:
@@ -150,7 +150,7 @@ class PartitionMirror:
                     self.kind[k] = PROMPT
                     if g.status not in _TERMINAL:
                         self.watch[k] = g.status
-                        if tag.get("status") == "pending" and tag.get("global_steps") != g.gs:
+                        if tag.get("status") == "pending" and tag.get("global_steps") != g.global_steps:
                             reissue = int(tag["global_steps"])   # verl re-issued after resume
                 continue
             parsed = parse_key(k)
@@ -186,7 +186,7 @@ class PartitionMirror:
             return set()
         try:
             rows, kept, late = trajectory_rows(
-                self.tq, self.partition, [(k, p, g.gs) for k, p, g in todo],
+                self.tq, self.partition, [(k, p, g.global_steps) for k, p, g in todo],
                 [listing[k] for k, _, _ in todo], self.fields, self.filter_metric)
             if rows is not None:
                 self.core.put(rows)

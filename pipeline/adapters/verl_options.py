@@ -25,8 +25,9 @@ VERL_DEFAULTS: dict[str, Any] = {
     "train_batch_size": None, "gen_batch_size": None, "max_inflight_gen_batches": 1,
     "sync_refill_failed_groups": False,
 }
-# replaylake's additions (SPEC §4, §9, §11)
-EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto"}
+# replaylake's additions: a lake, the DAPO refill bound, what to mirror, the overlong rule
+EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto",
+                                  "max_response_length": None}
 SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
 MIRROR_FIELDS = ("auto", "decisions", "rewards", "full")
 
@@ -88,6 +89,7 @@ def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any
                     max_inflight_gen_batches=opts["max_inflight_gen_batches"],
                     sync_refill_failed_groups=bool(opts["sync_refill_failed_groups"]),
                     max_num_gen_batches=opts["max_num_gen_batches"],
+                    max_response_length=opts["max_response_length"],
                     poll_interval=opts["poll_interval"])
     except ThresholdError as exc:
         raise VerlThresholdError(str(exc)) from None

@@ -1,20 +1,16 @@
-"""Policies as values: evictors (stale, zero-variance, failure), the wait gate, refill and surplus.
+"""Policies as values: staleness settings (bound and `wait` gate) and refill.
 
-Each evictor is a small frozen dataclass with three parts: `active(ctx)`, a vectorised predicate
-`mask(columns, ctx)` over the candidate columns (pipeline/candidates.py), and a `horizon(ctx)`
-saying which already-kept groups time can make it fire on (None: judged once, when a group turns
-terminal). sql/policies/ states the same rules in SQL for the lake; a parity test pins them.
-Presets (pipeline/config.py) combine them into verl's `sync` and `async` buffers.
+The eviction rules themselves are declarations in sql/rules/ (pipeline/rules.py); presets
+(pipeline/config.py) switch rules on and pick a refill policy, reproducing verl's `sync` and
+`async` buffers as values rather than a mode switch.
 """
 from __future__ import annotations
 
-from pipeline.policies.context import PollContext, PollOutcome
-from pipeline.policies.failure import FailurePolicy
+from pipeline.policies.context import CallState, PollContext, PollOutcome
 from pipeline.policies.refill import DapoCredit, NoRefill, RefillFailedWhileShort, ReplaceEvicted
 from pipeline.policies.stale import StalePolicy
-from pipeline.policies.zero_variance import ZeroVarianceFilter
 
 __all__ = [
-    "DapoCredit", "FailurePolicy", "NoRefill", "PollContext", "PollOutcome",
-    "RefillFailedWhileShort", "ReplaceEvicted", "StalePolicy", "ZeroVarianceFilter",
+    "CallState", "DapoCredit", "NoRefill", "PollContext", "PollOutcome", "RefillFailedWhileShort",
+    "ReplaceEvicted", "StalePolicy",
 ]

@@ -1,7 +1,9 @@
-"""What a policy sees of one poll: the step, the partition, and what the poll found."""
+"""What a refill policy sees of one poll: the call's fixed inputs and what the poll found."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from pipeline.partitions import is_validation
 
 
 @dataclass(frozen=True)
@@ -14,8 +16,7 @@ class PollContext:
 
     @property
     def validation(self) -> bool:
-        """Validation partitions (id exactly `val`) never evict, filter or refill."""
-        return self.partition == "val"
+        return is_validation(self.partition)
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,8 @@ class PollOutcome:
 
     evicted: int                 # groups evicted (union of reasons)
     by_reason: dict[str, int]    # groups evicted per reason (a group may count under several)
-    empty_failures: int          # evicted failure groups with no trajectory
+    credit: int                  # DAPO refill credit the evictions earned (largest per group)
+    filtered: int                # evicted groups with a filter reason (credit >= 2): DAPO refills
     sampleable: int              # groups left that sample could hand out
     inflight: int                # pending + running groups of the partition
 
@@ -35,7 +37,6 @@ class CallState:
 
     credit: int = 0
     refilled: int = 0            # refill prompts asked in this call (all reasons)
-    dapo_refilled: int = 0       # of which caused by zero-variance filtering
+    dapo_refilled: int = 0       # of which replace filtered groups (what max_num_gen_batches caps)
     draining: bool = False
-    filtered: int = 0            # zero-variance groups evicted in this call
-    notes: list[str] = field(default_factory=list)
+    evicted: dict[str, int] = field(default_factory=dict)   # groups evicted per reason

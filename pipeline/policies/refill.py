@@ -1,9 +1,14 @@
 """Refill: how many replacement prompts to ask for after a poll, and when a call may finish.
 
 `ReplaceEvicted` (async) asks for every evicted group at once; `RefillFailedWhileShort` (sync)
-replaces empty failures only while the batch is short; `DapoCredit` (sync DAPO, "bufferless")
-earns credit per filtered group and dispatches it into free in-flight slots, then drains in-flight
-groups and discards the surplus. `NoRefill` is for buffers without `refill_fn`.
+replaces evicted failures only while the batch is short; `DapoCredit` (sync DAPO, "bufferless")
+earns credit per evicted group (each rule declares its credit: 2 for a filtered group, 1 for an
+empty failure) and dispatches it into free in-flight slots, then drains in-flight groups and
+discards the surplus. `NoRefill` is for buffers without `refill_fn`.
+
+`max_num_gen_batches` (verl ignores it) caps the prompts asked to replace *filtered* groups (rules
+with credit >= 2: zero variance, overlong) in one call at `max_num_gen_batches x train_batch_size`;
+the call raises before it would ask for more, instead of refilling forever. 0 = unbounded.
 """
 from __future__ import annotations
 
@@ -14,16 +19,18 @@ from pipeline.policies.context import CallState, PollContext, PollOutcome
 
 
 def _check_limit(max_num_gen_batches: int, train_batch_size: int, st: CallState,
-                 wanted: int) -> None:
-    """max_num_gen_batches (verl ignores it): refuse to refill past the limit, instead of forever."""
+                 dapo_wanted: int) -> None:
     limit = max_num_gen_batches * train_batch_size
-    if max_num_gen_batches and st.refilled >= limit:
-        raise RefillLimitError(
-            f"refilled {st.refilled} prompts in this sample call (max_num_gen_batches x "
-            f"train_batch_size = {limit}) and still cannot fill the batch: {st.filtered} groups "
-            f"were filtered as zero-variance, {wanted} more were wanted. The data may have no "
-            "reward variance (every group all-correct or all-wrong): check the reward function or "
-            "the dataset's difficulty, or raise max_num_gen_batches (0 = unbounded).")
+    if not max_num_gen_batches or dapo_wanted == 0 or st.dapo_refilled + dapo_wanted <= limit:
+        return
+    seen = ", ".join(f"{n} {r}" for r, n in sorted(st.evicted.items()) if n)
+    raise RefillLimitError(
+        f"this sample call already asked for {st.dapo_refilled} prompts to replace filtered "
+        f"groups and would need {dapo_wanted} more, past max_num_gen_batches x train_batch_size "
+        f"= {limit}; groups evicted in this call: {seen or 'none'}. If most were zero_variance, "
+        "the data may have no reward variance (every group all-correct or all-wrong): check the "
+        "reward function or the dataset's difficulty, or raise max_num_gen_batches (0 = "
+        "unbounded).")
 
 
 @dataclass(frozen=True)
@@ -40,8 +47,7 @@ class NoRefill:
 class ReplaceEvicted:
     """Async: ask for k new prompts as soon as a poll evicted k groups (any reasons, once each).
 
-    With the zero-variance filter on, ``max_num_gen_batches`` x ``train_batch_size`` (the call's
-    batch size when None) bounds the refills of one call; 0 = unbounded."""
+    ``train_batch_size`` None: the call's batch size scales the `max_num_gen_batches` cap."""
 
     max_num_gen_batches: int = 0
     train_batch_size: int | None = None
@@ -51,7 +57,8 @@ class ReplaceEvicted:
         if ctx.validation or o.evicted == 0:
             return 0
         _check_limit(self.max_num_gen_batches, self.train_batch_size or ctx.batch_size, st,
-                     o.evicted)
+                     o.filtered)
+        st.dapo_refilled += o.filtered
         return o.evicted
 
 
@@ -63,14 +70,14 @@ class RefillFailedWhileShort:
     drains: bool = False
 
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
-        if ctx.validation or o.empty_failures == 0 or o.sampleable >= ctx.batch_size:
+        if ctx.validation or o.evicted == 0 or o.sampleable >= ctx.batch_size:
             return 0
-        return o.empty_failures
+        return o.evicted
 
 
 @dataclass(frozen=True)
 class DapoCredit:
-    """Sync DAPO: credit 2 per zero-variance group and 1 per evicted empty failure, dispatched as
+    """Sync DAPO: the evictions' credit, dispatched as
     `min(credit, max(0, max_inflight x train_batch_size - in_flight))` rounded down to a multiple
     of gen_batch_size. Once the batch is full, draining starts and never stops within the call:
     remaining credit is discarded, in-flight groups are awaited (and still filtered), then the
@@ -86,7 +93,7 @@ class DapoCredit:
         if ctx.validation:
             return 0
         if not st.draining:
-            st.credit += 2 * o.by_reason.get("zero_variance", 0) + o.empty_failures
+            st.credit += o.credit
             if o.sampleable >= ctx.batch_size:
                 st.draining = True
                 st.credit = 0
@@ -102,6 +109,7 @@ class DapoCredit:
         dispatch -= dispatch % self.gen_batch_size
         if dispatch > 0:
             _check_limit(self.max_num_gen_batches, self.train_batch_size, st, dispatch)
+            st.dapo_refilled += dispatch
             st.credit -= dispatch
             return dispatch
         if st.credit > 0 and o.inflight == 0:

@@ -1,4 +1,4 @@
-"""Where replaylake deliberately differs from verl 0.9.1 (SPEC §9, docs/verl.md): each test runs the
+"""Where replaylake deliberately differs from verl 0.9.1 (the README's table of differences): each test runs the
 same writes through both and shows verl's behaviour and ours side by side. Also the constructor
 contract (same exception types and phrases) and the errors both raise alike.
 """
@@ -41,7 +41,7 @@ def test_ties_verl_breaks_by_set_hash_order_ours_by_terminal_arrival(tq):
     verl = set(uids_of(out["verl"][0].keys))
     assert ours == {"ta", "tb", "tc"}                   # the first three to turn terminal
     assert len(verl) == 3 and verl <= {"ta", "tb", "tc", "td", "te", "tf"}   # set hash order:
-    # which three depends on PYTHONHASHSEED (notes/verl_behaviour.md §6 ran it across processes)
+    # which three depends on PYTHONHASHSEED (seen when running verl across processes)
 
 
 def test_zero_variance_is_exact_equality_where_verl_tests_np_std(tq):
@@ -251,7 +251,7 @@ def test_constructor_errors_match_verl(tq, label, kind, kw, exc, phrase):
             continue
         with pytest.raises(exc, match=phrase):
             cls(**{**BASE, **kw})
-    if exc is AssertionError:      # ours is a ValueError too (SPEC §11)
+    if exc is AssertionError:      # ours is a ValueError too
         with pytest.raises(ValueError):
             _classes(kind)[1](**{**BASE, **kw})
 

@@ -4,7 +4,7 @@ clears) through verl 0.9.1's real buffer and ours, over one real TransferQueue; 
 give the same batch, metrics, refill calls, depth-query answers and TransferQueue contents.
 
 Dispatch steps never tie (verl breaks ties by set hash order): a sample step `g` is a multiple of
-STEP and every group gets a dispatch step of its own below it. Groups that SPEC §9 treats
+STEP and every group gets a dispatch step of its own below it. Groups that replaylake treats
 differently on purpose (finished without trajectories, non-exact zero variance) are not generated.
 """
 from __future__ import annotations

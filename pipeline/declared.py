@@ -1,0 +1,103 @@
+"""Declarations written once in SQL, compiled for the live engine (polars).
+
+A declaration is a named query file under `sql/` (a rule, the group aggregates, the provenance
+formulas, the off-policy metrics). DuckDB runs the file as it is, over the lake. The live buffer
+compiles parts of the *same text* into polars expressions, once per process:
+
+- the predicate of a rule or check: the text between `where (` and its closing `)`;
+- the items of a select list written `<expression> as <name>` (plain column names are skipped).
+
+Parameters (`$name` in the text) become literal columns `__p_name` that the caller adds to the
+frame right before evaluating (`with_params`), so a compiled expression never has to be rebuilt
+when a step or a threshold changes. The SQL text is the definition; nothing here restates a rule.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import polars as pl
+
+from sql import loader
+from sql.loader import Query, SqlError
+
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_WHERE = re.compile(r"^where \(\n(.*?)\n\)$", re.MULTILINE | re.DOTALL)
+_ALIAS = re.compile(r"^(.*\S)\s+as\s+([a-z_][a-z0-9_]*)$", re.DOTALL)
+
+
+def param_column(name: str) -> str:
+    """The literal column a parameter becomes in the live engine."""
+    return f"__p_{name}"
+
+
+def to_polars(text: str) -> pl.Expr:
+    """Compile one SQL expression (with `$name` parameters) into a polars expression."""
+    return pl.sql_expr(_PARAM.sub(lambda m: param_column(m.group(1)), text))
+
+
+def with_params(frame: pl.DataFrame, params: Mapping[str, Any]) -> pl.DataFrame:
+    """``frame`` with one literal column per parameter, for compiled expressions to read."""
+    if not params:
+        return frame
+    return frame.with_columns(**{param_column(k): pl.lit(v) for k, v in params.items()})
+
+
+def _body(q: Query) -> str:
+    """The query text without its header comment lines."""
+    return "\n".join(line for line in q.text.splitlines() if not line.startswith("--"))
+
+
+def predicate(q: Query) -> str:
+    """The predicate of a rule or check file: the block between `where (` and `)` lines."""
+    m = _WHERE.search(_body(q))
+    if m is None:
+        raise SqlError(f"{q.path}: a declaration needs its predicate on its own lines between "
+                       "`where (` and `)`")
+    return m.group(1).strip()
+
+
+def _split_top_level(text: str) -> list[str]:
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+def select_items(q: Query) -> dict[str, str]:
+    """`{name: expression}` for every `<expression> as <name>` item of the first select list."""
+    body = _body(q)
+    start = body.find("select")
+    end = body.find("\nfrom ", start)
+    if start < 0 or end < 0:
+        raise SqlError(f"{q.path}: expected `select ... from ...`")
+    items = {}
+    for item in _split_top_level(body[start + len("select"):end]):
+        m = _ALIAS.match(item)
+        if m:
+            items[m.group(2)] = m.group(1)
+    return items
+
+
+@cache
+def compiled_items(name: str) -> dict[str, pl.Expr]:
+    """The select items of the named query, compiled (cached per process)."""
+    return {k: to_polars(v) for k, v in select_items(loader.load(name)).items()}
+
+
+@cache
+def compiled_predicate(name: str) -> pl.Expr:
+    """The predicate of the named query, compiled (cached per process)."""
+    return to_polars(predicate(loader.load(name)))

@@ -1,0 +1,116 @@
+"""The buffer's state, in one home: lock, version, partitions, journal, id counters, listeners.
+
+Every change goes through `commit(table, rows)`: stamp the rows with seq numbers, write them to the
+lake (when there is one), then `apply` them. Restore replays the lake through the very same
+`apply`, decisions included, so a restarted buffer is the buffer that was acknowledged before the
+crash. Nothing outside this module touches the lock, the counters or the journal.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from itertools import groupby
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.journal import Journal
+from pipeline.store import PartitionState
+
+Listener = Callable[[str, str, list[str], "int | None"], None]
+
+
+class BufferState:
+    """Lock, partitions and journal of one buffer (see the module docstring)."""
+
+    def __init__(self, journal: Journal, filter_metric: str | None):
+        self.cond = threading.Condition(threading.RLock())
+        self.journal = journal
+        self.filter_metric = filter_metric
+        self.parts: dict[str, PartitionState] = {}
+        self.version = 0          # bumps on every change: a waiting sample re-polls
+        self.next_batch = 0
+        self.next_call = 0
+        self.listeners: list[Listener] = []
+
+    # --- partitions and groups ---------------------------------------------------------------
+    def part(self, partition: str) -> PartitionState:
+        p = self.parts.get(partition)
+        if p is None:
+            p = self.parts[partition] = PartitionState(partition, self.filter_metric)
+        return p
+
+    def lookup(self, partition: str, uid: str) -> Any:
+        p = self.parts.get(partition)
+        return p.lookup(uid) if p is not None else None
+
+    def new_call(self) -> int:
+        with self.cond:
+            call_id = self.next_call
+            self.next_call += 1
+            return call_id
+
+    # --- the one write path --------------------------------------------------------------------
+    def commit(self, table: str, rows: pa.Table | list[dict]) -> pa.Table | None:
+        """Stamp, write durably, apply, wake waiters. Call with the lock held."""
+        stamped = self.journal.record(table, rows) if isinstance(rows, pa.Table) else \
+            self.journal.record_rows(table, rows)
+        if stamped is not None:
+            self.apply(table, stamped)
+        self.version += 1
+        self.cond.notify_all()
+        return stamped
+
+    def apply(self, table: str, rows: pa.Table) -> None:
+        """Apply stamped rows of one lake table (live calls and restore alike)."""
+        if table == "group_events":
+            self._apply_group_events(rows)
+        elif table == "trajectories":
+            self._apply_trajectories(rows)
+        elif table == "decisions":
+            self._apply_decisions(rows)
+        # metric rows are history only
+
+    def _apply_group_events(self, rows: pa.Table) -> None:
+        cols = [rows.column(c).to_pylist() for c in
+                ("partition", "uid", "event", "global_steps", "n", "seq")]
+        for p, u, ev, gs, n, seq in zip(*cols):
+            part = self.part(p)
+            if ev == "registered":
+                part.apply_registered(u, gs, n)
+            elif ev == "reissued":
+                part.apply_reissued(u, gs)
+            else:
+                part.apply_status(u, ev, seq)
+
+    def _apply_trajectories(self, rows: pa.Table) -> None:
+        parts = rows.column("partition").unique().to_pylist()
+        for p in parts:
+            sub = rows if len(parts) == 1 else rows.filter(pc.equal(rows["partition"], p))
+            self.part(p).apply_trajectories(sub)
+
+    def _apply_decisions(self, rows: pa.Table) -> None:
+        cols = [rows.column(c).to_pylist() for c in
+                ("partition", "kind", "uid", "batch_id", "step", "call_id")]
+        calls = [c for c in cols[5] if c is not None and c >= 0]
+        if calls:
+            self.next_call = max(self.next_call, max(calls) + 1)
+        for (p, kind, batch_id, step), grp in groupby(
+                zip(*cols), key=lambda r: (r[0], r[1], r[3], r[4])):
+            part = self.part(p)
+            uids = list(dict.fromkeys(r[2] for r in grp))   # 2 reasons -> 2 rows, 1 removal
+            if batch_id is not None:
+                self.next_batch = max(self.next_batch, batch_id + 1)
+            if kind == "evict":
+                part.apply_removed(uids, "evicted")
+            elif kind == "discard":
+                part.apply_removed(uids, "discarded")
+            elif kind == "select":
+                part.apply_removed(uids, "selected", batch_id, step)
+            elif kind == "release":
+                uids = part.apply_released(batch_id)
+            else:
+                continue   # refill rows change nothing in memory
+            for fn in self.listeners:
+                fn(kind, p, uids, batch_id)
