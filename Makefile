@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/replaylake demo --lake runs/demo/lake
+	$(BIN)/replaylake demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

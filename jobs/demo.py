@@ -1,155 +1,188 @@
-"""The demo run (`make run`): simulated async rollout workers feed a lake-backed buffer, a trainer
-samples with staleness eviction and DAPO filtering, then SQL over the lake explains what happened.
+"""The main job (`make run`): a real tiny policy learns with asynchronous GRPO through replaylake.
 
-Reads top to bottom: config, the simulated rollout side (workers generate with whatever weight
-version is current, sometimes across a weight update), the trainer loop, the SQL report.
+Reads top to bottom: flags -> config, a fresh run directory, the buffer (async preset, `drop`,
+DAPO filter, `refill_fn` = the rollout side's dispatch), rollout threads, the trainer loop with a
+progress line, W&B (offline) and, at the end, a summary read back from the lake with SQL plus
+three `replaylake sql` commands to try. The pieces live in jobs/demo_*.py.
 """
 from __future__ import annotations
 
-import queue
-import random
-import shutil
-import threading
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+
+from jobs.demo_config import DemoConfig, RunDirError, make_run_dir, write_config
+from pipeline.errors import ConfigError
+
+Opt = typer.Option
 
 
-@dataclass(frozen=True)
-class DemoConfig:
-    lake: Path
-    steps: int = 30
-    batch_size: int = 8          # groups per training step
-    sessions: int = 4            # responses per prompt
-    threshold: int = 3           # max_off_policy_threshold (async, drop)
-    workers: int = 3
-    failure_rate: float = 0.05
-    seed: int = 0
+def _intro(cfg: DemoConfig) -> str:
+    """What the run is about to do, in words that follow the flags."""
+    import textwrap
+
+    evicted = []
+    if cfg.threshold is not None and cfg.strategy == "drop":
+        evicted.append(f"groups older than {cfg.threshold} steps")
+    if cfg.filter_metric:
+        evicted.append(f"groups whose answers all scored the same {cfg.filter_metric} (DAPO)")
+    evicted.append("failed groups")
+    text = (f"Rollout threads answer each prompt {cfg.n} times with the newest weights (picking "
+            "up new weights mid-answer) and write the groups into replaylake; the trainer "
+            f"samples {cfg.batch_size} groups per step. replaylake evicts "
+            + ", ".join(evicted[:-1]) + (" and " if len(evicted) > 1 else "") + evicted[-1]
+            + ", and asks for new prompts to replace them.")
+    if cfg.threshold is not None and cfg.strategy == "wait":
+        text += (f" With strategy 'wait' the trainer waits for groups {cfg.threshold} steps old "
+                 "instead of evicting stale ones.")
+    return textwrap.fill(text, width=80)
 
 
-class Rollout:
-    """Stands in for vLLM workers: a queue of prompts, threads that generate and report them."""
-
-    def __init__(self, cfg: DemoConfig, buf):
-        self.cfg, self.buf = cfg, buf
-        self.version = 0                      # weights the workers currently serve
-        self.work: queue.Queue = queue.Queue()
-        self.stop = threading.Event()
-        self.rng = random.Random(cfg.seed)
-        self._n = 0
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._worker, daemon=True)
-                        for _ in range(cfg.workers)]
-
-    def dispatch(self, n: int, step: int) -> None:
-        """Register n prompts at dispatch step `step` (so they count as in flight), queue them."""
-        with self._lock:
-            uids = [f"p{self._n + i:06d}" for i in range(n)]
-            self._n += n
-        self.buf.register(partition="train", uids=uids, global_steps=step, n=self.cfg.sessions)
-        for u in uids:
-            self.work.put((u, step))
-
-    def _worker(self) -> None:
-        while not self.stop.is_set():
-            try:
-                uid, step = self.work.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self.buf.update_status(partition="train", uids=[uid], status="running")
-            difficulty = self.rng.random()
-            rows = []
-            for s in range(self.cfg.sessions):
-                time.sleep(self.rng.uniform(0.0, 0.004))
-                lo = self.version
-                time.sleep(self.rng.uniform(0.0, 0.002))   # a weight update may land mid-response
-                hi = self.version
-                skill = min(0.95, 0.1 + 0.03 * hi)
-                n_resp = self.rng.randint(4, 24)
-                rows.append({
-                    "partition": "train", "uid": uid, "session_id": s,
-                    "min_global_steps": lo, "max_global_steps": hi,
-                    "reward": float(self.rng.random() < skill * (1.5 - difficulty)),
-                    "prompt_ids": [self.rng.randint(3, 999) for _ in range(8)],
-                    "response_ids": [self.rng.randint(3, 999) for _ in range(n_resp)],
-                    "version_spans": [{"version": lo, "n_tokens": n_resp // 2},
-                                      {"version": hi, "n_tokens": n_resp - n_resp // 2}]
-                    if hi != lo else [{"version": lo, "n_tokens": n_resp}],
-                })
-            failed = self.rng.random() < self.cfg.failure_rate
-            if failed:
-                rows = rows[: self.rng.randint(0, 1)]
-            if rows:
-                self.buf.put(rows)
-            self.buf.update_status(partition="train", uids=[uid],
-                                   status="failure" if failed else "finished")
+def _none(value: str) -> str | None:
+    return None if value.strip().lower() in ("none", "off", "") else value
 
 
-def main(lake: Path = typer.Option(Path("runs/demo/lake"), help="lake directory (recreated)"),
-         steps: int = typer.Option(30, help="training steps"),
-         batch_size: int = typer.Option(8, help="groups per step"),
-         seed: int = 0) -> None:
-    """Run a simulated async GRPO/DAPO loop on a fresh lake, then query the lake with SQL."""
-    from pipeline import ReplayBuffer, StepAggregator
-    from pipeline.analysis import connect
-    from sql import loader
+def _threshold(value: str) -> int | None:
+    text = _none(value)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"threshold={value!r}: give a positive integer or 'none'") from None
 
-    cfg = DemoConfig(lake=lake, steps=steps, batch_size=batch_size, seed=seed)
-    console = Console()
-    shutil.rmtree(cfg.lake, ignore_errors=True)
-    holder: dict = {}
-    buf = ReplayBuffer.async_(
-        lake=cfg.lake, max_off_policy_threshold=cfg.threshold, filter_groups_metric="reward",
-        refill_fn=lambda n: holder["rollout"].dispatch(n, holder["step"]), poll_interval=0.05)
-    rollout = holder["rollout"] = Rollout(cfg, buf)
-    holder["step"] = 1
-    rollout.dispatch(2 * cfg.batch_size, 1)          # generation runs ahead of training
-    for t in rollout.threads:
-        t.start()
-    totals = StepAggregator()
-    rows = []
-    with Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("steps", total=cfg.steps, info="")
-        for g in range(1, cfg.steps + 1):
-            holder["step"] = g
-            batch = buf.sample(g, "train", cfg.batch_size, timeout=120)
-            totals.add(batch.eviction_metrics, batch.metric_weights, batch.filtered_reward_counts)
-            m = batch.metrics
-            rows.append((g, len(batch), m.get("training/off_policy/trajectory_staleness/mean", 0),
-                         m.get("training/off_policy/evicted_samples", 0),
-                         m.get("training/filter_groups/evicted_samples", 0)))
-            buf.release(batch)                       # "trained": leaves memory, stays in the lake
-            rollout.version = g                      # new weights after step g
-            rollout.dispatch(cfg.batch_size, g + 1)
-            bar.update(task, advance=1, info=f"staleness {rows[-1][2]:.2f}")
-    rollout.stop.set()
-    for t in rollout.threads:
-        t.join()
-    buf.close()
 
-    table = Table(title="per step (last 10)")
-    for c in ("step", "trajectories", "staleness mean", "stale evicted", "zero-variance evicted"):
-        table.add_column(c, justify="right")
-    for r in rows[-10:]:
-        table.add_row(str(r[0]), str(r[1]), f"{r[2]:.2f}", str(r[3]), str(r[4]))
-    console.print(table)
-    con = connect(cfg.lake)
-    for name in ("evictions_by_reason", "staleness_by_step"):
-        res = loader.run(con, name)
-        out = Table(title=f"sql/{name} ({res.num_rows} rows, first 6)")
-        for c in res.column_names:
-            out.add_column(c, justify="right")
-        for row in res.slice(0, 6).to_pylist():
-            out.add_row(*[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()])
-        console.print(out)
-    summary = con.sql("select kind, count(*) as n from decisions group by kind order by kind")
-    console.print("[bold]decision log over the lake:[/]", dict(summary.fetchall()))
-    console.print(f"totals over the run: {totals.result()}")
-    console.print(f"lake written to {cfg.lake}; query it with: replaylake sql --lake {cfg.lake} "
-                  "\"select * from groups limit 5\"")
+class _Status:
+    """The line under the progress bar: reward, staleness, evictions so far (rich renderable)."""
+
+    def __init__(self) -> None:
+        self.text = "waiting for the first batch ..."
+
+    def __rich__(self) -> str:
+        return self.text
+
+    def update(self, info: Any) -> None:
+        from jobs.demo_trainer import STALENESS_KEY
+        m, ev = info.metrics, info.evicted
+        reward = "n/a" if info.rollout_reward is None else f"{info.rollout_reward:.2f}"
+        self.text = (f"reward {reward}  staleness {m.get(STALENESS_KEY, 0.0):.2f}  "
+                     f"evicted: stale {ev['stale']:,}  zero-var {ev['zero_variance']:,}  "
+                     f"failed {ev['failure']:,}")
+
+
+def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
+        console: Any = None) -> Path:
+    """Run the demo; returns its run directory. The buffer, the workers and the W&B run are
+    closed whatever happens, so a failed or interrupted run still leaves a readable lake."""
+    import torch
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from jobs.demo_policy import Policy
+    from jobs.demo_rollout import Rollout, WeightStore
+    from jobs.demo_summary import render, summarize
+    from jobs.demo_trainer import Trainer, run_steps
+    from pipeline import ReplayBuffer, async_config
+
+    console = console or Console()
+    # the buffer's own checks (threshold, strategy, filter metric) before anything is written
+    buffer_kwargs = dict(max_off_policy_threshold=cfg.threshold,
+                         max_off_policy_strategy=cfg.strategy,
+                         filter_groups_metric=cfg.filter_metric, poll_interval=0.05)
+    async_config(**buffer_kwargs, refill_fn=lambda k: None)
+    run_dir = make_run_dir(out)
+    lake = run_dir / "lake"
+    write_config(run_dir, cfg, {"lake": str(lake)})
+    console.print("[bold]replaylake demo[/]: a tiny GRU learns to reverse 1-3 digits with async "
+                  "GRPO.")
+    console.print(_intro(cfg), markup=False, highlight=False)
+    console.print(f"[bold]configuration[/] (also in {run_dir / 'config.json'})", highlight=False)
+    for line in cfg.lines():
+        console.print(line, markup=False, highlight=False)
+
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    policy = Policy()
+    weights = WeightStore(policy)
+    holder: dict[str, Rollout] = {}
+    buf = ReplayBuffer.async_(lake=lake, refill_fn=lambda k: holder["rollout"].dispatch(k),
+                              **buffer_kwargs)
+    rollout = holder["rollout"] = Rollout(
+        buf, weights, n=cfg.n, workers=cfg.workers, failure_rate=cfg.failure_rate, seed=cfg.seed,
+        token_delay=cfg.token_delay_ms / 1000.0)
+    tracker = None
+    if use_wandb:
+        from pipeline.adapters.wandb import WandbTracker
+        tracker = WandbTracker(dir=run_dir, project="replaylake-demo", name=run_dir.name,
+                               config=asdict(cfg))
+    status = _Status()
+    progress = Progress(TextColumn("[bold]training"), BarColumn(bar_width=24),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+    task = progress.add_task("steps", total=cfg.steps)
+
+    def on_step(info: Any) -> None:
+        if tracker is not None:
+            tracker.log_step(info.step, info.metrics, info.reward_counts)
+        status.update(info)
+        progress.update(task, completed=info.step)
+
+    started = time.perf_counter()
+    ok = False
+    try:
+        rollout.start()
+        with Live(Group(progress, status), console=console, refresh_per_second=8):
+            trainer = Trainer(policy, cfg.lr, cfg.clip)
+            run_steps(steps=cfg.steps, batch_size=cfg.batch_size, ahead=cfg.ahead, buf=buf,
+                      rollout=rollout, weights=weights, trainer=trainer,
+                      timeout=cfg.sample_timeout_s, on_step=on_step)
+        ok = True
+    finally:
+        rollout.stop()
+        buf.close()
+        wandb_dir = tracker.run_dir if tracker is not None else None
+        if tracker is not None:
+            tracker.finish(exit_code=0 if ok else 1)
+    wall = time.perf_counter() - started
+    summary = summarize(lake)
+    console.print("")
+    for line in render(summary, run_dir=run_dir, lake=lake, wandb_dir=wandb_dir, wall_s=wall):
+        console.print(line, highlight=False)
+    (run_dir / "summary.json").write_text(
+        json.dumps({**asdict(summary), "wall_s": round(wall, 2)}, indent=1) + "\n")
+    return run_dir
+
+
+def main(
+    steps: Annotated[int, Opt(help="training steps")] = DemoConfig.steps,
+    threshold: Annotated[str, Opt(help="max_off_policy_threshold: an int, or 'none'")] = "2",
+    strategy: Annotated[str, Opt(help="max_off_policy_strategy: drop | wait")] = "drop",
+    filter_metric: Annotated[str, Opt(help="DAPO filter metric: reward, or 'none'")] = "reward",
+    failure_rate: Annotated[float, Opt(help="probability that a session fails")] =
+        DemoConfig.failure_rate,
+    seed: Annotated[int, Opt(help="seed of the policy, prompts and sampling")] = DemoConfig.seed,
+    batch_size: Annotated[int, Opt(help="prompts (groups) per step")] = DemoConfig.batch_size,
+    ahead: Annotated[int, Opt(help="batches of prompts kept in the pipeline")] =
+        DemoConfig.ahead,
+    token_delay_ms: Annotated[float, Opt(help="decode time per token, ms")] =
+        DemoConfig.token_delay_ms,
+    out: Annotated[Path | None, Opt(help="run directory (must be new or empty); default "
+                                          "runs/demo/<timestamp>")] = None,
+    wandb: Annotated[bool, Opt("--wandb/--no-wandb", help="track in W&B (offline unless "
+                                                          "WANDB_MODE says otherwise)")] = True,
+) -> None:
+    """Train a tiny GRU policy with asynchronous GRPO through replaylake (about a minute on 2
+    CPU cores), tracked in W&B offline; then see what happened with SQL over the lake."""
+    try:
+        cfg = replace(DemoConfig(), steps=steps, threshold=_threshold(threshold),
+                      strategy=strategy, filter_metric=_none(filter_metric),
+                      failure_rate=failure_rate, seed=seed, batch_size=batch_size, ahead=ahead,
+                      token_delay_ms=token_delay_ms)
+        run(cfg, out=out, use_wandb=wandb)
+    except (ConfigError, RunDirError) as exc:
+        typer.echo(f"replaylake demo: {exc}", err=True)
+        raise typer.Exit(2) from None
