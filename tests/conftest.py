@@ -114,3 +114,17 @@ def run_python(script: Path, *args: str, timeout: float = 60, **env: str
     if proc.returncode != 0:
         raise AssertionError(f"{script.name} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The one local Ray cluster of the test session (the verl tests' TransferQueue runs on it
+    too). `num_cpus=4` on these 2-core machines: actors that each ask for a CPU otherwise hang."""
+    ray = pytest.importorskip("ray", reason="ray is in the ray/verl extras; `make test` has it")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

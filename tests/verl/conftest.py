@@ -1,7 +1,8 @@
 """One Ray cluster and one TransferQueue per test session, shared by every verl test.
 
-Ray starts with `num_cpus=4` (on these 2-core machines TransferQueue's actors each ask for a CPU
-and would otherwise wait forever), then `transfer_queue.init()` with one storage unit (each unit is
+Ray is the session's one cluster (the `ray_cluster` fixture of tests/conftest.py, started with
+`num_cpus=4`: on these 2-core machines TransferQueue's actors each ask for a CPU and would
+otherwise wait forever), then `transfer_queue.init()` with one storage unit (each unit is
 a process that imports torch: one is enough for tests and starts several seconds sooner).
 The tests are skipped only when verl 0.9.1 / TransferQueue are not importable; `make test`
 installs them, so in CI they run.
@@ -30,21 +31,16 @@ def _import_stack():
 
 
 @pytest.fixture(scope="session")
-def tq():
-    """The `transfer_queue` module, initialised on a local Ray cluster for the whole session."""
+def tq(ray_cluster):
+    """The `transfer_queue` module, initialised on the session's Ray cluster (tests/conftest.py:
+    one cluster per session, started before TransferQueue, shut down after it closes)."""
     os.environ.setdefault("TQ_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray, transfer_queue = _import_stack()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    _ray, transfer_queue = _import_stack()
     from omegaconf import OmegaConf
     transfer_queue.init(OmegaConf.create(
         {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     yield transfer_queue
     transfer_queue.close()
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture
