@@ -213,7 +213,8 @@ class ReplayBuffer:
             part = self._state.parts.get(p)
             if part is None:
                 return 0
-            ev = decide.evaluate(part, self.config.rules_for(p), global_steps, part.filter_metric)
+            ev = decide.evaluate(part, self.config.rules_for(p), global_steps,
+                                 self.config.filter_metric)
             return part.candidates.alive_count - ev.count
 
     def lookup(self, partition: str, uid: str) -> GroupView | None:
@@ -276,6 +277,11 @@ class ReplayBuffer:
     def partitions(self) -> list[str]:
         with self._state.cond:
             return sorted(self._state.parts)
+
+    @property
+    def lake(self) -> LakeWriter | None:
+        """The lake this buffer writes (its ``root`` and ``lock``), or None in memory only."""
+        return self._state.journal.lake
 
     def close(self) -> None:
         if self._state.journal.lake is not None:

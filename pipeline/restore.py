@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lake import read_table
+from pipeline.lake import highest_seq, read_table
 from pipeline.state import BufferState
 
 _REPLAYED = ("group_events", "trajectories", "decisions")
@@ -36,8 +36,6 @@ def restore(state: BufferState, lake: str | os.PathLike) -> None:
         keep=None if gone_keys is None else (lambda t: pc.invert(pc.is_in(_key(t), gone_keys))))
     seqs = [tables[n].column("seq").to_numpy() for n in _REPLAYED]
     metric_seq = read_table(lake, "metrics").column("seq").to_numpy()
-    if not any(len(s) for s in seqs) and not len(metric_seq):
-        return
     all_seq = np.concatenate(seqs)
     source = np.concatenate([np.full(len(s), i, dtype=np.int8) for i, s in enumerate(seqs)])
     local = np.concatenate([np.arange(len(s)) for s in seqs])
@@ -49,5 +47,7 @@ def restore(state: BufferState, lake: str | os.PathLike) -> None:
             continue
         name = _REPLAYED[int(run_src[0])]
         state.apply(name, tables[name].slice(int(run_idx[0]), len(run_idx)))
-    # metric rows are not replayed, but they took seq numbers too: never hand those out again
-    state.journal.next_seq = int(max(all_seq.max(initial=-1), metric_seq.max(initial=-1))) + 1
+    # metric rows took seq numbers too, and so did calls torn by a crash (rows on disk that no
+    # reader accepts): never hand any of those out again
+    state.journal.next_seq = int(max(all_seq.max(initial=-1), metric_seq.max(initial=-1),
+                                     highest_seq(lake))) + 1

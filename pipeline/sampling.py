@@ -57,7 +57,7 @@ def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume
         with state.cond:
             part = state.part(ctx.partition)
             seen = state.version
-            ev = decide.evaluate(part, uses, ctx.step, part.filter_metric)
+            ev = decide.evaluate(part, uses, ctx.step, cfg.filter_metric)
             if ev.count:
                 _evict(state, part, ctx, call_id, poll, ev)
                 acc.add(ev)

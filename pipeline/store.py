@@ -14,7 +14,6 @@ import pyarrow as pa
 
 from pipeline.aggregates import meta_frame
 from pipeline.candidates import CandidateIndex
-from pipeline.partitions import is_validation
 from pipeline.rows import TrajectoryRows
 
 
@@ -66,7 +65,7 @@ class PartitionState:
 
     def __init__(self, partition: str, filter_metric: str | None):
         self.partition = partition
-        self.filter_metric = None if is_validation(partition) else filter_metric
+        self.filter_metric = filter_metric   # aggregated everywhere; rules skip validation
         self.groups: dict[str, Group] = {}
         self.inflight: dict[str, int] = {}       # uid -> global_steps of pending/running groups
         self._inflight_heap: list[tuple[int, str]] = []

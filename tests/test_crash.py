@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 from conftest import ROOT, add_group, python_env, traj, write_script
 
-from pipeline import IngestError, ReplayBuffer
+from pipeline import ConfigError, IngestError, ReplayBuffer
 from pipeline.lake import highest_seq, read_table, segment_files
 from pipeline.lake_files import log_files
 from schemas import LAKE_TABLES
@@ -285,7 +285,7 @@ def test_reissue_after_a_restart_hands_in_flight_groups_back_as_pending(tmp_path
                                        "sampled": 0}
         with pytest.raises(IngestError, match="already in the buffer"):
             buf.put([traj("run", 0, min_gs=1, max_gs=1)])
-        with pytest.raises(IngestError):
+        with pytest.raises(ConfigError):
             buf.reissue(-1)
         assert buf.reissue(7) == {"train": ["half", "pend", "run"]}
         assert buf.counts("train") == {"pending": 3, "running": 0, "finished": 1, "failure": 0,
@@ -373,8 +373,6 @@ def test_a_retried_torn_call_puts_each_trajectory_into_a_batch_once(tmp_path):
             {"uid": "t", "session_id": 0, "reward": 7.0}]
 
 
-@pytest.mark.xfail(strict=True, reason="restore must number after pipeline.lake.highest_seq(lake)"
-                   " (the core's restore still starts at the highest visible seq + 1)")
 def test_the_seqs_of_a_torn_call_are_never_handed_out_again(tmp_path):
     lake = _torn_split_call(tmp_path)
     [train_segment] = segment_files(lake, "trajectories", ["train"])

@@ -15,22 +15,21 @@ from pipeline.lake import LakeWriter, read_table, segment_files
 from tests.conftest import ROOT, python_env, traj, write_script
 
 
-def test_a_failed_lake_write_raises_lake_error_and_later_writes_stay_readable(tmp_path):
+def test_a_failed_lake_write_raises_lake_error_and_later_writes_stay_readable(tmp_path,
+                                                                             monkeypatch):
     buf = ReplayBuffer.sync(lake=tmp_path / "lake")
     buf.register(partition="train", uids=["a", "b"], global_steps=1)
     buf.put([traj("a", 0)])
-    writer: LakeWriter = buf._journal.lake
-    real = writer._append
 
-    def broken(table, rows):
+    def broken(self, table, rows):
         raise OSError(28, "No space left on device")
 
-    writer._append = broken
-    with pytest.raises(LakeError, match="No space left"):
-        buf.put([traj("b", 0)])
-    writer._append = real
+    with monkeypatch.context() as m:     # the disk fills up for exactly one write
+        m.setattr(LakeWriter, "_append", broken)
+        with pytest.raises(LakeError, match="No space left"):
+            buf.put([traj("b", 0)])
     assert buf.counts("train")["pending"] == 2
-    assert len(buf._parts["train"].groups["b"].rows) == 0      # nothing applied in memory
+    assert buf.lookup("train", "b").keys == frozenset()          # nothing applied in memory
     buf.put([traj("b", 0)])                                     # the retry is accepted
     rows = read_table(tmp_path / "lake", "trajectories")
     assert rows["uid"].to_pylist() == ["a", "b"]

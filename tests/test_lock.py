@@ -82,7 +82,7 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, caplog):
     assert f'"pid": {dead}' in (lake / LOCK_NAME).read_text()   # a stale record is left behind
     with caplog.at_level("WARNING", logger="replaylake"):
         with ReplayBuffer.sync(lake=lake) as buf:
-            assert buf._journal.lake.lock.previous.startswith(f"pid {dead} on ")
+            assert buf.lake.lock.previous.startswith(f"pid {dead} on ")
             assert buf.counts("train")["pending"] == 1
             add_group(buf, "next", 1, [0.0, 1.0])
     assert f"took over the writer lock of pid {dead}" in caplog.text

@@ -93,8 +93,8 @@ def test_prompts_reissued_by_verl_after_a_restart_are_reissued_in_the_core(tq, r
                       tag={"status": "pending", "global_steps": 5})
     second = make(lake, [], threshold=None)
     assert second.get_sampleable_count(5, "train") == 1
-    group = second.core._parts["train"].groups["inflight"]
-    assert (group.status, group.gs, group.rows) == ("pending", 5, [])
+    group = second.core.lookup("train", "inflight")
+    assert (group.status, group.global_steps, group.keys) == ("pending", 5, frozenset())
     rollout.status(["inflight"], "running")
     rollout.finish(G("inflight", 5, rewards=[0.0, 1.0]))
     meta, _ = second.sample(global_steps=5, partition_id="train", batch_size=2)
