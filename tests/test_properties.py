@@ -1,5 +1,6 @@
 """Hypothesis: random interleavings of register / put / status changes / sample / release /
-reissue / restart, for both presets, against a small reference model of the sampling, eviction and refill rules.
+reissue / restart, for both presets, against a small reference model of the sampling, eviction
+and refill rules.
 
 Properties: every batch is exactly the model's oldest whole groups; no group is handed out twice;
 conservation (every registered group is live, sampled, released or evicted, and the lake's

@@ -9,7 +9,7 @@ always written before its terminal status, and one listing is a consistent snaps
 order never rejects a trajectory verl would have used). Keys of selected groups that disappear
 (the trainer clears them after the step) release the batch.
 
-Keys the core must not accept are *orphans* (a defect of verl's buffer): a late write that re-creates the key of a
+Keys the core must not accept are *orphans*: a late write that re-creates the key of a
 removed group (e.g. a status written after the prompt key was cleared), or a trajectory of a group
 that is removed or already terminal. They can never be trained on, and verl leaves them in
 TransferQueue forever (a leak); the adapter clears them. Keys it cannot attribute to a group it
@@ -26,6 +26,7 @@ from typing import Any
 
 from pipeline.adapters.verl_rows import trajectory_rows
 from pipeline.errors import IngestError, InvariantError
+from pipeline.partitions import is_validation
 
 log = logging.getLogger("replaylake.verl")
 
@@ -56,7 +57,7 @@ class PartitionMirror:
     def __init__(self, core: Any, tq: Any, partition: str, fields: str,
                  filter_metric: str | None):
         self.core, self.tq, self.partition, self.fields = core, tq, partition, fields
-        self.filter_metric = None if partition == "val" else filter_metric
+        self.filter_metric = None if is_validation(partition) else filter_metric
         self.kind: dict[str, str] = {}              # every listed key -> PROMPT | TRAJ | ...
         self.by_uid: dict[str, list[str]] = {}      # uid -> its listed trajectory keys
         self.order: dict[str, int] = {}             # mirrored trajectory key -> arrival number

@@ -1,5 +1,5 @@
-"""Where replaylake deliberately differs from verl 0.9.1 (the README's table of differences): each test runs the
-same writes through both and shows verl's behaviour and ours side by side. Also the constructor
+"""Where replaylake deliberately differs from verl 0.9.1 (the README's table of differences): each
+test runs the same writes through both and shows verl's behaviour and ours side by side. Also the constructor
 contract (same exception types and phrases) and the errors both raise alike.
 """
 from __future__ import annotations
