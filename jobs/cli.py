@@ -24,6 +24,7 @@ _COMMANDS = [
     (bench, "decide", "jobs.bench_decide", "main"),
     (bench, "torch", "jobs.bench_torch", "main"),
     (bench, "verl", "jobs.bench_verl", "main"),
+    (bench, "ray", "jobs.bench_ray", "main"),
     (lake, "check", "jobs.lake_tool", "check"),
     (lake, "salvage", "jobs.lake_tool", "salvage"),
 ]

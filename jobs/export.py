@@ -40,9 +40,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import typer
 
+from jobs.export_rows import attach_provenance, trained_groups, trained_rows
 from pipeline.errors import ReplayLakeError
 from pipeline.lake import read_table
 from schemas import BATCH_PROVENANCE, TRAJECTORIES
+
+__all__ = ["ExportConfig", "ExportError", "attach_provenance", "export", "main", "parse_steps",
+           "trained_groups", "trained_rows", "write_shard"]
 
 FORMATS = ("parquet", "pt")
 MANIFEST = "manifest.json"
@@ -133,48 +137,6 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
                                 pc.less_equal(t.column("step"), hi))) for p, t in out.items()}
 
 
-def trained_rows(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
-    """The trajectories of the selected groups, with the provenance their Batch carried.
-
-    A group's rows are those that arrived after its last (re)registration before the select and
-    before the select itself (a `reissued` event drops the partial rows that came before it)."""
-    import polars as pl
-
-    sel = (pl.from_arrow(selects.select(["uid", "step", "batch_id", "seq"]))
-           .sort("seq").unique("uid", keep="first", maintain_order=True)
-           .rename({"seq": "sel_seq"}))
-    ev = pl.from_arrow(read_table(lake, "group_events", [partition])
-                       .select(["uid", "event", "global_steps", "seq"]))
-    starts = (sel.join(ev.filter(pl.col("event").is_in(["registered", "reissued"])), on="uid")
-              .filter(pl.col("seq") < pl.col("sel_seq")).sort("seq")
-              .group_by("uid").agg(pl.col("global_steps").last().alias("gs"),
-                                   pl.col("seq").last().alias("start_seq")))
-    ends = (sel.join(ev.filter(pl.col("event").is_in(["finished", "failure"])), on="uid")
-            .filter(pl.col("seq") < pl.col("sel_seq")).sort("seq")
-            .group_by("uid").agg(pl.col("event").last().alias("status")))
-    groups = sel.join(starts, on="uid").join(ends, on="uid", how="left")
-    # filter each segment as it is read: the payload of groups never trained on is not loaded
-    uids = pa.array(sel["uid"].to_list(), pa.string())
-    traj = read_table(lake, "trajectories", [partition],
-                      keep=lambda seg: pc.is_in(seg.column("uid"), value_set=uids))
-    rows = (pl.from_arrow(traj.select(["uid", "seq"])).with_row_index("row")
-            .join(groups, on="uid")
-            .filter((pl.col("seq") > pl.col("start_seq")) & (pl.col("seq") < pl.col("sel_seq")))
-            .sort(["batch_id", "seq"]))
-    out = traj.take(pa.array(rows["row"].to_numpy().astype(np.int64)))
-    step = rows["step"].to_numpy().astype(np.int64)
-    gs = rows["gs"].to_numpy().astype(np.int64)
-    mn = out.column("min_global_steps").to_numpy()
-    mx = out.column("max_global_steps").to_numpy()
-    cols = {"batch_id": rows["batch_id"].to_numpy(), "step": step, "global_steps": gs,
-            "status": rows["status"].fill_null("finished").to_list(),
-            "span": mx - mn + 1, "staleness": (step - 1) - mx, "staleness_worst": (step - 1) - mn,
-            "group_span": step - gs + 1, "times_sampled": np.ones(len(step), np.int32)}
-    for f in BATCH_PROVENANCE:
-        out = out.append_column(f, pa.array(cols[f.name], type=f.type))
-    return out
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -228,8 +190,11 @@ def _is_done(cfg: ExportConfig, entry: dict[str, Any] | None, key: str) -> bool:
                for f in entry["files"].values()) and set(entry["files"]) == set(cfg.formats)
 
 
-def export(cfg: ExportConfig) -> dict[str, Any]:
-    """Run the export; returns the manifest (``written`` / ``skipped``: this run's shard counts)."""
+def export(cfg: ExportConfig, rows_fn: Any = None) -> dict[str, Any]:
+    """Run the export; returns the manifest (``written`` / ``skipped``: this run's shard counts).
+
+    ``rows_fn(lake, partition, selects)`` reads the trained rows (default `trained_rows`, in
+    this process; `jobs.export_ray.trained_rows_ray` reads them with Ray Data)."""
     from tqdm import tqdm
 
     selections = _selections(cfg)
@@ -249,7 +214,7 @@ def export(cfg: ExportConfig) -> dict[str, Any]:
                 "selection": cfg.selection(), "complete": False, "partitions": {},
                 "schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
                            for f in schema], "shards": []}
-    tables = {p: trained_rows(cfg.lake, p, s) for p, s in selections.items()}
+    tables = {p: (rows_fn or trained_rows)(cfg.lake, p, s) for p, s in selections.items()}
     plan = [(p, i, lo) for p, t in tables.items()
             for i, lo in enumerate(range(0, t.num_rows, cfg.rows_per_shard))]
     written = skipped = 0
@@ -305,6 +270,9 @@ def main(
         = "packed",
     pad_token_id: Annotated[int, typer.Option(help="pad id of padded .pt shards")] = 0,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="read the lake with Ray Data (joins a running cluster, else starts one)")]
+        = False,
 ) -> None:
     """Export the trained data of chosen steps/partitions as shards with a manifest (resumable)."""
     try:
@@ -313,7 +281,9 @@ def main(
                            rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
                            tensor_layout=tensor_layout, pad_token_id=pad_token_id,
                            progress=progress)
-        result = export(cfg)
+        if ray:
+            from jobs.export_ray import trained_rows_ray
+        result = export(cfg, trained_rows_ray if ray else None)
     except ExportError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
