@@ -1,4 +1,5 @@
-"""The README's Python example runs as written (with a real refill_fn and a lake in tmp_path)."""
+"""The README's Python example runs as written, twice in a row on the same lake (the second run
+restores the first one's lake and adds its own group)."""
 from __future__ import annotations
 
 import os
@@ -8,14 +9,18 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_python_example_runs(tmp_path, monkeypatch):
-    block = re.search(r"## Python in ten lines\n\n```python\n(.*?)```", README.read_text(), re.S)
+def test_readme_python_example_runs_twice_as_written(tmp_path, monkeypatch, capsys):
+    block = re.search(r"## Python in a few lines\n\n```python\n(.*?)```", README.read_text(), re.S)
     assert block is not None, "the README lost its Python example"
     monkeypatch.chdir(tmp_path)
-    calls: list[int] = []
-    scope = {"my_dispatch": calls.append}
-    exec(compile(block.group(1), "README.md", "exec"), scope)   # noqa: S102 - our own README
-    assert scope["batch"].uids == ["p0"]
-    assert scope["tensors"]["input_ids"].shape == (2, 4)
+    code = compile(block.group(1), "README.md", "exec")
+    uids = []
+    for _ in range(2):
+        scope: dict = {}
+        exec(code, scope)   # noqa: S102 - our own README, run as a user would
+        assert scope["batch"].uids == [scope["uid"]]
+        assert scope["tensors"]["input_ids"].shape == (2, 4)
+        uids.append(scope["uid"])
+    assert uids[0] != uids[1]
     assert os.path.isdir(tmp_path / "runs" / "exp1" / "lake" / "trajectories")
-    assert calls == []          # nothing was filtered: rewards 0 and 1 differ
+    assert "please dispatch" not in capsys.readouterr().out   # nothing filtered: rewards 0, 1
