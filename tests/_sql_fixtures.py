@@ -117,8 +117,11 @@ def _no_checkpoint(buf: ReplayBuffer, step: int, partition: str, when: str) -> N
 
 
 def simulate_async(lake: Path, *, steps: int = 8, batch: int = 3, threshold: int = 2,
-                   seed: int = 0, checkpoint: Checkpoint = _no_checkpoint) -> Run:
+                   seed: int = 0, surplus: int = 0,
+                   checkpoint: Checkpoint = _no_checkpoint) -> Run:
     """async, drop(threshold), DAPO filter on `reward`; some groups finish late (stale).
+    ``surplus`` more groups than a batch takes are dispatched every step, so finished groups
+    pile up and age past the threshold while waiting (stale evictions of kept groups).
     ``checkpoint(buf, step, partition, "before" | "after")`` runs around every sample call."""
     ro = Rollout(seed)
     buf = ReplayBuffer.async_(lake=lake, max_off_policy_threshold=threshold,
@@ -130,7 +133,7 @@ def simulate_async(lake: Path, *, steps: int = 8, batch: int = 3, threshold: int
     with buf:
         for g in range(1, steps + 1):
             ro.step = g
-            ro.dispatch(batch)
+            ro.dispatch(batch + surplus)
             late += [(g + 3, u) for u in ro.dispatch(1, settle=False)]
             for _, u in [x for x in late if x[0] == g]:
                 ro.settle(u)
