@@ -38,6 +38,7 @@ def lake_dataset(lake: str | Path, table: str, partitions: list[str] | None = No
     """A lake table as a Ray Dataset (one block per lake file; ``keep(segment) -> mask``
     filters each file on the worker that reads it). Row order is not defined: sort by ``seq``."""
     ray = _ray()
+    lake = Path(lake).resolve()       # workers do not share the driver's working directory
     files = [str(p) for p in segment_files(lake, table, partitions)]
     committed = committed_calls(lake)
     schema = LAKE_TABLES[table]
