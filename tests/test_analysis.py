@@ -146,6 +146,8 @@ def test_the_filter_metric_is_chosen_at_connect(sync_run: Run) -> None:
     assert one(by_acc, q) == (total, total)   # every simulated trajectory reports acc
     assert one(none, q) == (0, total)
     assert one(by_acc, "select getvariable('filter_metric')") == ("acc",)
+    none.execute("set variable filter_metric = 'reward'")   # a variable, not locked configuration
+    assert one(none, q) == (total, total)
     with pytest.raises(ConfigError, match="filter_metric=3"):
         connect(sync_run.lake, filter_metric=3)
 
