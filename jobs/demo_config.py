@@ -30,7 +30,7 @@ class RunDirError(ReplayLakeError):
 class DemoConfig:
     """Everything that shapes a demo run (recorded in ``config.json`` and in W&B)."""
 
-    steps: int = 400                   # training steps
+    steps: int = 300                   # training steps
     batch_size: int = 32               # prompts (groups) per step
     n: int = 8                         # responses per prompt
     threshold: int | None = 2          # max_off_policy_threshold (None = no staleness bound)
