@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import aggregates, candidates
+from pipeline import aggregates, candidates, decide
 from pipeline.batch import Batch
 from pipeline.config import BufferConfig, async_config, sync_config
 from pipeline.errors import ConfigError, UnknownBatchError
@@ -206,7 +206,6 @@ class ReplayBuffer:
     def get_sampleable_count(self, global_steps: int, partition: str | None = None, *,
                              partition_id: str | None = None) -> int:
         """How many groups `sample` could hand out now; evicts, refills and removes nothing."""
-        from pipeline import decide
         _non_negative_step("get_sampleable_count", global_steps)
         p = _partition(partition, partition_id, "get_sampleable_count")
         with self._state.cond:
@@ -251,6 +250,31 @@ class ReplayBuffer:
             aggregates.complete(part)
             alive = part.candidates.alive
             return candidates.table([alive[u] for u in part.candidates.oldest(None)])
+
+    def retire(self, partition: str, uids: list[str], reason: str = "vanished",
+               global_steps: int | None = None) -> list[str]:
+        """Remove live, unselected groups that disappeared from an external data plane (e.g.
+        verl's trainer cleared the partition): each gets an `evict` decision with ``reason`` and
+        is never sampled or accepted again. Returns the uids retired (unknown or already removed
+        ones are skipped)."""
+        uids = _uid_list("retire", uids)
+        with self._state.cond:
+            part = self._state.parts.get(partition)
+            if part is None:
+                return []
+            live = [u for u in uids if u in part.groups and part.groups[u].removed is None]
+            if not live:
+                return []
+            gs = [part.groups[u].gs for u in live]
+            if global_steps is None:      # no trainer step at hand: the group's own dispatch step
+                steps, spans = gs, [1] * len(gs)
+            else:
+                steps, spans = [global_steps] * len(gs), decide.group_spans(global_steps, gs)
+            self._state.commit("decisions", [
+                {"partition": partition, "step": s, "call_id": -1, "poll": 0, "kind": "evict",
+                 "uid": u, "reason": reason, "group_span": span, "count": 1}
+                for u, s, span in zip(live, steps, spans)])
+            return live
 
     def release(self, batch: Batch | int) -> None:
         """The trainer is done with the batch: its trajectories leave memory (not the lake)."""

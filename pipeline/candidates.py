@@ -55,7 +55,7 @@ class CandidateIndex:
     def remove(self, uids: list[str]) -> None:
         for u in uids:
             if self.alive.pop(u, None) is None:
-                del self.pending[u]
+                self.pending.pop(u, None)     # or an in-flight group retired from outside
         h = self._heap
         while h and not self._live(h[0]):   # selected/stale groups sit at the front: drop them now
             heapq.heappop(h)

@@ -118,6 +118,7 @@ class PartitionState:
         self.candidates.remove(uids)
         for u in uids:
             self.retired.add(u)
+            self.inflight.pop(u, None)
             if how == "selected":
                 g = self.groups[u]
                 g.removed, g.batch_id = how, batch_id

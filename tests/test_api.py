@@ -116,3 +116,22 @@ def test_lookup_returns_a_frozen_view():
     with pytest.raises(AttributeError):
         view.status = "finished"
     assert buf.lookup("train", "nobody") is None
+
+
+def test_retire_removes_live_groups_for_good_with_a_decision_of_its_own(tmp_path):
+    from pipeline.lake import read_table
+    with ReplayBuffer.sync(lake=tmp_path / "lake", poll_interval=0.05) as buf:
+        add_group(buf, "done", 1)
+        add_group(buf, "flying", 1, status="running")
+        add_group(buf, "kept", 2)
+        assert buf.retire("train", ["done", "flying", "nobody"]) == ["done", "flying"]
+        assert buf.counts("train") == {"pending": 0, "running": 0, "finished": 1, "failure": 0,
+                                       "sampled": 0}
+        assert buf.sample(2, "train", 1, timeout=5).uids == ["kept"]
+        with pytest.raises(UnknownGroupError):
+            buf.put([traj("flying", 1)])
+    dec = read_table(tmp_path / "lake", "decisions").to_pylist()
+    assert [(d["uid"], d["kind"], d["reason"]) for d in dec if d["reason"] == "vanished"] == [
+        ("done", "evict", "vanished"), ("flying", "evict", "vanished")]
+    with ReplayBuffer.sync(lake=tmp_path / "lake") as again:      # restore agrees
+        assert again.lookup("train", "done").removed == "retired"

@@ -126,8 +126,8 @@ class ReplayBuffer:
         m = self._mirrors.get(partition)
         if m is None:
             return
-        if kind in ("evict", "discard"):
-            clear(self.tq, partition, m.on_remove(uids))
+        if kind in ("evict", "discard"):   # only keys still listed (a vanished group's are gone)
+            clear(self.tq, partition, [k for k in m.on_remove(uids) if k in m.listing])
         elif kind == "select":
             m.on_select(uids, batch_id)
             clear(self.tq, partition, list(uids))
@@ -165,7 +165,7 @@ class _DepthQueries:
         """Groups `sample` could hand out now; mirrors TransferQueue but evicts, refills and
         clears nothing, and (as verl) ignores the wait gate."""
         with self._lock:
-            self._mirror(partition_id).sync()
+            self._mirror(partition_id).sync(clear_orphans=False)   # a depth query changes nothing
             return self.core.get_sampleable_count(global_steps, partition_id)
 
     def wait_for_sampleable(self, global_steps: int, partition_id: str,

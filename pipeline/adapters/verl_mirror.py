@@ -73,13 +73,25 @@ class PartitionMirror:
         self._arrivals = 0
 
     # --- TransferQueue -> core ----------------------------------------------------------------
-    def sync(self) -> None:
-        """List the partition once and apply the difference to the core (one poll's input)."""
+    def sync(self, clear_orphans: bool = True) -> None:
+        """List the partition once and apply the difference to the core (one poll's input).
+
+        A prompt key that vanished without the adapter removing it (the trainer cleared the
+        partition, an operator reset it) retires its group in the core: verl re-lists on every
+        poll, so for verl that group is simply gone. ``clear_orphans=False`` (depth queries)
+        leaves TransferQueue untouched; orphans found are cleared by the next full sync."""
         listing = self.tq.kv_list(partition_id=self.partition).get(self.partition, {})
         self.listing = listing
         gone = self.kind.keys() - listing.keys() if len(self.kind) else ()
+        vanished = [k for k in gone if self.kind[k] == PROMPT]
         for k in gone:
             self._forget_key(k)
+        if vanished:
+            retired = self.core.retire(self.partition, vanished, reason="vanished")
+            if retired:
+                log.warning("verl adapter: %d group(s) of partition %r vanished from "
+                            "TransferQueue and were retired: %s", len(retired), self.partition,
+                            retired[:5])
         new = self._new_keys(listing)
         registers, reissue = self._classify(new, listing)
         if reissue is not None:       # verl re-issued in-flight prompts after a resume
@@ -99,7 +111,8 @@ class PartitionMirror:
         held = self._put_waiting(listing)
         self._apply_statuses(listing, held)
         self._release_cleared(listing)
-        self._clear_orphans()
+        if clear_orphans:
+            self._clear_orphans()
 
     def _new_keys(self, listing: dict[str, dict]) -> list[str]:
         """Keys not seen before, in listing (= TransferQueue registration) order. New keys are

@@ -264,3 +264,16 @@ def test_constructor_rejects_what_verl_accepts_and_crashes_on_later(tq, kw):
     verl_cls(**{**BASE, **kw})
     with pytest.raises(ConfigError):
         ours_cls(**{**BASE, **kw})
+
+
+def test_a_depth_query_clears_nothing_even_with_an_orphan_present(tq):
+    def scenario(ctx):
+        ctx.rollout.groups([G("g", 1), G("h", 2)])
+        buf = ctx.buffer("async")
+        ctx.count(buf, 2)
+        ctx.rollout.trajectories([G("g", 1, rewards=[0.0, 1.0, 1.0])])   # a late, orphan key
+        ctx.count(buf, 2)
+        ctx.sample(buf, 2, 1)
+    out = by_impl(scenario, tq)["ours"]
+    assert "g_2_0" in out[1].left                 # the depth query left TransferQueue alone
+    assert "g_2_0" not in out[2].left             # sample clears the orphan

@@ -312,3 +312,32 @@ def test_trainer_clearing_a_batch_releases_it_and_late_batches_still_match(tq):
         third = ctx.sample(buf, 11, 2)                              # g6: span 6 > 4
         assert third.metrics[EV] == 1
     assert_same(*run_both(tq, scenario))
+
+
+def test_groups_whose_keys_someone_else_cleared_are_gone_for_both(tq):
+    """verl's trainer clears a partition after a failed step; both buffers forget its groups
+    (ours retires them in the core with a decision of their own) and sample the new ones."""
+    def scenario(ctx):
+        ctx.rollout.groups([G("empty", 1, "failure", rewards=[])])
+        buf = ctx.buffer("sync")
+        assert ctx.sample(buf, 2, 1).error == "RuntimeError"   # nothing consumed
+        ctx.rollout.clear_all()                                 # the trainer resets the partition
+        ctx.rollout.groups([G("a", 2), G("b", 3)])
+        out = ctx.sample(buf, 3, 2)
+        assert uids_of(out.keys) == ["a", "b"]
+    assert_same(*run_both(tq, scenario))
+
+
+def test_sync_dapo_after_a_partition_reset_selects_only_listed_groups(tq):
+    """The case found in a sync DAPO run: an empty-batch error, the partition reset, new groups:
+    the vanished group must not be selected (ours selected it and failed again)."""
+    def scenario(ctx):
+        ctx.rollout.groups([G("old", 1, "failure", rewards=[])])
+        buf = ctx.buffer("sync", refill=finished_refill(50), filter_groups_metric="reward",
+                         train_batch_size=1, gen_batch_size=1)
+        assert ctx.sample(buf, 2, 1).error == "RuntimeError"
+        ctx.rollout.clear_all()
+        ctx.rollout.groups([G("e1", 2, "failure", rewards=[]), G("fin", 3)])
+        out = ctx.sample(buf, 3, 2)
+        assert set(uids_of(out.keys)) == {"fin"}
+    assert_same(*run_both(tq, scenario))
