@@ -47,7 +47,8 @@ class Run:
 
 
 def _length(uid: str, session: int) -> int:
-    return 1 + (session + len(uid)) % 5
+    """1 to 5 tokens; a group's mean length is 2.5 to 3.5 depending on its uid number."""
+    return 1 + (session + int(uid[1:])) % 5
 
 
 def _spans(lo: int, hi: int, n_tokens: int) -> list[dict]:
@@ -117,16 +118,17 @@ def _no_checkpoint(buf: ReplayBuffer, step: int, partition: str, when: str) -> N
 
 
 def simulate_async(lake: Path, *, steps: int = 8, batch: int = 3, threshold: int = 2,
-                   seed: int = 0, surplus: int = 0,
+                   seed: int = 0, surplus: int = 0, max_response_length: int | None = None,
                    checkpoint: Checkpoint = _no_checkpoint) -> Run:
     """async, drop(threshold), DAPO filter on `reward`; some groups finish late (stale).
     ``surplus`` more groups than a batch takes are dispatched every step, so finished groups
     pile up and age past the threshold while waiting (stale evictions of kept groups).
+    ``max_response_length`` switches on the overlong rule (responses are 1 to 5 tokens long).
     ``checkpoint(buf, step, partition, "before" | "after")`` runs around every sample call."""
     ro = Rollout(seed)
     buf = ReplayBuffer.async_(lake=lake, max_off_policy_threshold=threshold,
                               filter_groups_metric="reward", refill_fn=ro.refill,
-                              poll_interval=0.01)
+                              max_response_length=max_response_length, poll_interval=0.01)
     ro.buf = buf
     run = Run(lake, threshold=threshold, buffer=buf)
     late: list[tuple[int, str]] = []

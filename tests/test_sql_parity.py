@@ -33,6 +33,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "async": {"metric": "reward",
               "enabled": {"stale": {"threshold": THRESHOLD}, "zero_variance": {},
                           "failure": {"evict_all": True}}},
+    "async_overlong": {"metric": "reward",
+                       "enabled": {"stale": {"threshold": THRESHOLD}, "zero_variance": {},
+                                   "failure": {"evict_all": True},
+                                   "overlong": {"max_response_length": 3}}},
     "sync": {"metric": "acc", "enabled": {"zero_variance": {}}},
 }
 # Values tried for every rule parameter besides `step` (engine parity runs every combination).
@@ -119,13 +123,16 @@ def _first_poll_evictions(lake: Path) -> dict[tuple[str, int], set[tuple[str, st
 
 
 @pytest.mark.parametrize(("kind", "seed", "surplus"), [
-    ("async", 0, 0), ("async", 2, 2), ("async", 3, 3), ("sync", 1, 0), ("sync", 3, 0)])
+    ("async", 0, 0), ("async", 2, 2), ("async", 3, 3), ("async_overlong", 4, 2), ("sync", 1, 0),
+    ("sync", 3, 0)])
 def test_the_lake_and_the_live_buffer_agree_on_candidates_and_rules(
         kind: str, seed: int, surplus: int, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     check = Checker(lake, SCENARIOS[kind])
-    if kind == "async":
-        simulate_async(lake, threshold=THRESHOLD, seed=seed, surplus=surplus, checkpoint=check)
+    if kind.startswith("async"):
+        overlong = SCENARIOS[kind]["enabled"].get("overlong", {}).get("max_response_length")
+        simulate_async(lake, threshold=THRESHOLD, seed=seed, surplus=surplus,
+                       max_response_length=overlong, checkpoint=check)
     else:
         simulate_sync_dapo(lake, seed=seed, checkpoint=check)
     assert check.compared["candidates"] > 0 and check.compared["rule hits"] > 0
