@@ -23,6 +23,7 @@ client, which imports ray itself.
 from __future__ import annotations
 
 import copyreg
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
@@ -79,11 +80,7 @@ def _guard(fn: Callable[[], Any]) -> Envelope:
 
 def batch_to_wire(batch: Batch) -> tuple[pa.Buffer, dict[str, Any]]:
     """A Batch as (Arrow IPC payload, small metadata dict)."""
-    meta = {"batch_id": batch.batch_id, "step": batch.step, "partition": batch.partition,
-            "uids": list(batch.uids), "eviction_metrics": batch.eviction_metrics,
-            "off_policy_metrics": batch.off_policy_metrics,
-            "metric_weights": batch.metric_weights,
-            "filtered_reward_counts": batch.filtered_reward_counts}
+    meta = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch) if f.name != "table"}
     return table_to_ipc(batch.table), meta
 
 
