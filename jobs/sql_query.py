@@ -41,9 +41,21 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def _rows(table: Any) -> list[dict]:
+    """The rows as dicts, map columns (e.g. evictions per reason) as dicts, not lists of pairs."""
+    import pyarrow as pa
+    maps = [f.name for f in table.schema if pa.types.is_map(f.type)]
+    rows = table.to_pylist()
+    for r in rows:
+        for c in maps:
+            if r[c] is not None:
+                r[c] = dict(r[c])
+    return rows
+
+
 def render(table: Any, fmt: str, title: str | None = None) -> str:
     """A pyarrow table as a rich table (text), CSV or JSON (one object per row)."""
-    rows = table.to_pylist()
+    rows = _rows(table)
     if fmt == "json":
         return json.dumps(rows, default=str, indent=1)
     if fmt == "csv":

@@ -38,6 +38,16 @@ def test_sql_runs_a_named_query_with_params_as_csv_and_json() -> None:
     assert json.loads(res.output)[-1]["stage"] == "verdict"
 
 
+def test_a_map_column_prints_as_an_object() -> None:
+    lake = shared_run("async").lake
+    res = cli.invoke(app, ["sql", "--lake", str(lake), "--name", "decision_log", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    by_reason = [r["evicted_by_reason"] for r in json.loads(res.output)]
+    assert {"zero_variance", "stale"} <= {k for m in by_reason for k in m}
+    assert all(isinstance(m, dict) and all(isinstance(n, int) for n in m.values())
+               for m in by_reason)
+
+
 def test_sql_lists_the_named_queries() -> None:
     res = cli.invoke(app, ["sql", "--list"])
     assert res.exit_code == 0 and "stale(step BIGINT, threshold BIGINT)" in res.output
