@@ -9,7 +9,9 @@ from dataclasses import replace
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from jobs.cli import app
 from jobs.demo import run
 from jobs.demo_config import DemoConfig
 from pipeline.analysis import connect
@@ -18,11 +20,16 @@ STEPS = 150
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory):
+def lake_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo-long") / "run"
     run(replace(DemoConfig(), steps=STEPS), out=out, use_wandb=False,
         console=Console(file=io.StringIO(), width=80))
-    return connect(out / "lake")
+    return out / "lake"
+
+
+@pytest.fixture(scope="module")
+def lake(lake_dir):
+    return connect(lake_dir)
 
 
 def _one(con, sql: str):
@@ -69,3 +76,11 @@ def test_no_trained_group_is_older_than_the_threshold(lake):
     (steps, worst) = _one(lake, "select count(*), max(group_span_max) from batches")
     assert steps == STEPS
     assert worst <= DemoConfig().threshold
+
+
+@pytest.mark.slow
+def test_the_lake_of_a_demo_run_passes_every_audit(lake_dir):
+    res = CliRunner().invoke(app, ["audit", "--lake", str(lake_dir), "--threshold",
+                                   str(DemoConfig().threshold)])
+    assert res.exit_code == 0, res.output
+    assert "0 failed" in res.output
