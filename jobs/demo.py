@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -57,10 +58,12 @@ def _threshold(value: str) -> int | None:
 
 
 class _Status:
-    """The line under the progress bar: reward, staleness, evictions so far (rich renderable)."""
+    """The line under the progress bar: the reward of the answers generated over the last 10
+    steps, the staleness of the batch just trained, evictions so far (a rich renderable)."""
 
     def __init__(self) -> None:
         self.text = "waiting for the first batch ..."
+        self._rewards: deque[float] = deque(maxlen=10)
 
     def __rich__(self) -> str:
         return self.text
@@ -68,7 +71,9 @@ class _Status:
     def update(self, info: Any) -> None:
         from jobs.demo_trainer import STALENESS_KEY
         m, ev = info.metrics, info.evicted
-        reward = "n/a" if info.rollout_reward is None else f"{info.rollout_reward:.2f}"
+        if info.rollout_reward is not None:
+            self._rewards.append(info.rollout_reward)
+        reward = f"{sum(self._rewards) / len(self._rewards):.2f}" if self._rewards else "n/a"
         self.text = (f"reward {reward}  staleness {m.get(STALENESS_KEY, 0.0):.2f}  "
                      f"evicted: stale {ev['stale']:,}  zero-var {ev['zero_variance']:,}  "
                      f"failed {ev['failure']:,}")
