@@ -28,7 +28,9 @@ def _intro(cfg: DemoConfig) -> str:
 
     evicted = []
     if cfg.threshold is not None and cfg.strategy == "drop":
-        evicted.append(f"groups older than {cfg.threshold} steps")
+        # group span g - global_steps + 1 > threshold
+        evicted.append(f"groups dispatched {cfg.threshold} or more steps before the step that "
+                       "would train them")
     if cfg.filter_metric:
         evicted.append(f"groups whose answers all scored the same {cfg.filter_metric} (DAPO)")
     evicted.append("failed groups")
@@ -38,8 +40,8 @@ def _intro(cfg: DemoConfig) -> str:
             + ", ".join(evicted[:-1]) + (" and " if len(evicted) > 1 else "") + evicted[-1]
             + ", and asks for new prompts to replace them.")
     if cfg.threshold is not None and cfg.strategy == "wait":
-        text += (f" With strategy 'wait' the trainer waits for groups {cfg.threshold} steps old "
-                 "instead of evicting stale ones.")
+        text += (" With strategy 'wait' the trainer waits for late groups instead of evicting "
+                 "stale ones.")
     return textwrap.fill(text, width=80)
 
 
