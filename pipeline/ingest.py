@@ -67,9 +67,14 @@ def _raise(what: str, problems: list[Problem]) -> None:
 
 
 def _empty_uid_problems(table: pa.Table) -> list[Problem]:
-    empty = pc.equal(pc.utf8_length(table.column("uid")), 0)
-    return [Problem("uid", rows_where(empty), "uid must be a non-empty string")] \
-        if pc.any(empty).as_py() else []
+    uid = _one_chunk(table, "uid")
+    # string lengths straight from the offsets buffer (int32: the schema's `string` type)
+    offsets = np.frombuffer(uid.buffers()[1], dtype=np.int32)[uid.offset:uid.offset + len(uid) + 1]
+    empty = np.diff(offsets) == 0
+    if uid.null_count:
+        empty &= np.asarray(uid.is_valid())
+    return [Problem("uid", tuple(np.flatnonzero(empty).tolist()),
+                    "uid must be a non-empty string")] if empty.any() else []
 
 
 def validate_groups(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
@@ -175,13 +180,19 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
     return table
 
 
+def _one_chunk(table: pa.Table, name: str) -> pa.Array:
+    """A column as one array (conformed tables already are: no concatenation then)."""
+    col = table.column(name)
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 def _np(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).combine_chunks().to_numpy(zero_copy_only=False)
+    return _one_chunk(table, name).to_numpy(zero_copy_only=False)
 
 
 def _list_lengths(table: pa.Table, name: str) -> np.ndarray:
     """Lengths of a list column straight from its offsets (null rows: -1)."""
-    col = table.column(name).combine_chunks()
+    col = _one_chunk(table, name)
     n = np.diff(col.offsets.to_numpy())
     if col.null_count:
         n = np.where(np.asarray(col.is_valid()), n, -1)
