@@ -37,6 +37,9 @@ from pipeline.lake_files import (
 )
 from schemas import LAKE_TABLES
 
+# Parquet metadata of a compacted segment: the highest seq its source held, committed or not
+HIGHEST_SEQ_KEY = b"replaylake.highest_seq"
+
 
 class LakeDamageError(LakeError):
     """A lake file is damaged (not merely torn at its tail): names the file and byte offset."""
@@ -131,9 +134,26 @@ def missing_segments(root: str | os.PathLike, log: pa.Table | None = None) -> li
     removed = {p for k, p in zip(kinds, paths) if k == "removed"}
     out = []
     for k, p in zip(kinds, paths):
-        if k == "segment" and p not in removed and not (Path(root) / p).exists():
-            out.append(Path(root) / p)
+        f = Path(root) / p
+        if k == "segment" and p not in removed and not f.exists() and \
+                not compacted_path(f).exists():
+            out.append(f)
     return out
+
+
+def compacted_path(path: Path) -> Path:
+    """Where `replaylake compact` puts a segment's rows: same directory and stem, `.parquet`."""
+    return path.with_suffix(".parquet")
+
+
+def live_files(root: str | os.PathLike, table: str,
+               partitions: list[str] | None = None) -> list[Path]:
+    """`segment_files` without a segment whose compacted copy is already there: compaction
+    renames the Parquet file into place before it deletes the segment, so a reader listing the
+    directory in between sees both, and must count the rows once."""
+    files = segment_files(root, table, partitions)
+    done = {f for f in files if f.suffix == ".parquet"}
+    return [f for f in files if f.suffix == ".parquet" or compacted_path(f) not in done]
 
 
 def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> pa.Table:
@@ -145,10 +165,15 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> p
     if committed is None:
         committed = committed_calls(path.parents[3])
     keep = []
-    for batch, meta in batches(path):
-        call = (meta or {}).get(CALL_KEY)
-        if call is None or (table, call.decode()) in committed:
-            keep.append(batch)
+    try:
+        for batch, meta in batches(path):
+            call = (meta or {}).get(CALL_KEY)
+            if call is None or (table, call.decode()) in committed:
+                keep.append(batch)
+    except LakeDamageError:
+        if compacted_path(path).exists():   # compacted (and deleted) since it was listed
+            return pq.read_table(compacted_path(path))
+        raise
     return pa.Table.from_batches(keep, schema=LAKE_TABLES[table])
 
 
@@ -166,7 +191,7 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
     if gone:
         raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
     parts = []
-    for path in segment_files(root, table, partitions):
+    for path in live_files(root, table, partitions):
         t = read_segment(path, committed)
         if t.num_rows and keep is not None:
             t = t.filter(keep(t))
@@ -206,6 +231,9 @@ def highest_seq(root: str | os.PathLike) -> int:
         for path in segment_files(root, table):
             if path.suffix == ".parquet":
                 meta = pq.read_metadata(path)
+                kept = (meta.metadata or {}).get(HIGHEST_SEQ_KEY)
+                if kept is not None:    # the segment it replaced, torn or uncommitted rows too
+                    best = max(best, int(kept))
                 col = meta.schema.to_arrow_schema().get_field_index("seq")
                 for g in range(meta.num_row_groups):
                     stats = meta.row_group(g).column(col).statistics

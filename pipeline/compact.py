@@ -1,0 +1,237 @@
+"""Compaction: rewrite every sealed IPC segment of the lake as one zstd Parquet file beside it.
+
+Why: the live segments are Arrow IPC streams behind checksum files, written for a cheap durable
+append; nothing but replaylake's own reader can honour their torn-tail and commit-record rules,
+and a scan has to verify and parse every byte of a segment to read one column of it. A Parquet
+file holds only rows that count, and any engine (DuckDB, polars, Spark) reads just the columns and
+row groups a query asks for.
+
+Which segments: only sealed ones, those no writer will ever append to again:
+
+- a segment that ends with the Arrow end-of-stream marker (its writer closed it);
+- any segment, when the lake lock names no live writer (the lock record is empty, or its process
+  is gone on this host);
+- while a writer holds the lake, any segment that process does not hold open (read from
+  `/proc/<pid>/fd`: a writer never reopens a file, and a file it abandoned after an error is
+  closed). Where the holder's open files cannot be read (another host, no permission), only
+  segments with the end-of-stream marker are taken.
+
+The list of segments is taken before the lock record is read, so a writer that starts in between
+only ever writes files the list does not hold.
+
+How one segment is replaced, so that no reader ever sees a half-written or doubly counted file:
+its committed rows (a multi-partition call without a commit record is dropped, a torn tail
+ignored, exactly as readers do) are written to a hidden temporary file, fsync'ed, renamed to
+`<stem>.parquet`, the directory fsync'ed, and only then the segment and its checksum file are
+deleted. A reader that lists the directory in between finds both and counts the Parquet file
+only; one that listed the segment before it was deleted reads the Parquet file instead (see
+`lake_read.live_files` and `read_segment`). The Parquet metadata keeps the highest seq the segment
+held, uncommitted rows included, so a restart still numbers after every seq ever handed out.
+
+Idempotent: a segment with its Parquet file already in place is only deleted (a run killed
+between rename and delete); nothing else is rewritten. Two compactions at once are refused by
+`_compact.lock`.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import LakeError
+from pipeline.lake_files import CALL_KEY, LOCK_NAME, sum_path, table_of
+from pipeline.lake_read import (
+    HIGHEST_SEQ_KEY,
+    _stream_max_seq,
+    batches,
+    committed_calls,
+    compacted_path,
+    segment_files,
+    verify,
+)
+from schemas import LAKE_TABLES
+
+COMPACT_LOCK = "_compact.lock"
+ROW_GROUP_BYTES = 64 << 20      # about 64 MiB of Arrow data per row group: a scan's memory unit
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+@dataclass
+class CompactReport:
+    """What one compaction did."""
+
+    compacted: list[Path] = field(default_factory=list)   # the Parquet files written
+    skipped_live: int = 0         # segments a live writer may still append to
+    cleaned: int = 0              # leftovers of an interrupted run, deleted
+    rows: int = 0
+    bytes_in: int = 0             # Arrow bytes of the segments' batches read
+    bytes_out: int = 0            # Parquet bytes written
+
+
+def _holder(root: Path) -> dict | None:
+    """The lake lock's holder record, None when nobody holds it."""
+    try:
+        raw = (root / LOCK_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    if not raw:
+        return None
+    try:
+        return json.loads(raw.decode())
+    except ValueError:
+        return {}                 # a record being written: some writer holds the lake
+
+
+def _open_files(pid: int) -> set[Path] | None:
+    """The files process ``pid`` holds open; None when that cannot be read."""
+    base = Path(f"/proc/{pid}/fd")
+    try:
+        out = set()
+        for fd in base.iterdir():
+            try:
+                out.add(Path(os.readlink(fd)))
+            except OSError:
+                continue
+        return out
+    except OSError:
+        return None
+
+
+def _closed(path: Path) -> bool:
+    """Its acknowledged bytes end with the end-of-stream marker (the writer finished it)."""
+    v = verify(path)
+    return v.data.endswith(_EOS)
+
+
+def sealed(root: str | os.PathLike, segments: list[Path]) -> tuple[list[Path], int]:
+    """(the sealed ones among ``segments``, how many are not); see the module doc."""
+    root = Path(root)
+    holder = _holder(root)
+    if holder is None:
+        return list(segments), 0
+    pid, host = holder.get("pid"), holder.get("host")
+    if isinstance(pid, int) and host == socket.gethostname():
+        if not Path(f"/proc/{pid}").exists():
+            return list(segments), 0      # its holder died; the kernel dropped the lock
+        held = _open_files(pid)
+        if held is not None:
+            out = [s for s in segments if s.resolve() not in held]
+            return out, len(segments) - len(out)
+    out = [s for s in segments if _closed(s)]
+    return out, len(segments) - len(out)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, int, int]:
+    """Write the segment's committed rows to its Parquet file; (that file, rows, bytes read)."""
+    table = table_of(path)
+    schema = LAKE_TABLES[table]
+    target = compacted_path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    meta = {HIGHEST_SEQ_KEY: str(_stream_max_seq(path)).encode()}
+    rows, size = 0, 0
+    pending: list[pa.RecordBatch] = []
+    with pq.ParquetWriter(tmp, schema.with_metadata({**(schema.metadata or {}), **meta}),
+                          compression="zstd") as writer:
+        def flush() -> None:
+            if pending:
+                writer.write_table(pa.Table.from_batches(pending, schema=schema),
+                                   row_group_size=1 << 40)
+                pending.clear()
+
+        for batch, bmeta in batches(path):
+            size += batch.nbytes
+            call = (bmeta or {}).get(CALL_KEY)
+            if call is not None and (table, call.decode()) not in committed:
+                continue
+            if batch.schema != schema:
+                batch = pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
+            pending.append(batch)
+            rows += batch.num_rows
+            if sum(b.nbytes for b in pending) >= ROW_GROUP_BYTES:
+                flush()
+        flush()
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    return target, rows, size
+
+
+def _delete_segment(path: Path) -> None:
+    for f in (path, sum_path(path)):
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            pass
+    _fsync_dir(path.parent)
+
+
+class _CompactLock:
+    """One compaction per lake at a time (an flock on `_compact.lock`; dropped if it dies)."""
+
+    def __init__(self, root: Path):
+        self.fd = os.open(root / COMPACT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise LakeError(f"another compaction or retention job is running on the lake {root} "
+                            f"({root / COMPACT_LOCK}); wait for it to finish") from None
+
+    def __enter__(self) -> _CompactLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
+def job_lock(root: str | os.PathLike) -> _CompactLock:
+    """The lock `compact` and `retain` share: they rewrite the same files."""
+    root = Path(root)
+    if not root.is_dir():
+        raise LakeError(f"no lake directory at {root}")
+    return _CompactLock(root)
+
+
+def compact(root: str | os.PathLike,
+            progress: Callable[[int, int], None] | None = None) -> CompactReport:
+    """Compact every sealed segment of the lake (see the module doc); ``progress(done, total)``
+    is called after each segment. Safe while a buffer writes; idempotent."""
+    root = Path(root)
+    report = CompactReport()
+    with job_lock(root):
+        segments = [p for t in LAKE_TABLES for p in segment_files(root, t) if p.suffix == ".arrow"]
+        leftovers = [p for p in segments if compacted_path(p).exists()]
+        for p in leftovers:
+            _delete_segment(p)
+        report.cleaned = len(leftovers)
+        todo, report.skipped_live = sealed(root, [p for p in segments if p not in leftovers])
+        committed = committed_calls(root)    # after the list: every commit of a sealed segment
+        for i, path in enumerate(todo):
+            target, rows, size = _write_parquet(path, committed)
+            report.bytes_in += size
+            _delete_segment(path)
+            report.compacted.append(target)
+            report.rows += rows
+            report.bytes_out += target.stat().st_size
+            if progress is not None:
+                progress(i + 1, len(todo))
+    return report
+
+
+__all__ = ["CompactReport", "compact", "sealed", "job_lock", "COMPACT_LOCK", "ROW_GROUP_BYTES"]
