@@ -1,26 +1,25 @@
-"""`replaylake sql`: run ad-hoc SQL or a named query (sql/**/*.sql) over a lake, read-only.
+"""`replaylake sql`: ad-hoc SQL, named queries (sql/**/*.sql) or an interactive shell over a lake,
+read-only.
 
-    replaylake sql --lake runs/demo/lake "select fate, count(*) from groups group by fate"
-    replaylake sql --lake runs/demo/lake --name lineage --param uid=p000012
-    replaylake sql --lake runs/demo/lake --name staleness_by_step --format csv
+    replaylake sql --lake runs/demo/<ts>/lake "select fate, count(*) from groups group by fate"
+    replaylake sql --lake L -c "select * from lineage('p000012')"   # a named query inside SQL
+    replaylake sql --lake L --name staleness_by_step --format csv --output steps.csv
+    replaylake sql --lake L                                           # interactive shell
     replaylake sql --list
 
-The connection comes from pipeline.analysis.connect: in-memory DuckDB, the lake's tables and
-derived views registered, file/extension access switched off and the configuration locked, so no
-statement given here can modify the lake.
+Heavy imports (duckdb, pyarrow, the lake reader) happen inside `main`, so `--help` stays fast.
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "vertical", "csv", "json", "parquet")
+EPILOG = ("Example: replaylake sql --lake runs/demo/LAKE \"select fate, count(*) from groups "
+          "group by fate\"")
 
 
 def _params(items: list[str]) -> dict[str, str]:
@@ -33,101 +32,110 @@ def _params(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
-
-
-def _rows(table: Any) -> list[dict]:
-    """The rows as dicts, map columns (e.g. evictions per reason) as dicts, not lists of pairs."""
-    import pyarrow as pa
-    maps = [f.name for f in table.schema if pa.types.is_map(f.type)]
-    rows = table.to_pylist()
-    for r in rows:
-        for c in maps:
-            if r[c] is not None:
-                r[c] = dict(r[c])
-    return rows
-
-
-def render(table: Any, fmt: str, title: str | None = None) -> str:
-    """A pyarrow table as a rich table (text), CSV or JSON (one object per row)."""
-    rows = _rows(table)
-    if fmt == "json":
-        return json.dumps(rows, default=str, indent=1)
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(table.column_names)
-        w.writerows([[_cell(r[c]) for c in table.column_names] for r in rows])
-        return buf.getvalue()
-    from rich.console import Console
-    from rich.table import Table
-    out = Table(title=title, caption=f"{len(rows)} row(s)")
-    for c in table.column_names:
-        out.add_column(c)
-    for r in rows:
-        out.add_row(*[_cell(r[c]) for c in table.column_names])
-    console = Console(file=io.StringIO(), width=200, force_terminal=False)
-    console.print(out)
-    return console.file.getvalue()
-
-
 def _catalog_text() -> str:
     from sql import loader
     lines = []
     for _, q in sorted(loader.catalog().items()):
-        lines.append(f"{q.signature}  [{q.path.parent.name}]\n    {q.description}")
+        call = f"select * from {q.name}({', '.join(repr(p.name) for p in q.params)})"
+        lines.append(f"{q.signature}  [{q.path.parent.name}]\n    {q.description}\n"
+                     f"    in SQL: {call}")
     return "\n".join(lines)
 
 
 def main(
-    query: Annotated[str | None, typer.Argument(help="a SQL statement (or use --name / --list)")]
+    query: Annotated[str | None, typer.Argument(
+        metavar="[SQL]", help="SQL to run (several statements allowed); none: --name or a shell")]
     = None,
-    lake: Annotated[Path | None, typer.Option("--lake", help="the lake directory")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="a named query from sql/")] = None,
-    param: Annotated[list[str] | None,
-                     typer.Option("--param", help="named-query parameter key=value")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
-    list_: Annotated[bool, typer.Option("--list", help="list the named queries and exit")] = False,
+    command: Annotated[str | None, typer.Option(
+        "-c", "--command", metavar="SQL", help="SQL to run, as an option")] = None,
+    lake: Annotated[Path | None, typer.Option("--lake", metavar="DIR",
+                                              help="the lake directory")] = None,
+    name: Annotated[str | None, typer.Option("--name", metavar="QUERY",
+                                             help="a named query (see --list)")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", metavar="KEY=VALUE", help="a named query's parameter (repeatable)")] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", metavar="FORMAT", help="table | vertical | csv | json | parquet "
+        "(parquet needs --output)")] = "table",
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="write the result to FILE instead of printing")]
+    = None,
+    max_rows: Annotated[int, typer.Option(
+        "--max-rows", metavar="N", help="rows a table shows (0: all); csv/json/files get all")]
+    = 40,
+    filter_metric: Annotated[str, typer.Option(
+        "--filter-metric", metavar="NAME", help="the run's zero-variance metric")] = "reward",
+    list_: Annotated[bool, typer.Option(
+        "--list", metavar="", help="list the named queries and exit")] = False,
 ) -> None:
-    """Run read-only SQL (or a named query) over a lake and print the result."""
-    from pipeline.errors import ReplayLakeError
-    param = param or []
+    """Read-only SQL over a lake: one-shot, a named query, or an interactive shell."""
     if list_:
         typer.echo(_catalog_text())
         return
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
-    if (query is None) == (name is None):
-        raise typer.BadParameter("give either a SQL statement or --name (not both)")
+    if fmt == "parquet" and output is None:
+        raise typer.BadParameter("--format parquet writes a file: add --output FILE")
+    if query is not None and command is not None:
+        raise typer.BadParameter("give the SQL either as an argument or with -c, not both")
+    sql = query if query is not None else command
+    if sql is not None and name is not None:
+        raise typer.BadParameter("give either SQL or --name, not both")
     if param and name is None:
         raise typer.BadParameter("--param goes with --name")
     if lake is None:
         raise typer.BadParameter("--lake is required")
     import duckdb
 
-    from pipeline.analysis import connect
+    from jobs.sql_run import run_text
+    from jobs.sql_session import open_session
+    from pipeline.errors import ReplayLakeError
     from sql import loader
+    write = sys.stdout.write
     try:
-        con = connect(lake)
+        con = open_session(lake, filter_metric)
+        if name is None and sql is None:
+            from jobs.sql_shell import Shell
+            Shell(con, fmt if fmt != "parquet" else "table", max_rows).loop(sys.stdin.isatty())
+            return
         if name is not None:
             q = loader.load(name)
-            result = loader.run(con, q, **q.coerce(_params(param)))
-            title = q.signature
-        else:
-            rel = con.sql(query)
-            if rel is None:
-                typer.echo("ok (statement returned no rows)")
-                return
-            result, title = rel.to_arrow_table(), None
+            bound = q.coerce(_params(param or []))
+            args = ", ".join(f"${k}" for k in (p.name for p in q.params))
+            rel_sql = (f"select * from {q.name}" if name in _views(con)
+                       else f"select * from {q.name}({args})")
+            _run_bound(con, rel_sql, bound, fmt, max_rows, output)
+            return
+        run_text(con, sql, fmt=fmt, max_rows=max_rows, write=write,
+                 output=None if output is None else str(output))
     except (ReplayLakeError, duckdb.Error) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    sys.stdout.write(render(result, fmt, title))
+
+
+def _views(con: object) -> set[str]:
+    return {r[0] for r in con.sql(  # type: ignore[attr-defined]
+        "select view_name from duckdb_views() where not internal").fetchall()}
+
+
+def _run_bound(con: object, sql: str, bound: dict, fmt: str, max_rows: int,
+               output: Path | None) -> None:
+    """A named query through its macro (or view), parameters bound by DuckDB, not spliced."""
+    from jobs import sql_render
+    rel = con.sql(sql, params=bound or None)  # type: ignore[attr-defined]
+    table = rel.to_arrow_table()
+    if output is not None:
+        sql_render.write_file(table, fmt, str(output))
+        sys.stdout.write(f"wrote {table.num_rows} row(s) to {output}\n")
+        return
+    note = ""
+    if fmt in ("table", "vertical") and 0 < max_rows < table.num_rows:
+        note = f"showing the first {max_rows} of {table.num_rows}; --max-rows 0 shows all"
+        table = table.slice(0, max_rows)
+    sys.stdout.write(sql_render.render(table, fmt, note))
+
+
+main.__doc__ = (main.__doc__ or "") + "\n\n" + EPILOG
 
 
 if __name__ == "__main__":

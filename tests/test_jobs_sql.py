@@ -21,7 +21,7 @@ def test_sql_prints_a_table_of_an_ad_hoc_query() -> None:
     res = cli.invoke(app, ["sql", "--lake", str(lake),
                            "select fate, count(*) as n from groups group by fate order by fate"])
     assert res.exit_code == 0, res.output
-    assert "sampled" in res.output and "row(s)" in res.output
+    assert "sampled" in res.output and "(3 rows)" in res.output
 
 
 def test_sql_runs_a_named_query_with_params_as_csv_and_json() -> None:

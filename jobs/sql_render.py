@@ -1,0 +1,144 @@
+"""How `replaylake sql` prints results: an aligned table that stays readable when wide, CSV,
+JSON, or Parquet to a file.
+
+The table fits the terminal (`COLUMNS`, else the real width, else 100): long cells are cut with
+`…`, and when the columns still do not fit side by side the rows are shown one field per line
+(vertical layout), so headers are never cut. NULL prints as `NULL`, an empty string as nothing,
+so the two can be told apart. Map columns (e.g. evictions per reason) print as objects.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+from typing import Any
+
+FORMATS = ("table", "vertical", "csv", "json", "parquet")
+NULL = "NULL"
+MAX_CELL = 40          # widest cell in the side-by-side layout
+DEFAULT_WIDTH = 100
+
+
+def width() -> int:
+    """The output width: `COLUMNS` when set, else the terminal's, else 100."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+
+def rows_of(table: Any) -> list[dict]:
+    """The rows as dicts, map columns as dicts (not lists of pairs)."""
+    import pyarrow as pa
+    maps = [f.name for f in table.schema if pa.types.is_map(f.type)]
+    rows = table.to_pylist()
+    for r in rows:
+        for c in maps:
+            if r[c] is not None:
+                r[c] = dict(r[c])
+    return rows
+
+
+def cell(v: Any) -> str:
+    """A value as text: NULL distinct from '', floats to 6 significant digits."""
+    if v is None:
+        return NULL
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def _cut(s: str, n: int) -> str:
+    s = s.replace("\n", "\\n")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _numeric(table: Any, name: str) -> bool:
+    import pyarrow as pa
+    t = table.schema.field(name).type
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def table_text(table: Any, cols: int | None = None, note: str = "") -> str:
+    """Side by side when it fits ``cols`` (default: `width()`), else vertical."""
+    cols = cols or width()
+    names = table.column_names
+    rows = [[_cut(cell(r[c]), MAX_CELL) for c in names] for r in rows_of(table)]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    if sum(widths) + 3 * max(len(names) - 1, 0) > cols:
+        return vertical_text(table, cols, note)
+    right = [_numeric(table, n) for n in names]
+
+    def line(vals: list[str]) -> str:
+        return " | ".join(v.rjust(w) if r else v.ljust(w)
+                          for v, w, r in zip(vals, widths, right)).rstrip()
+    out = [line(names), "-+-".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    out.append(_footer(table.num_rows, note))
+    return "\n".join(out) + "\n"
+
+
+def vertical_text(table: Any, cols: int | None = None, note: str = "") -> str:
+    """One `name | value` line per field, a ruler per row; long values wrap under the value."""
+    import textwrap
+    cols = cols or width()
+    names = table.column_names
+    key_w = max((len(n) for n in names), default=0)
+    val_w = max(cols - key_w - 3, 20)
+    out = []
+    for i, r in enumerate(rows_of(table), 1):
+        out.append(f"-[ row {i} ]" + "-" * max(cols - len(f"-[ row {i} ]"), 0))
+        for n in names:
+            text = cell(r[n]).replace("\n", "\\n")
+            parts = textwrap.wrap(text, val_w, break_long_words=True,
+                                  break_on_hyphens=False) or [""]
+            out.append(f"{n.ljust(key_w)} | {parts[0]}")
+            out += [f"{' ' * key_w} | {p}" for p in parts[1:]]
+    out.append(_footer(table.num_rows, note))
+    return "\n".join(out) + "\n"
+
+
+def _footer(n: int, note: str) -> str:
+    return f"({n} row{'' if n == 1 else 's'}{'; ' + note if note else ''})"
+
+
+def csv_text(table: Any) -> str:
+    """CSV with a header; NULL is an empty field (CSV has no null), strings are quoted as needed."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(table.column_names)
+    for r in rows_of(table):
+        w.writerow(["" if r[c] is None else cell(r[c]) for c in table.column_names])
+    return buf.getvalue()
+
+
+def json_text(table: Any) -> str:
+    """A JSON array of row objects (null for NULL), ending in a newline."""
+    return json.dumps(rows_of(table), default=str, indent=1) + "\n"
+
+
+def render(table: Any, fmt: str, note: str = "") -> str:
+    """``table`` in one of the text formats."""
+    if fmt == "csv":
+        return csv_text(table)
+    if fmt == "json":
+        return json_text(table)
+    if fmt == "vertical":
+        return vertical_text(table, note=note)
+    return table_text(table, note=note)
+
+
+def write_file(table: Any, fmt: str, path: str) -> None:
+    """Write ``table`` to ``path`` (Parquet through pyarrow; text formats as rendered)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+        pq.write_table(table, path, compression="zstd")
+        return
+    with open(path, "w", newline="") as f:
+        f.write(render(table, fmt))
