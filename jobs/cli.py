@@ -25,6 +25,9 @@ _COMMANDS = [
     (bench, "torch", "jobs.bench_torch", "main"),
     (bench, "verl", "jobs.bench_verl", "main"),
     (bench, "ray", "jobs.bench_ray", "main"),
+    (bench, "memory", "jobs.bench_memory", "main"),
+    (bench, "all", "jobs.bench_all", "main"),
+    (bench, "table", "jobs.bench_table", "main"),
     (lake, "check", "jobs.lake_tool", "check"),
     (lake, "salvage", "jobs.lake_tool", "salvage"),
 ]

@@ -1,0 +1,74 @@
+"""Smoke tests of `replaylake bench all --quick`, the markdown table and `bench memory` (no timing
+is asserted: only that every figure is produced, with its reference, from one run)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from jobs.bench_table import BEGIN, END, render, write_doc
+from jobs.cli import app
+
+SECTIONS = {"ingest", "to_torch", "decide", "verl", "memory"}
+
+
+def test_bench_all_quick_writes_every_section_with_its_reference_and_a_markdown_table(
+        tmp_path: Path) -> None:
+    out = tmp_path / "all.json"
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"# Performance\n\nprose before\n\n{BEGIN}\nold\n{END}\n\nprose after\n")
+    result = CliRunner().invoke(app, ["bench", "all", "--quick", "--out", str(out),
+                                      "--doc", str(doc)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["quick"] is True
+    assert set(report["sections"]) == SECTIONS
+    md = out.with_suffix(".md").read_text()
+    for name, body in report["sections"].items():
+        assert "error" not in body, (name, body)
+        assert body["figures"], name
+        for f in body["figures"]:
+            assert math.isfinite(f["value"]) and f["value"] >= 0, f
+            assert math.isfinite(f["reference_value"]) and f["reference_value"] > 0, f
+            assert f["path"] in md
+    paths = [f["path"] for b in report["sections"].values() for f in b["figures"]]
+    assert any("lake (no fsync)" in p for p in paths) and any("large puts" in p for p in paths)
+    assert any("packed" in p for p in paths) and any("rewards mirror" in p for p in paths)
+    text = doc.read_text()
+    assert text.startswith("# Performance\n\nprose before\n") and text.endswith("prose after\n")
+    assert "old" not in text and md in text
+
+
+def test_the_table_is_regenerated_from_the_json_alone(tmp_path: Path) -> None:
+    report = {"quick": False, "cpus": 2, "machine": "m", "sections": {
+        "to_torch": {"figures": [{"path": "to_torch packed, B=8", "value": 3.0, "unit": "ms",
+                                  "reference": "memcpy ms", "reference_value": 2.0,
+                                  "ratio": 1.5, "ratio_label": "x memcpy",
+                                  "goal": "<= 1.5x memcpy", "meets_goal": True}]},
+        "verl": {"error": "RuntimeError: no TransferQueue"}}}
+    src = tmp_path / "all.json"
+    src.write_text(json.dumps(report))
+    doc = tmp_path / "perf.md"
+    result = CliRunner().invoke(app, ["bench", "table", str(src), "--doc", str(doc)])
+    assert result.exit_code == 0, result.output
+    assert doc.read_text() == f"{BEGIN}\n{render(report)}{END}\n"
+    assert "| to_torch | to_torch packed, B=8 | 3.00 ms | 2.00 (memcpy ms) | 1.50 x memcpy | " \
+           "<= 1.5x memcpy | yes |" in doc.read_text()
+    assert "| verl | failed: RuntimeError: no TransferQueue |" in doc.read_text()
+    write_doc(doc, render(report))   # idempotent: one table, not two
+    assert doc.read_text().count(BEGIN) == 1
+
+
+def test_bench_memory_reports_rss_growth_against_the_payload_and_what_release_returns(
+        tmp_path: Path) -> None:
+    out = tmp_path / "memory.json"
+    result = CliRunner().invoke(app, ["bench", "memory", "--sizes", "400,800", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert [r["trajectories"] for r in rows] == [400, 800]
+    for r in rows:
+        assert r["payload_bytes"] > 0 and r["groups"] == r["trajectories"] // 4
+        assert r["rss_over_payload"] == r["rss_growth_bytes"] / r["payload_bytes"]
+        assert r["arrow_pool_after_release_bytes"] <= r["arrow_pool_growth_bytes"]
