@@ -1,8 +1,9 @@
 """Read-only SQL over the lake: an in-memory DuckDB connection with a view per lake table.
 
-`connect(lake_dir)` reads every table through pipeline.lake's torn-tail-tolerant reader (live
-`.arrow` segments and compacted `.parquet`), registers them as Arrow views (`trajectories`,
-`group_events`, `decisions`, `metrics`), creates the derived views (`DERIVED_VIEWS`, each one
+`connect(lake_dir)` registers every lake table as a lazily scanned dataset (`lake_scan`: compacted
+`.parquet` where it lies, live `.arrow` segments through the torn-tail-tolerant reader), so a
+query reads only the columns and rows it names (`trajectories`, `group_events`, `decisions`,
+`metrics`), creates the derived views (`DERIVED_VIEWS`, each one
 query file under `sql/`), and then locks the connection down:
 
     SET enable_external_access = false   -- no file, extension or network access at all:
@@ -13,7 +14,7 @@ query file under `sql/`), and then locks the connection down:
 Why this and not a read-only database file: the lake is Arrow IPC streams and Parquet, not a
 DuckDB database, and DuckDB cannot open an in-memory database read-only. With external access off
 the only things a statement can touch are this connection's in-memory catalog (a user may create
-temp views in it) and the Arrow tables the Python side registered, which DuckDB scans read-only.
+temp views in it) and the Arrow datasets the Python side registered, which DuckDB scans read-only.
 So no statement run through this interface can modify the lake.
 
 Several derived views are the declarations the live buffer compiles, run here over the lake:
@@ -26,22 +27,24 @@ allows: a variable is not configuration).
 
 The views are a snapshot of the lake as `connect` (or `refresh`) read it. Reading while a buffer
 appends is safe: a segment's torn or half-written last batch is skipped, every table is cut at the
-same point of the buffer's history (see `_consistent`), and `refresh` picks up what was appended
+same point of the buffer's history (see `lake_scan.cut_seq`), and `refresh` picks up what was appended
 since (the Python-side registration still works on a locked connection).
 """
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset  # noqa: F401  (pa.dataset in annotations)
 
 from pipeline.errors import ConfigError, LakeError
 from pipeline.lake import read_table
+from pipeline.lake_scan import LakeScan, cut_seq, scan_lake
 from schemas import CANDIDATES, GROUP_TRAJECTORIES, LAKE_TABLES
 from sql import loader
 
@@ -95,25 +98,12 @@ def _dedupe(table: pa.Table) -> pa.Table:
 
 
 def _consistent(tables: dict[str, pa.Table], first: str) -> dict[str, pa.Table]:
-    """Cut every table at one `seq`, so a snapshot taken while a buffer writes is a prefix of the
-    buffer's history (no selection of a group whose registration was not read yet).
-
-    The journal numbers rows of every table from one dense counter, in write order, and the tables
-    are read one after the other. Every row up to the largest seq of the table read ``first`` was
-    written before that read began, so every later-read table holds it too; past it, the first gap
-    in the union of seqs is a row written after its table was read (or a torn tail): cut there.
-    Gaps below that point are permanent (e.g. retention) and are kept as they are."""
+    """Cut every table at one `seq` (see `lake_scan.cut_seq`), so a snapshot taken while a
+    buffer writes is a prefix of the buffer's history."""
     seqs = {n: t.column("seq").to_numpy() for n, t in tables.items()}
-    head = seqs[first]
-    floor = int(head.max()) if len(head) else -1
-    above = np.unique(np.concatenate([s[s > floor] for s in seqs.values()]))
-    if len(above) == 0:
+    cut = cut_seq(seqs, first)
+    if cut is None:
         return tables
-    start = floor + 1 if floor >= 0 else int(above[0])
-    gaps = np.flatnonzero(above != start + np.arange(len(above)))
-    if len(gaps) == 0:
-        return tables
-    cut = start + int(gaps[0]) - 1
     return {n: t if len(seqs[n]) == 0 or seqs[n].max() <= cut else
             t.filter(pc.less_equal(t.column("seq"), cut)) for n, t in tables.items()}
 
@@ -128,8 +118,10 @@ def read_lake(lake_dir: str | os.PathLike) -> dict[str, pa.Table]:
     return _consistent(tables, BASE_TABLES[0])
 
 
-def register(con: duckdb.DuckDBPyConnection, tables: Mapping[str, pa.Table]) -> None:
-    """Register Arrow tables as views, then create the derived views that do not exist yet.
+def register(con: duckdb.DuckDBPyConnection,
+             tables: Mapping[str, pa.Table | pa.dataset.Dataset]) -> None:
+    """Register Arrow tables (or lazily scanned datasets) as views, then create the derived
+    views that do not exist yet.
 
     Lake tables missing from ``tables`` are registered empty, so every view always exists. Extra
     relations (see `RELATIONS`) are registered as given; one named like a derived view (e.g.
@@ -167,18 +159,46 @@ def connect(lake_dir: str | os.PathLike, *,
             filter_metric: str | None = DEFAULT_FILTER_METRIC) -> duckdb.DuckDBPyConnection:
     """An in-memory, locked-down DuckDB connection with the lake's tables and derived views.
 
+    The tables are lazily scanned datasets (`lake_scan`): a query reads only the columns and
+    rows it asks for, so the token payload never enters memory unless a query names it.
     ``filter_metric`` is the metric the run's zero-variance filter compared (the buffer's
     `filter_groups_metric`); it only changes the `metric_*` columns of `group_trajectories`,
     `group_aggregates` and `candidates`. One connection per thread (DuckDB connections are not
     shareable across threads)."""
-    tables = read_lake(lake_dir)
-    con = duckdb.connect(":memory:")
-    set_filter_metric(con, filter_metric)
-    register(con, tables)
-    lock(con)
+    scan = scan_lake(lake_dir)
+    try:
+        con = duckdb.connect(":memory:")
+        set_filter_metric(con, filter_metric)
+        register(con, scan.tables)
+        lock(con)
+    except BaseException:
+        scan.close()
+        raise
+    _keep(con, scan)
     return con
 
 
+# the scan behind each open connection: its scratch files go when the connection does
+_SCANS: dict[int, LakeScan] = {}
+
+
+def _keep(con: duckdb.DuckDBPyConnection, scan: LakeScan) -> None:
+    old = _SCANS.pop(id(con), None)
+    _SCANS[id(con)] = scan
+    if old is None:
+        weakref.finalize(con, _drop, id(con))
+    else:
+        old.close()
+
+
+def _drop(key: int) -> None:
+    scan = _SCANS.pop(key, None)
+    if scan is not None:
+        scan.close()
+
+
 def refresh(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
-    """Re-read the lake into an existing connection (rows appended since connect become visible)."""
-    register(con, read_lake(lake_dir))
+    """Re-scan the lake into an existing connection (rows appended since connect become visible)."""
+    scan = scan_lake(lake_dir)
+    register(con, scan.tables)
+    _keep(con, scan)
