@@ -61,10 +61,12 @@ class ReplayBuffer:
     """The live buffer over an optional on-disk lake (``lake=None``: memory only).
 
     Opening an existing lake directory restores the buffer exactly as the last acknowledged
-    write left it (same config required: classification depends on filter_groups_metric)."""
+    write left it. The lake records its configuration: a reopen whose decision settings differ
+    (preset, filter metric, threshold, strategy, rules) is refused naming the keys, unless they
+    are listed in ``allow_changes`` (see pipeline/lake_config.py)."""
 
     def __init__(self, config: BufferConfig | None = None, *, lake: str | os.PathLike | None = None,
-                 fsync: bool = False):
+                 fsync: bool = False, allow_changes: tuple[str, ...] = ()):
         if config is not None and not isinstance(config, BufferConfig):
             raise ConfigError(f"config={config!r} must be a BufferConfig (use sync_config() / "
                               "async_config(), or ReplayBuffer.sync(...) / ReplayBuffer.async_(...))")
@@ -74,22 +76,29 @@ class ReplayBuffer:
         self._state = BufferState(Journal(writer), self.config.filter_metric)
         self._warned: set[str] = set()
         if lake is not None:
+            from pipeline import lake_config
             from pipeline.restore import restore
-            restore(self._state, lake)
+            try:
+                restore(self._state, lake)
+                lake_config.check_and_record(lake, self.config, self._state.journal.next_seq,
+                                             tuple(allow_changes))
+            except BaseException:
+                writer.close()          # give the lake's lock back
+                raise
 
     @classmethod
     def sync(cls, *, lake: str | os.PathLike | None = None, fsync: bool = False,
-             **verl_kwargs: Any) -> ReplayBuffer:
+             allow_changes: tuple[str, ...] = (), **verl_kwargs: Any) -> ReplayBuffer:
         """verl's `ReplayBuffer` preset (keywords as verl's)."""
         return cls(sync_config(**preset_kwargs("ReplayBuffer.sync", sync_config, verl_kwargs)),
-                   lake=lake, fsync=fsync)
+                   lake=lake, fsync=fsync, allow_changes=allow_changes)
 
     @classmethod
     def async_(cls, *, lake: str | os.PathLike | None = None, fsync: bool = False,
-               **verl_kwargs: Any) -> ReplayBuffer:
+               allow_changes: tuple[str, ...] = (), **verl_kwargs: Any) -> ReplayBuffer:
         """verl's `ReplayBufferAsync` preset (keywords as verl's)."""
         return cls(async_config(**preset_kwargs("ReplayBuffer.async_", async_config, verl_kwargs)),
-                   lake=lake, fsync=fsync)
+                   lake=lake, fsync=fsync, allow_changes=allow_changes)
 
     # --- producers -----------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
