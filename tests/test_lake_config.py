@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from pipeline import LakeError, ReplayBuffer
-from pipeline import lake_config
+from pipeline import LakeError, ReplayBuffer, lake_config
 from tests.conftest import add_group
 
 
