@@ -44,97 +44,20 @@ nothing to pin for: like torch's DataLoader, we warn and return ordinary memory.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
-from pipeline.errors import ReplayLakeError
+from pipeline.to_torch_ragged import BatchFormatError, Pieces, _Ragged, _ragged, _rows
 
 LAYOUTS = ("padded", "packed")
 PER_ROW_INT64 = ("global_steps", "min_global_steps", "max_global_steps", "staleness")
 LIST_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
 REQUIRED_COLUMNS = (*LIST_COLUMNS, "reward", *PER_ROW_INT64, "is_padding")
-_NULLABLE = ("response_mask", "rollout_log_probs")
 _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
                  np.dtype(np.float32): torch.float32, np.dtype(bool): torch.bool}
-
-
-class BatchFormatError(ReplayLakeError, ValueError):
-    """The table or the arguments cannot be turned into tensors (names the column and rows)."""
-
-
-# Chunks smaller than this many values are merged (copied) into one piece: below it, the cost of
-# one more numpy call per piece exceeds the cost of copying the values.
-MIN_PIECE_VALUES = 1 << 14
-
-Pieces = list[tuple[int, int, np.ndarray]]
-"""(first row, end row, the values of those rows in row order): a column's token stream, kept in
-the pieces its Arrow chunks already are, so that a chunked table is scattered without a copy."""
-
-
-@dataclass
-class _Ragged:
-    """One list column as numpy: per-row lengths and the values of every valid row, in pieces."""
-
-    lengths: np.ndarray        # int64 [B]; 0 for null rows
-    valid: np.ndarray | None   # bool [B]; None when no row is null
-    pieces: Pieces
-
-
-def _rows(mask: np.ndarray, limit: int = 5) -> str:
-    idx = np.flatnonzero(mask)
-    more = f" (+{len(idx) - limit} more)" if len(idx) > limit else ""
-    return f"rows {idx[:limit].tolist()}{more}"
-
-
-def _ragged(table: pa.Table, name: str) -> _Ragged:
-    """Read a list column from its offsets and values buffers (sliced and chunked arrays too).
-
-    Offsets of a sliced array do not start at 0 and the child buffer may hold values outside the
-    slice, so each chunk contributes ``values[offsets[0]:offsets[-1]]`` (a view); a null slot may
-    own a (garbage) range, which is dropped.
-    """
-    col = table.column(name)
-    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
-        raise BatchFormatError(f"column {name!r} has type {col.type}; a list of numbers is needed")
-    valid = None
-    if col.null_count:
-        valid = col.is_valid().to_numpy(zero_copy_only=False)
-        if name not in _NULLABLE:
-            raise BatchFormatError(f"column {name!r} is null in {_rows(~valid)}; it must not be")
-    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
-    pieces: Pieces = []
-    pending: Pieces = []
-    row = held = 0
-    for chunk in col.chunks:
-        off = np.asarray(chunk.offsets)
-        lo, hi = int(off[0]), int(off[-1])
-        child = chunk.values
-        if child.null_count:        # nulls somewhere in the child buffer: are any ours?
-            child, lo, hi = child.slice(lo, hi - lo), 0, hi - lo
-            if child.null_count:
-                raise BatchFormatError(f"column {name!r} holds null items inside its lists")
-        seg = child.to_numpy(zero_copy_only=False)[lo:hi]
-        if chunk.null_count:
-            seg = seg[np.repeat(chunk.is_valid().to_numpy(zero_copy_only=False), np.diff(off))]
-        pending.append((row, row + len(chunk), seg))
-        row += len(chunk)
-        held += len(seg)
-        if held >= MIN_PIECE_VALUES:
-            pieces.append(_merge(pending))
-            pending, held = [], 0
-    if pending:
-        pieces.append(_merge(pending))
-    return _Ragged(lengths.astype(np.int64), valid, pieces)
-
-
-def _merge(pending: Pieces) -> tuple[int, int, np.ndarray]:
-    vals = np.concatenate([v for *_, v in pending]) if len(pending) > 1 else pending[0][2]
-    return pending[0][0], pending[-1][1], vals
 
 
 def _response_stream(col: _Ragged, name: str, resp_len: np.ndarray,

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobs.bench_torch import naive_to_torch
-from pipeline import ReplayBuffer, ReplayLakeError, to_torch
+from pipeline import ReplayBuffer, ReplayLakeError, to_torch, to_torch_ragged
 from pipeline.to_torch import BatchFormatError, batch_to_torch
 
 PADDED = {"input_ids": torch.int64, "attention_mask": torch.int64, "position_ids": torch.int64,
@@ -76,14 +76,14 @@ def batch_tables(draw: st.DrawFn) -> pa.Table:
 @given(table=batch_tables(), pad=st.sampled_from([0, 7, -1]), piece=st.sampled_from([1, 3, 1 << 14]))
 def test_padded_matches_naive_pad_sequence_element_for_element(table: pa.Table, pad: int,
                                                                piece: int) -> None:
-    with mock.patch.object(to_torch, "MIN_PIECE_VALUES", piece):
+    with mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", piece):
         ours = batch_to_torch(table, layout="padded", pad_token_id=pad)
     assert_same_tensors(ours, naive_to_torch(table, "padded", pad))
 
 
 @given(table=batch_tables(), piece=st.sampled_from([1, 3, 1 << 14]))
 def test_packed_matches_naive_concatenation_element_for_element(table: pa.Table, piece: int) -> None:
-    with mock.patch.object(to_torch, "MIN_PIECE_VALUES", piece):
+    with mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", piece):
         ours = batch_to_torch(table, layout="packed")
     assert_same_tensors(ours, naive_to_torch(table, "packed"))
 
@@ -254,7 +254,7 @@ def test_the_pinned_path_writes_its_buffers_in_place_like_the_plain_path(layout:
     with mock.patch.object(to_torch, "_can_pin", return_value=True), \
             mock.patch.object(to_torch.torch, "zeros", zeros), \
             mock.patch.object(torch.Tensor, "pin_memory", lambda self: self.clone()), \
-            mock.patch.object(to_torch, "MIN_PIECE_VALUES", 1):
+            mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", 1):
         out = batch_to_torch(table, layout=layout, pin_memory=True, pad_token_id=-7)
     assert_same_tensors(out, naive_to_torch(table, layout, -7))
 
