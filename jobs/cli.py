@@ -20,6 +20,8 @@ _COMMANDS = [
     (app, "sql", "jobs.sql_query", "main"),
     (app, "audit", "jobs.audit", "main"),
     (app, "export", "jobs.export", "main"),
+    (app, "compact", "jobs.compact", "main"),
+    (app, "retain", "jobs.retain", "main"),
     (bench, "ingest", "jobs.bench_ingest", "main"),
     (bench, "decide", "jobs.bench_decide", "main"),
     (bench, "torch", "jobs.bench_torch", "main"),
