@@ -26,7 +26,7 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
 
     Per-trajectory token counts come straight from the Arrow list offsets; the version-span sums
     only when some row reported spans."""
-    meta = pl.from_arrow(payload.select(["partition", "uid", "min_global_steps",
+    meta = pl.from_arrow(payload.select(["partition", "uid", "seq", "min_global_steps",
                                          "max_global_steps", "is_padding", "version_spans"]))
     n_tok = pa.compute.list_value_length(payload.column("response_ids")).cast(pa.int64())
     uids = meta["uid"].to_list()

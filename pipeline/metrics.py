@@ -131,9 +131,9 @@ def off_policy_metrics(rows: Any, step: int | None = None, prefix: str = "traini
     ``step`` is the training step). No non-padding row: no metrics (never NaN, never a crash)."""
     if not isinstance(rows, pl.DataFrame):
         from pipeline.batch import batch_rows
-        for name in ("partition", "uid"):       # metrics do not depend on them
+        for name, fill in (("partition", ""), ("uid", ""), ("seq", 0)):  # metrics ignore them
             if name not in rows.column_names:
-                rows = rows.append_column(name, pa.array([""] * rows.num_rows, pa.string()))
+                rows = rows.append_column(name, pa.array([fill] * rows.num_rows))
         uids = rows.column("uid").to_pylist()
         rows = batch_rows(rows, batch_id=-1, step=step, group_steps=dict.fromkeys(uids, step))
     kept = rows.filter(declared.compiled_predicate(OFF_POLICY))

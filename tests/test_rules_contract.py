@@ -128,7 +128,7 @@ def test_provenance_and_off_policy_metrics_agree_between_engines(seed: int) -> N
             cut = rng.randint(0, length)
             spans_of.append([{"version": 1, "n_tokens": cut}, {"version": 3, "n_tokens": length - cut}])
     payload = pa.table({
-        "partition": ["train"] * n, "uid": [f"u{i // 4}" for i in range(n)],
+        "partition": ["train"] * n, "uid": [f"u{i // 4}" for i in range(n)], "seq": range(n),
         "min_global_steps": [1] * n, "max_global_steps": [3] * n,
         "is_padding": [rng.random() < 0.2 for _ in range(n)],
         "response_ids": pa.array(resp, pa.list_(pa.int32())),
@@ -139,12 +139,13 @@ def test_provenance_and_off_policy_metrics_agree_between_engines(seed: int) -> N
     rows = batch_rows(payload, batch_id=0, step=step, group_steps=groups)
     live, weights = off_policy_metrics(rows)
     con = duckdb.connect()
-    con.register("batch_rows", rows.select(loader.load("provenance").columns[:10] + (
-        "span_version_sum", "span_version_min")).to_arrow())
+    con.register("batch_rows", rows.select(
+        "partition", "step", "batch_id", "uid", "seq", "global_steps", "min_global_steps",
+        "max_global_steps", "is_padding", "n_response_tokens", "span_tokens", "span_version_sum",
+        "span_version_min").to_arrow())
     prov = loader.run(con, "provenance")
     for col in ("span", "staleness", "staleness_worst", "group_span", "token_staleness_sum"):
-        assert prov.column(col).to_pylist() == rows.sort("partition", "step", "batch_id", "uid",
-                                                         maintain_order=True)[col].to_list()
+        assert prov.column(col).to_pylist() == rows[col].to_list()   # rows come in seq order
     con.register("provenance", prov)
     lake = loader.run(con, "off_policy").to_pylist()
     if not live:

@@ -15,7 +15,7 @@ select
     min(metric) as metric_min,
     max(metric) as metric_max,
     count(*) - count(metric) as metric_nulls,
-    sum(n_response_tokens) as response_tokens_sum,
+    cast(sum(n_response_tokens) as bigint) as response_tokens_sum,
     min(n_response_tokens) as response_tokens_min,
     max(n_response_tokens) as response_tokens_max,
     min(min_global_steps) as min_version,

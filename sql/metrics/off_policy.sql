@@ -24,9 +24,9 @@ select
     avg(staleness_worst) as trajectory_staleness_worst_mean,
     max(staleness_worst) as trajectory_staleness_worst_max,
     min(staleness_worst) as trajectory_staleness_worst_min,
-    sum(n_response_tokens) as n_response_tokens,
+    cast(sum(n_response_tokens) as bigint) as n_response_tokens,
     sum(staleness * n_response_tokens) / nullif(sum(n_response_tokens), 0) as token_staleness_mean,
-    sum(span_tokens) as n_span_tokens,
+    cast(sum(span_tokens) as bigint) as n_span_tokens,
     sum(token_staleness_sum) / nullif(sum(span_tokens), 0) as token_staleness_exact_mean,
     max(case when span_tokens > 0 then token_staleness_max end) as token_staleness_exact_max
 from provenance

@@ -6,7 +6,7 @@
 --   these expressions for every batch; the lake runs the file over `batch_rows`.
 -- params: none
 -- reads: batch_rows
--- returns: partition, step, batch_id, uid, global_steps, min_global_steps, max_global_steps,
+-- returns: partition, step, batch_id, uid, seq, global_steps, min_global_steps, max_global_steps,
 --   is_padding, n_response_tokens, span_tokens, span, staleness, staleness_worst, group_span,
 --   token_staleness_sum, token_staleness_max
 select
@@ -14,6 +14,7 @@ select
     step,
     batch_id,
     uid,
+    seq,
     global_steps,
     min_global_steps,
     max_global_steps,
@@ -27,4 +28,4 @@ select
     (step - 1) * span_tokens - span_version_sum as token_staleness_sum,
     (step - 1) - span_version_min as token_staleness_max
 from batch_rows
-order by partition, step, batch_id, uid
+order by partition, step, batch_id, seq
