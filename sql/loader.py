@@ -3,13 +3,15 @@
 A file starts with a header comment block naming the query, what it is for, its typed parameters,
 the relations it reads and the columns it returns::
 
-    -- name: stale_groups
-    -- description: finished groups whose span exceeds the threshold (drop strategy)
-    -- params: step BIGINT, threshold BIGINT
-    -- reads: candidates
-    -- returns: partition, uid, span
+    -- name: stale_bound_respected
+    -- description: selected groups whose group span exceeded the threshold
+    -- params: threshold BIGINT
+    -- reads: decisions, groups
+    -- returns: partition, uid, batch_id, step, group_span
 
-`params: none` declares a query without parameters; a header line starting with two spaces after
+Declarations the live buffer compiles (rules/) add `reason`/`check`, `horizon`, `metric`,
+`spread`, `value` and `credit` (see pipeline/rules.py). `params: none` declares a query without
+parameters; a header line starting with two spaces after
 `--` continues the previous field. The header is checked when the file is loaded (every field
 present, no unknown field, name == file stem, the declared params are exactly the `$name`
 placeholders of the text), so a broken file fails loudly at load, not half-way through a job.
