@@ -24,10 +24,14 @@ class IngestError(ReplayLakeError, ValueError):
     """
 
     def __init__(self, what: str, problems: Iterable[object]):
+        self.what = what
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(
             f"{what} rejected ({len(self.problems)} problem(s); nothing was accepted):\n{lines}")
+
+    def __reduce__(self):   # picklable (Ray, multiprocessing) with its problems
+        return type(self), (self.what, self.problems)
 
 
 class UnknownGroupError(IngestError):
@@ -38,8 +42,12 @@ class SampleTimeout(ReplayLakeError, TimeoutError):
     """`sample` waited longer than its timeout; carries the group counts per status."""
 
     def __init__(self, message: str, counts: Mapping[str, int]):
+        self.message = message
         self.counts = dict(counts)
         super().__init__(f"{message}; groups by status: {self.counts}")
+
+    def __reduce__(self):   # picklable (Ray, multiprocessing) with its counts
+        return type(self), (self.message, self.counts)
 
 
 class RefillLimitError(ReplayLakeError, RuntimeError):

@@ -135,3 +135,15 @@ def test_retire_removes_live_groups_for_good_with_a_decision_of_its_own(tmp_path
         ("done", "evict", "vanished"), ("flying", "evict", "vanished")]
     with ReplayBuffer.sync(lake=tmp_path / "lake") as again:      # restore agrees
         assert again.lookup("train", "done").removed == "retired"
+
+
+def test_errors_with_extra_fields_survive_pickling():
+    import pickle
+
+    from schemas import Problem
+    err = UnknownGroupError("trajectories", [Problem("uid", (1,), "unknown", "unknown_group")])
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is UnknownGroupError and back.problems == err.problems
+    assert str(back) == str(err)
+    t = pickle.loads(pickle.dumps(SampleTimeout("waited", {"pending": 2})))
+    assert t.counts == {"pending": 2}
