@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import polars as pl
+
 from pipeline import aggregates, decide
 from pipeline.batch import Batch, batch_rows, with_provenance
 from pipeline.config import BufferConfig
@@ -140,6 +142,17 @@ def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: 
         for i, reason in ev.rows()])
 
 
+def _warn_future(rows: pl.DataFrame, ctx: PollContext) -> None:
+    """Rows whose newest version is not older than the training step are flagged, not changed
+    (verl computes its metrics over them as they are); audit `no_future_versions` lists them."""
+    future = rows.filter(~pl.col("is_padding") & (pl.col("staleness") < 0))
+    if future.height:
+        log.warning("sample(step=%d, %s): %d trained row(s) carry a weight version from the "
+                    "future (max_global_steps >= step; staleness down to %d), e.g. groups %s: "
+                    "check how the rollout side tags versions", ctx.step, ctx.partition,
+                    future.height, future["staleness"].min(), future["uid"].unique().to_list()[:5])
+
+
 def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: PollContext,
             call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
     aggregates.complete(part)
@@ -175,6 +188,7 @@ def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Po
         {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
          "kind": "select", "uid": u, "group_span": spans[u], "batch_id": batch_id,
          "count": 1} for u in chosen])
+    _warn_future(rows, ctx)
     table = with_provenance(payload, rows, status)
     prefix = metric_prefix(ctx.partition)
     evm = {} if ctx.validation else acc.scalars(prefix)

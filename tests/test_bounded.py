@@ -104,3 +104,14 @@ def test_a_refill_fn_that_raises_keeps_its_refill_owed_for_the_next_poll():
         buf.sample(1, "train", 1, timeout=5)
     batch = buf.sample(1, "train", 1, timeout=5)      # the owed prompt is asked for again
     assert calls == [1, 1] and batch.uids == ["new0"]
+
+
+def test_a_version_from_the_future_is_flagged_but_not_changed(caplog):
+    buf = ReplayBuffer.sync(poll_interval=0.05)
+    buf.register(partition="train", uids=["f"], global_steps=5)
+    buf.put([{"partition": "train", "uid": "f", "session_id": 0, "min_global_steps": 4,
+              "max_global_steps": 9, "reward": 1.0, "prompt_ids": [1], "response_ids": [2]}])
+    buf.update_status(partition="train", uids=["f"], status="finished")
+    batch = buf.sample(5, "train", 1, timeout=5)
+    assert batch.metrics["training/off_policy/trajectory_staleness/min"] == -5   # as verl
+    assert any("from the future" in r.getMessage() for r in caplog.records)
