@@ -84,7 +84,20 @@ def _second_terminal(lake: Path) -> str:
     return g["uid"]
 
 
+def _trained_at_step_zero(lake: Path) -> str:
+    """A live group selected at step 0: its versions (>= 0) are from the training step's future."""
+    con = connect(lake)
+    g = con.sql("select g.* from groups g join trajectories t using (partition, uid) "
+                "where g.fate = 'live' and g.partition = 'train' and g.n_traj > 0 "
+                "order by g.registered_seq limit 1").to_arrow_table().to_pylist()[0]
+    _append(lake, "decisions", [{"partition": "train", "step": 0, "call_id": 99, "poll": 0,
+                                 "kind": "select", "uid": g["uid"], "group_span": 1,
+                                 "batch_id": 999, "count": 1}])
+    return g["uid"]
+
+
 TAMPERS: dict[str, Callable[[Path], str]] = {
+    "no_future_versions": _trained_at_step_zero,
     "no_group_in_two_batches": _in_two_batches,
     "no_partial_group_in_batch": _late_trajectory_of_sampled,
     "stale_bound_respected": _stale_selection,
