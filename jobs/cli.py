@@ -18,7 +18,9 @@ app.add_typer(lake, name="lake")
 _COMMANDS = [
     (app, "demo", "jobs.demo", "main"),
     (app, "sql", "jobs.sql_query", "main"),
+    (app, "whatif", "jobs.whatif", "main"),
     (app, "audit", "jobs.audit", "main"),
+    (app, "soak", "jobs.soak", "main"),
     (app, "export", "jobs.export", "main"),
     (app, "compact", "jobs.compact", "main"),
     (app, "retain", "jobs.retain", "main"),
