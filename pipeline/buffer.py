@@ -148,12 +148,18 @@ class ReplayBuffer:
             return self._state.commit("trajectories", rows).num_rows
 
     def reissue(self, global_steps: int, partition: str | None = None, *,
-                partition_id: str | None = None) -> dict[str, list[str]]:
+                partition_id: str | None = None, release_held: bool = False
+                ) -> dict[str, list[str]]:
         """After a restart: every pending/running group (of ``partition``, or of all) goes back to
         `pending` at the resume step and loses its partial trajectories; returns
         {partition: uids} for the caller to re-dispatch (their rollout workers died with the old
-        process). Batches the trainer held before the crash stay `sampled`: `held_batches` lists
-        them, `release` them (or train on them again) before going on."""
+        process).
+
+        Batches the trainer held when the process died are restored as `sampled` (their rows stay
+        in memory, `held_batches` lists them). A trainer that resumes from a checkpoint taken
+        before those steps will not train on them: ``release_held=True`` releases them here (their
+        rows stay in the lake; `replaylake export` can still read them). Keep them (the default)
+        to hand them to the trainer again."""
         _non_negative_step("reissue", global_steps)
         only = None if partition is None and partition_id is None else \
             _partition(partition, partition_id, "reissue")
@@ -168,6 +174,9 @@ class ReplayBuffer:
                         {"partition": pid, "uid": u, "event": "reissued",
                          "global_steps": global_steps} for u in uids])
                     out[pid] = uids
+                if release_held:
+                    for batch_id in sorted(part.batches):
+                        self.release(batch_id)
         return out
 
     # --- the consumer --------------------------------------------------------------------------
