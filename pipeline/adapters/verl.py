@@ -60,7 +60,9 @@ class ReplayBuffer:
 
     Keywords are verl 0.9.1's, in its order, plus replaylake's: ``lake_dir`` (None = memory only;
     else every trajectory and decision also lands in that lake), ``max_num_gen_batches`` (bounds
-    DAPO refills; 0 = unbounded,) and ``mirror_fields``: which TransferQueue fields are read
+    DAPO refills; 0 = unbounded), ``fsync`` (the lake's writes also survive power loss),
+    ``max_response_length`` (the opt-in overlong rule; None = off) and ``mirror_fields``: which
+    TransferQueue fields are read
     per new trajectory — `decisions` (only what a rule needs: `rm_scores` for metric `reward`,
     `extra_fields` for a named metric or when the tags carry no versions), `rewards` (also every
     reward and `reward_extra_info`, for the lake; ~80 us per trajectory, once), `full` (also the
@@ -77,12 +79,14 @@ class ReplayBuffer:
                  gen_batch_size: int | None = None, max_inflight_gen_batches: int = 1,
                  sync_refill_failed_groups: bool = False, *,
                  lake_dir: str | os.PathLike | None = None, max_num_gen_batches: int = 0,
-                 mirror_fields: str = "auto") -> None:
+                 mirror_fields: str = "auto", fsync: bool = False,
+                 max_response_length: int | None = None) -> None:
         opts = vo.merge({
             "poll_interval": poll_interval, "refill_fn": refill_fn,
             "filter_groups_metric": filter_groups_metric, "train_batch_size": train_batch_size,
             "gen_batch_size": gen_batch_size, "max_inflight_gen_batches": max_inflight_gen_batches,
             "sync_refill_failed_groups": sync_refill_failed_groups, "lake_dir": lake_dir,
+            "fsync": fsync, "max_response_length": max_response_length,
             "max_num_gen_batches": max_num_gen_batches, "mirror_fields": mirror_fields,
         }, sampler_kwargs)
         config = vo.core_config(self._preset, opts, max_off_policy_threshold,
@@ -94,7 +98,7 @@ class ReplayBuffer:
         self.sampler_kwargs = sampler_kwargs
         for k in (*vo.VERL_DEFAULTS, *vo.EXTRA_DEFAULTS):
             setattr(self, k, opts[k])
-        self.core = CoreBuffer(config, lake=opts["lake_dir"])
+        self.core = CoreBuffer(config, lake=opts["lake_dir"], fsync=bool(opts["fsync"]))
         self.core.add_listener(self._on_decision)
         self.last_batch = None          # the core's Batch of the last sample (Arrow, provenance)
         self._mirrors: dict[str, PartitionMirror] = {}

@@ -113,3 +113,16 @@ def test_unusable_prompt_keys_are_rejected_and_nothing_else_is_lost(tq, rollout,
     assert "nogs" in str(err.value) and "global_steps" in str(err.value)
     rollout.tq.kv_clear(keys=["bad_uid", "nogs"], partition_id="train")
     assert buf.get_sampleable_count(2, "train") == 1
+
+
+def test_fsync_and_max_response_length_reach_the_core_from_sampler_kwargs(tmp_path):
+
+    buf = ReplayBufferAsync(trainer_mode="colocate_async", trainer_config={},
+                            max_off_policy_threshold=4, max_off_policy_strategy="drop",
+                            sampler_kwargs={"lake_dir": str(tmp_path / "lake"), "fsync": True,
+                                            "max_response_length": 7})
+    try:
+        assert buf.core.lake.fsync is True
+        assert dict(buf.core.config.uses("overlong").params) == {"max_response_length": 7}
+    finally:
+        buf.close()
