@@ -5,6 +5,7 @@ from pipeline.batch import Batch
 from pipeline.buffer import ReplayBuffer
 from pipeline.config import BufferConfig, async_config, sync_config
 from pipeline.errors import (
+    BufferFullError,
     ConfigError,
     EmptyBatchError,
     IngestError,
@@ -24,7 +25,7 @@ from pipeline.sampling import Ready
 from pipeline.store import GroupView
 
 __all__ = [
-    "METRICS", "Batch", "BufferConfig", "ConfigError", "EmptyBatchError", "GroupView",
+    "METRICS", "Batch", "BufferConfig", "BufferFullError", "ConfigError", "EmptyBatchError", "GroupView",
     "IngestError", "InvariantError", "LakeError", "MissingMetricError", "PresetKeywordError",
     "Ready", "RefillLimitError", "ReplayBuffer", "ReplayLakeError", "SampleTimeout",
     "StepAggregator", "UnknownBatchError", "UnknownGroupError", "UnknownMetricError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyarrow as pa
 from pipeline import aggregates, candidates, decide
 from pipeline.batch import Batch
 from pipeline.config import BufferConfig, async_config, sync_config
-from pipeline.errors import ConfigError, UnknownBatchError
+from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
 from pipeline.ingest import check_partition, validate_groups, validate_status, validate_trajectories
 from pipeline.journal import Journal
 from pipeline.lake import LakeWriter
@@ -66,12 +67,19 @@ class ReplayBuffer:
     are listed in ``allow_changes`` (see pipeline/lake_config.py)."""
 
     def __init__(self, config: BufferConfig | None = None, *, lake: str | os.PathLike | None = None,
-                 fsync: bool = False, allow_changes: tuple[str, ...] = ()):
+                 fsync: bool = False, allow_changes: tuple[str, ...] = (),
+                 max_live_bytes: int | None = None):
         if config is not None and not isinstance(config, BufferConfig):
             raise ConfigError(f"config={config!r} must be a BufferConfig (use sync_config() / "
                               "async_config(), or ReplayBuffer.sync(...) / ReplayBuffer.async_(...))")
         self.config = config or sync_config()
         self.lake_dir = lake
+        if max_live_bytes is not None and (isinstance(max_live_bytes, bool) or
+                                           not isinstance(max_live_bytes, int) or
+                                           max_live_bytes <= 0):
+            raise ConfigError(f"max_live_bytes={max_live_bytes!r} must be a positive int (bytes "
+                              "of trajectory payload held in memory), or None for no budget")
+        self.max_live_bytes = max_live_bytes
         writer = LakeWriter(lake, fsync=fsync) if lake is not None else None
         self._state = BufferState(Journal(writer), self.config.filter_metric)
         self._warned: set[str] = set()
@@ -88,17 +96,21 @@ class ReplayBuffer:
 
     @classmethod
     def sync(cls, *, lake: str | os.PathLike | None = None, fsync: bool = False,
-             allow_changes: tuple[str, ...] = (), **verl_kwargs: Any) -> ReplayBuffer:
+             allow_changes: tuple[str, ...] = (), max_live_bytes: int | None = None,
+             **verl_kwargs: Any) -> ReplayBuffer:
         """verl's `ReplayBuffer` preset (keywords as verl's)."""
         return cls(sync_config(**preset_kwargs("ReplayBuffer.sync", sync_config, verl_kwargs)),
-                   lake=lake, fsync=fsync, allow_changes=allow_changes)
+                   lake=lake, fsync=fsync, allow_changes=allow_changes,
+                   max_live_bytes=max_live_bytes)
 
     @classmethod
     def async_(cls, *, lake: str | os.PathLike | None = None, fsync: bool = False,
-               allow_changes: tuple[str, ...] = (), **verl_kwargs: Any) -> ReplayBuffer:
+               allow_changes: tuple[str, ...] = (), max_live_bytes: int | None = None,
+               **verl_kwargs: Any) -> ReplayBuffer:
         """verl's `ReplayBufferAsync` preset (keywords as verl's)."""
         return cls(async_config(**preset_kwargs("ReplayBuffer.async_", async_config, verl_kwargs)),
-                   lake=lake, fsync=fsync, allow_changes=allow_changes)
+                   lake=lake, fsync=fsync, allow_changes=allow_changes,
+                   max_live_bytes=max_live_bytes)
 
     # --- producers -----------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -140,12 +152,37 @@ class ReplayBuffer:
                 "event": rows.column("status"), "global_steps": pa.array(gs, pa.int64()),
                 "n": pa.nulls(rows.num_rows, pa.int32())}))
 
-    def put(self, trajectories: Any) -> int:
-        """Accept trajectories for in-flight groups; returns how many. All-or-nothing."""
+    def put(self, trajectories: Any, timeout: float = 0.0) -> int:
+        """Accept trajectories for in-flight groups; returns how many. All-or-nothing.
+
+        Back-pressure: with ``max_live_bytes`` set, a put that would take the payload held in
+        memory past it waits up to ``timeout`` seconds for the trainer to release batches, then
+        raises `BufferFullError` (nothing of the call accepted). A single put larger than the
+        whole budget is accepted when the buffer holds nothing else, so it can never deadlock."""
+        deadline = time.monotonic() + max(timeout, 0.0)
         with self._state.cond:
-            rows = validate_trajectories(trajectories, self._state.lookup,
-                                         self.config.filter_metric)
-            return self._state.commit("trajectories", rows).num_rows
+            while True:   # validated again after every wait: a group may have settled meanwhile
+                rows = validate_trajectories(trajectories, self._state.lookup,
+                                             self.config.filter_metric)
+                if self._has_room(rows.nbytes, deadline):
+                    return self._state.commit("trajectories", rows).num_rows
+
+    def _has_room(self, nbytes: int, deadline: float) -> bool:
+        """True when the payload fits the budget; else wait for a change (False) or raise."""
+        budget = self.max_live_bytes
+        if budget is None:
+            return True
+        live = sum(p.rows.live_bytes for p in self._state.parts.values())
+        if live == 0 or live + nbytes <= budget:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BufferFullError(
+                f"put of {nbytes:,} payload bytes would exceed max_live_bytes={budget:,} "
+                f"({live:,} held in memory); sample and release batches, raise the budget, or "
+                "pass put(..., timeout=seconds) to wait; nothing of this call was accepted")
+        self._state.cond.wait(left)
+        return False
 
     def reissue(self, global_steps: int, partition: str | None = None, *,
                 partition_id: str | None = None, release_held: bool = False

@@ -38,6 +38,11 @@ class UnknownGroupError(IngestError):
     """A trajectory or status names a group the buffer never registered, or one already removed."""
 
 
+class BufferFullError(ReplayLakeError, RuntimeError):
+    """`put` would take the live payload past the buffer's `max_live_bytes` (back-pressure): the
+    producer should wait for the trainer to sample and release, or pass `put(..., timeout=s)`."""
+
+
 class SampleTimeout(ReplayLakeError, TimeoutError):
     """`sample` waited longer than its timeout; carries the group counts per status."""
 

@@ -18,5 +18,5 @@ def preset_kwargs(where: str, fn: Callable[..., Any], kwargs: dict[str, Any]) ->
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise PresetKeywordError(
                 f"{where}() got an unexpected keyword argument {k!r}{hint} (keywords: "
-                f"lake, fsync, allow_changes, {', '.join(known)})")
+                f"lake, fsync, allow_changes, max_live_bytes, {', '.join(known)})")
     return kwargs

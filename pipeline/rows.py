@@ -26,6 +26,7 @@ class TrajectoryRows:
         self._starts: list[int] = []
         self._live: list[int] = []
         self.size = 0
+        self.live_bytes = 0       # Arrow bytes of the chunks still held (a chunk is freed whole)
 
     def append(self, rows: pa.Table, meta: pl.DataFrame) -> range:
         """Store ``rows`` (and their ``meta`` rows) and return their global row ids."""
@@ -35,6 +36,7 @@ class TrajectoryRows:
         self._starts.append(first)
         self._live.append(rows.num_rows)
         self.size += rows.num_rows
+        self.live_bytes += rows.nbytes
         return range(first, self.size)
 
     def _locate(self, row_ids: list[int] | np.ndarray):
@@ -66,5 +68,6 @@ class TrajectoryRows:
             c = bisect.bisect_right(self._starts, r) - 1
             self._live[c] -= 1
             if self._live[c] == 0:
+                self.live_bytes -= self._chunks[c].nbytes
                 self._chunks[c] = None
                 self._meta[c] = None

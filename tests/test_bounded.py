@@ -115,3 +115,30 @@ def test_a_version_from_the_future_is_flagged_but_not_changed(caplog):
     batch = buf.sample(5, "train", 1, timeout=5)
     assert batch.metrics["training/off_policy/trajectory_staleness/min"] == -5   # as verl
     assert any("from the future" in r.getMessage() for r in caplog.records)
+
+
+def test_back_pressure_refuses_a_put_past_the_memory_budget_and_accepts_it_after_release():
+    import threading
+
+    from pipeline import BufferFullError
+    from tests.conftest import traj
+    buf = ReplayBuffer.sync(poll_interval=0.05, max_live_bytes=3000)
+    big = [0] * 200                                          # ~800 bytes of response ids
+    group(buf, "held", 1, [0.0, 1.0])
+    buf.register(partition="train", uids=["p"], global_steps=1)
+    buf.put([traj("p", s, response=big) for s in range(2)])  # fits next to "held"
+    with pytest.raises(BufferFullError, match="max_live_bytes=3,000"):
+        buf.put([traj("p", s, response=big) for s in range(2, 4)])
+    assert buf.lookup("train", "p").keys == frozenset({(0, 0), (1, 0)})   # nothing accepted
+    batch = buf.sample(1, "train", 1, timeout=5)              # the trainer takes "held" ...
+    threading.Timer(0.2, buf.release, [batch]).start()        # ... and releases it soon
+    with pytest.raises(BufferFullError):                      # still over: p holds the rest
+        buf.put([traj("p", s, response=big * 3) for s in range(2, 4)], timeout=0.5)
+    assert buf.put([traj("p", 2, response=[1])], timeout=2.0) == 1
+
+
+def test_a_put_larger_than_the_budget_is_accepted_into_an_empty_buffer():
+    from tests.conftest import traj
+    buf = ReplayBuffer.sync(max_live_bytes=10)
+    buf.register(partition="train", uids=["p"], global_steps=1)
+    assert buf.put([traj("p", 0, response=[1] * 100)]) == 1
