@@ -29,11 +29,16 @@ class AuditResult:
 
 
 def run_audits(lake: Path, threshold: int | None = None) -> list[AuditResult]:
-    """Every audit of sql/audits/ over ``lake``, by name."""
+    """Every audit of sql/audits/ over ``lake``, by name. The threshold defaults to the one the
+    lake recorded (a `drop` run's max_off_policy_threshold)."""
+    from pipeline import lake_config
     from pipeline.analysis import connect
     from sql import loader
 
-    con = connect(lake)
+    recorded = lake_config.current(lake)
+    if threshold is None and recorded and recorded.get("max_off_policy_strategy") == "drop":
+        threshold = recorded.get("max_off_policy_threshold")
+    con = connect(lake, filter_metric=(recorded or {}).get("filter_groups_metric") or "reward")
     available = {"threshold": threshold}
     out = []
     for q in loader.in_folder("audits"):
@@ -49,7 +54,7 @@ def run_audits(lake: Path, threshold: int | None = None) -> list[AuditResult]:
 def main(
     lake: Annotated[Path, typer.Option("--lake", help="the lake directory")],
     threshold: Annotated[int | None, typer.Option(
-        "--threshold", help="the run's max_off_policy_threshold (drop strategy)")] = None,
+        "--threshold", help="override the max_off_policy_threshold the lake recorded")] = None,
 ) -> None:
     """Run every audit query over a lake; exit code 1 when any audit finds a violation."""
     from pipeline.errors import ReplayLakeError

@@ -70,9 +70,9 @@ def test_audit_passes_on_a_real_run_and_fails_on_a_tampered_lake(tmp_path: Path)
     r = shared_run("async")
     res = cli.invoke(app, ["audit", "--lake", str(r.lake), "--threshold", str(r.threshold)])
     assert res.exit_code == 0, res.output
-    assert "6 passed, 0 failed, 0 skipped" in res.output
-    res = cli.invoke(app, ["audit", "--lake", str(r.lake)])
-    assert res.exit_code == 0 and "skipped  stale_bound_respected" in res.output
+    assert "7 passed, 0 failed, 0 skipped" in res.output
+    res = cli.invoke(app, ["audit", "--lake", str(r.lake)])      # the lake's recorded threshold
+    assert res.exit_code == 0 and "7 passed, 0 failed, 0 skipped" in res.output
     lake = tmp_path / "lake"
     shutil.copytree(r.lake, lake)
     _second_terminal(lake)
