@@ -59,7 +59,7 @@ from pipeline.lake_read import (
 from schemas import LAKE_TABLES
 
 COMPACT_LOCK = "_compact.lock"
-ROW_GROUP_BYTES = 64 << 20      # about 64 MiB of Arrow data per row group: a scan's memory unit
+ROW_GROUP_BYTES = 16 << 20      # about 16 MiB of Arrow data per row group: a scan's memory unit
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
