@@ -28,6 +28,7 @@ _COMMANDS = [
     (bench, "torch", "jobs.bench_torch", "main"),
     (bench, "verl", "jobs.bench_verl", "main"),
     (bench, "ray", "jobs.bench_ray", "main"),
+    (bench, "sql-memory", "jobs.bench_sql_memory", "main"),
     (bench, "memory", "jobs.bench_memory", "main"),
     (bench, "all", "jobs.bench_all", "main"),
     (bench, "table", "jobs.bench_table", "main"),
