@@ -30,6 +30,7 @@ _COMMANDS = [
     (bench, "ray", "jobs.bench_ray", "main"),
     (bench, "sql-memory", "jobs.bench_sql_memory", "main"),
     (bench, "memory", "jobs.bench_memory", "main"),
+    (bench, "load", "jobs.bench_load", "main"),
     (bench, "all", "jobs.bench_all", "main"),
     (bench, "table", "jobs.bench_table", "main"),
     (lake, "check", "jobs.lake_tool", "check"),
