@@ -134,9 +134,10 @@ def missing_segments(root: str | os.PathLike, log: pa.Table | None = None) -> li
     removed = {p for k, p in zip(kinds, paths) if k == "removed"}
     out = []
     for k, p in zip(kinds, paths):
+        if k != "segment" or p in removed:
+            continue
         f = Path(root) / p
-        if k == "segment" and p not in removed and not f.exists() and \
-                not compacted_path(f).exists():
+        if not f.exists() and not compacted_path(f).exists():
             out.append(f)
     return out
 
