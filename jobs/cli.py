@@ -20,6 +20,7 @@ _COMMANDS = [
     (app, "sql", "jobs.sql_query", "main"),
     (app, "whatif", "jobs.whatif", "main"),
     (app, "audit", "jobs.audit", "main"),
+    (app, "soak", "jobs.soak", "main"),
     (app, "export", "jobs.export", "main"),
     (app, "compact", "jobs.compact", "main"),
     (app, "retain", "jobs.retain", "main"),
