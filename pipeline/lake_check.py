@@ -30,7 +30,7 @@ from pipeline.lake_files import (
     table_of,
     unpack_records,
 )
-from pipeline.lake_read import LakeDamageError, missing_segments, verify
+from pipeline.lake_read import LakeDamageError, missing_segments, read_parquet, verify
 from schemas import LAKE_TABLES
 
 
@@ -84,6 +84,13 @@ def check(root: str | os.PathLike) -> Report:
             report.findings.append(Finding("torn", path, len(v.data),
                                            f"{v.torn} byte(s) of an unacknowledged write "
                                            "(ignored by readers)"))
+    for table in LAKE_TABLES:
+        for path in sorted((root / table).rglob("*.parquet")) if (root / table).exists() else []:
+            report.streams += 1
+            try:
+                read_parquet(path)
+            except LakeDamageError as exc:
+                report.findings.append(Finding("damage", exc.path, exc.offset, exc.problem))
     try:
         gone = missing_segments(root)
     except LakeDamageError:
@@ -152,6 +159,14 @@ def salvage(root: str | os.PathLike) -> Report:
     writer = LakeWriter(root)          # the lock: no buffer may write while files move
     try:
         qdir = root / QUARANTINE_DIR / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        for path in [p for p in damaged if p.suffix == ".parquet"]:
+            damaged.remove(path)       # nothing in it can be verified apart: set aside whole
+            dest = qdir / path.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, dest)
+            report.quarantined.append(dest)
+            report.lost_writes += 1
+            gone += [path, path.with_suffix(".arrow")]   # and the segment it was compacted from
         for path in damaged:
             good, lost = _good_writes(path)
             stream, dropped = _rebuilt(path, good)

@@ -157,11 +157,21 @@ def live_files(root: str | os.PathLike, table: str,
     return [f for f in files if f.suffix == ".parquet" or compacted_path(f) not in done]
 
 
+def read_parquet(path: Path) -> pa.Table:
+    """A compacted segment; a file Parquet cannot read is damage like any other."""
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        if not path.exists():
+            raise
+        raise LakeDamageError(path, 0, f"the Parquet file cannot be read ({exc})") from exc
+
+
 def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> pa.Table:
     """Every acknowledged record batch of one segment, without the parts of a multi-partition
     call that has no commit record (``committed``; None reads the lake's own)."""
     if path.suffix == ".parquet":
-        return pq.read_table(path)
+        return read_parquet(path)
     table = table_of(path)
     if committed is None:
         committed = committed_calls(path.parents[3])

@@ -126,3 +126,23 @@ def test_salvage_refuses_while_a_buffer_has_the_lake_open(lake):
         zero_bytes(seg, 20, 4)
         res = cli.invoke(app, ["lake", "salvage", "--lake", str(lake)])
         assert res.exit_code == 2 and "already open for writing" in res.output
+
+
+def test_a_damaged_compacted_file_is_refused_and_salvage_sets_it_aside(lake):
+    from pipeline.compact import compact
+    with ReplayBuffer.sync(lake=lake) as buf:
+        add_group(buf, "a", 1, [0.0, 1.0])
+        add_group(buf, "b", 1, [0.0, 1.0], partition="val")
+    compact(lake)
+    [pq_file] = segment_files(lake, "trajectories", ["val"])
+    assert pq_file.suffix == ".parquet"
+    zero_bytes(pq_file, pq_file.stat().st_size - 12, 8)            # the footer
+    err = refusal(lake)
+    assert err.path == pq_file and "Parquet file cannot be read" in str(err)
+    assert [(f.kind, f.path) for f in check(lake).damaged] == [("damage", pq_file)]
+    report = salvage(lake)
+    assert [p.name for p in report.quarantined] == [pq_file.name]
+    assert check(lake).damaged == []
+    with ReplayBuffer.sync(lake=lake) as buf:          # b's rows are gone; a's are intact
+        assert read_table(lake, "trajectories")["uid"].to_pylist() == ["a", "a"]
+        assert buf.counts("val")["finished"] == 1
