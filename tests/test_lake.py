@@ -87,3 +87,27 @@ def test_fsync_makes_new_files_and_their_directories_durable(tmp_path):
               str(lake.parent), str(tmp_path), str(lake / "_log")):
         assert d in synced, f"directory {d} was never fsync'ed"
     assert synced[window] > created[segment]          # after the name was added
+
+
+def test_the_writer_refuses_a_partition_that_would_leave_the_lake(tmp_path):
+    from schemas import LAKE_TABLES
+    writer = LakeWriter(tmp_path / "lake")
+    try:
+        t = pa.table({"partition": ["x/../../../outside"], "step": [1], "batch_id": [None],
+                      "name": ["m"], "value": [1.0], "seq": [0],
+                      "ts": pa.array([0], pa.int64()).cast(pa.timestamp("us", tz="UTC"))},
+                     schema=LAKE_TABLES["metrics"])
+        with pytest.raises(LakeError, match="would leave the lake"):
+            writer.append("metrics", t)
+    finally:
+        writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lake"]
+
+
+@pytest.mark.parametrize("spec", ["nothing", "trajectories.data_torn:0", ":3", "x:y"])
+def test_a_malformed_kill_point_is_refused_when_the_lake_opens(tmp_path, monkeypatch, spec):
+    from pipeline import ConfigError
+    from pipeline.lake_kill import ENV
+    monkeypatch.setenv(ENV, spec)
+    with pytest.raises(ConfigError, match=ENV):
+        LakeWriter(tmp_path / "lake")
