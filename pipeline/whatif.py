@@ -37,7 +37,12 @@ import pyarrow.compute as pc
 from pipeline.errors import ConfigError, LakeError, ReplayLakeError
 from schemas import TRAJECTORIES_INPUT
 
-SAMPLE_TIMEOUT_S = 5.0
+SAMPLE_TIMEOUT_S = 600.0   # a safety net only: an unfillable call ends when the feed runs dry
+IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch cannot fill
+
+
+class _Unfillable(Exception):
+    """The recorded run has nothing more to feed and the replay's batch is still short."""
 
 
 @dataclass
@@ -200,13 +205,24 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
         for c in calls:
             ahead = [s for s in points if s > feed_seq(feed)]
 
-            def before_poll(ahead: list[int] = ahead) -> None:
-                if not feed.advance(ahead.pop(0) if ahead else None) and not ahead:
-                    feed.advance(None)
+            idle, idle_drawn = [0], [len(feed.drawn)]
+
+            def before_poll(ahead: list[int] = ahead, idle: list[int] = idle,
+                            idle_drawn: list[int] = idle_drawn) -> None:
+                # the replay is synchronous: a poll with nothing new to feed (and no refill
+                # drawn since the last one) sees exactly the state the last poll saw
+                drawn = len(feed.drawn)
+                fed = feed.advance(ahead.pop(0) if ahead else None)
+                if not fed and not ahead:
+                    fed = feed.advance(None)
+                idle[0] = 0 if fed or drawn != idle_drawn[0] else idle[0] + 1
+                idle_drawn[0] = len(feed.drawn)
+                if idle[0] >= IDLE_POLLS:
+                    raise _Unfillable
             try:
                 b = buf.sample(c["step"], c["partition"], len(c["uids"]),
                                timeout=SAMPLE_TIMEOUT_S, before_poll=before_poll)
-            except ReplayLakeError:
+            except (ReplayLakeError, _Unfillable):
                 result.unfilled.append(c["step"])
                 result.batches.append([])
                 continue
