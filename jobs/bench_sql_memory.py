@@ -82,7 +82,7 @@ def write_lake(lake: Path, gb: float, tokens: int, sessions: int, n: int = 4) ->
 def _measure(lake: Path, sql: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(lake), sql], capture_output=True,
                          text=True, check=True)
-    return json.loads(out.stdout)
+    return json.loads(out.stdout.strip().splitlines()[-1])   # after DuckDB's progress bar
 
 
 def _size(lake: Path) -> int:
