@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import replace
 
@@ -72,7 +73,7 @@ def test_the_commands_the_summary_suggests_run_against_the_lake(smoke):
     for what, argv in try_commands(out / "lake", summary.example_uid):
         res = runner.invoke(app, argv)
         assert res.exit_code == 0, (what, res.output)
-        assert "row(s)" in res.output
+        assert re.search(r"\(\d+ rows?\)", res.output), (what, res.output)
 
 
 def test_the_summary_fits_an_80_column_terminal(smoke, tmp_path):
