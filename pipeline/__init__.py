@@ -10,6 +10,7 @@ from pipeline.errors import (
     EmptyBatchError,
     IngestError,
     InvariantError,
+    LakeDamageError,
     LakeError,
     MissingMetricError,
     PresetKeywordError,
@@ -25,9 +26,9 @@ from pipeline.sampling import Ready
 from pipeline.store import GroupView
 
 __all__ = [
-    "METRICS", "Batch", "BufferConfig", "BufferFullError", "ConfigError", "EmptyBatchError", "GroupView",
-    "IngestError", "InvariantError", "LakeError", "MissingMetricError", "PresetKeywordError",
-    "Ready", "RefillLimitError", "ReplayBuffer", "ReplayLakeError", "SampleTimeout",
-    "StepAggregator", "UnknownBatchError", "UnknownGroupError", "UnknownMetricError",
-    "async_config", "sync_config",
+    "METRICS", "Batch", "BufferConfig", "BufferFullError", "ConfigError", "EmptyBatchError",
+    "GroupView", "IngestError", "InvariantError", "LakeDamageError", "LakeError",
+    "MissingMetricError", "PresetKeywordError", "Ready", "RefillLimitError", "ReplayBuffer",
+    "ReplayLakeError", "SampleTimeout", "StepAggregator", "UnknownBatchError",
+    "UnknownGroupError", "UnknownMetricError", "async_config", "sync_config",
 ]

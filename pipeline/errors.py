@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 
 class ReplayLakeError(Exception):
@@ -89,3 +90,16 @@ class UnknownMetricError(ReplayLakeError, _KeyErrorMessage):
 
 class LakeError(ReplayLakeError, OSError):
     """The lake directory cannot be opened or written."""
+
+
+class LakeDamageError(LakeError):
+    """A lake file is damaged (not merely torn at its tail): names the file and byte offset."""
+
+    def __reduce__(self):
+        return type(self), (self.path, self.offset, self.problem)
+
+    def __init__(self, path: Path, offset: int, problem: str):
+        self.path, self.offset, self.problem = Path(path), offset, problem
+        super().__init__(f"lake file {self.path} is damaged at byte {offset}: {problem}. Only a "
+                         "torn tail is ignored; run `replaylake lake check --lake <lake>` to list "
+                         "the damage and `replaylake lake salvage --lake <lake>` to set it aside")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.errors import LakeError
+from pipeline.errors import LakeDamageError
 from pipeline.lake_files import (
     CALL_KEY,
     LOG_SCHEMA,
@@ -39,16 +39,6 @@ from schemas import LAKE_TABLES
 
 # Parquet metadata of a compacted segment: the highest seq its source held, committed or not
 HIGHEST_SEQ_KEY = b"replaylake.highest_seq"
-
-
-class LakeDamageError(LakeError):
-    """A lake file is damaged (not merely torn at its tail): names the file and byte offset."""
-
-    def __init__(self, path: Path, offset: int, problem: str):
-        self.path, self.offset, self.problem = Path(path), offset, problem
-        super().__init__(f"lake file {self.path} is damaged at byte {offset}: {problem}. Only a "
-                         "torn tail is ignored; run `replaylake lake check --lake <lake>` to list "
-                         "the damage and `replaylake lake salvage --lake <lake>` to set it aside")
 
 
 @dataclass

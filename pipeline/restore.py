@@ -10,6 +10,7 @@ get their aggregates in one query, at the first poll.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -20,10 +21,29 @@ from pipeline.lake import highest_seq, read_table
 from pipeline.state import BufferState
 
 _REPLAYED = ("group_events", "trajectories", "decisions")
+log = logging.getLogger("replaylake")
 
 
 def _key(t: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(t.column("partition"), t.column("uid"), "\x00")
+
+
+def _orphans_dropped(tables: dict[str, pa.Table], registered: pa.Array) -> int:
+    """Drop rows of groups whose registration is not in the lake (only after `lake salvage` set
+    a damaged segment aside): they cannot be restored. Returns how many were dropped."""
+    dropped = 0
+    for name, t in tables.items():
+        keep = pc.is_in(_key(t), registered)
+        if name == "group_events":
+            keep = pc.or_(keep, pc.equal(t.column("event"), "registered"))
+        elif name == "decisions":
+            keep = pc.or_kleene(keep, pc.is_null(t.column("uid")))
+        keep = pc.fill_null(keep, False)
+        n = t.num_rows - pc.sum(keep).as_py() if t.num_rows else 0
+        if n:
+            tables[name] = t.filter(keep)
+            dropped += n
+    return dropped
 
 
 def restore(state: BufferState, lake: str | os.PathLike) -> None:
@@ -34,6 +54,13 @@ def restore(state: BufferState, lake: str | os.PathLike) -> None:
     tables["trajectories"] = read_table(
         lake, "trajectories",
         keep=None if gone_keys is None else (lambda t: pc.invert(pc.is_in(_key(t), gone_keys))))
+    ev = tables["group_events"]
+    registered = pc.unique(_key(ev.filter(pc.equal(ev.column("event"), "registered"))))
+    dropped = _orphans_dropped(tables, registered)
+    if dropped:
+        log.warning("restore of %s: %d row(s) belong to groups whose registration is not in the "
+                    "lake (set aside by `replaylake lake salvage`); they were skipped", lake,
+                    dropped)
     seqs = [tables[n].column("seq").to_numpy() for n in _REPLAYED]
     metric_seq = read_table(lake, "metrics").column("seq").to_numpy()
     all_seq = np.concatenate(seqs)

@@ -146,3 +146,16 @@ def test_a_damaged_compacted_file_is_refused_and_salvage_sets_it_aside(lake):
     with ReplayBuffer.sync(lake=lake) as buf:          # b's rows are gone; a's are intact
         assert read_table(lake, "trajectories")["uid"].to_pylist() == ["a", "a"]
         assert buf.counts("val")["finished"] == 1
+
+
+def test_a_lake_whose_salvage_lost_a_registration_restores_without_that_group(lake, caplog):
+    hundred_groups(lake)
+    [seg] = segment_files(lake, "group_events")
+    ends = write_ends(seg)
+    lost = 3 * 42                                   # g042's `registered` write
+    zero_bytes(seg, ends[lost - 1] + 5, 4)
+    salvage(lake)
+    with ReplayBuffer.sync(lake=lake) as buf:
+        assert buf.lookup("train", "g042") is None     # its later rows cannot be restored
+        assert buf.counts("train")["finished"] == 99
+    assert any("registration is not in the lake" in r.getMessage() for r in caplog.records)
