@@ -56,7 +56,10 @@ def main(
     threshold: Annotated[int | None, typer.Option(
         "--threshold", help="override the max_off_policy_threshold the lake recorded")] = None,
 ) -> None:
-    """Run every audit query over a lake; exit code 1 when any audit finds a violation."""
+    """Run every audit query over a lake; exit code 1 when any audit finds a violation.
+
+    Example: replaylake audit --lake runs/demo/latest/lake
+    """
     from pipeline.errors import ReplayLakeError
     try:
         results = run_audits(lake, threshold)

@@ -183,7 +183,10 @@ def main(
                                                           "WANDB_MODE says otherwise)")] = True,
 ) -> None:
     """Train a tiny GRU policy with asynchronous GRPO through replaylake (about a minute on 2
-    CPU cores), tracked in W&B offline; then see what happened with SQL over the lake."""
+    CPU cores), tracked in W&B offline; then see what happened with SQL over the lake.
+
+    Example: replaylake demo --steps 150 --threshold 3 --failure-rate 0.02
+    """
     try:
         cfg = replace(DemoConfig(), steps=steps, threshold=_threshold(threshold),
                       strategy=strategy, filter_metric=_none(filter_metric),

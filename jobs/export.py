@@ -274,7 +274,10 @@ def main(
         "--ray", help="read the lake with Ray Data (joins a running cluster, else starts one)")]
         = False,
 ) -> None:
-    """Export the trained data of chosen steps/partitions as shards with a manifest (resumable)."""
+    """Export the trained data of chosen steps/partitions as shards with a manifest (resumable).
+
+    Example: replaylake export --lake runs/demo/latest/lake --out runs/export --steps 5:20
+    """
     try:
         cfg = ExportConfig(lake=lake, out=out, partitions=tuple(partition or ()),
                            steps=parse_steps(steps), formats=tuple(format or ("parquet",)),
