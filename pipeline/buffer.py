@@ -15,50 +15,24 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import aggregates, candidates, decide
+from pipeline import decide
+from pipeline.arguments import batch_size_arg, partition_arg, step_arg, uid_list
 from pipeline.batch import Batch
+from pipeline.buffer_reads import BufferReads
 from pipeline.config import BufferConfig, async_config, sync_config
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
-from pipeline.ingest import check_partition, validate_groups, validate_status, validate_trajectories
+from pipeline.ingest import validate_groups, validate_status, validate_trajectories
 from pipeline.journal import Journal
 from pipeline.lake import LakeWriter
 from pipeline.policies.context import PollContext
 from pipeline.presets import preset_kwargs
 from pipeline.sampling import Ready, run_call
 from pipeline.state import BufferState, Listener
-from pipeline.store import GroupView, view
 
 log = logging.getLogger("replaylake")
-_STATUSES = ("pending", "running", "finished", "failure", "sampled")
 
 
-def _partition(partition: str | None, partition_id: str | None, where: str) -> str:
-    """`partition` everywhere; verl's `partition_id` is accepted as an alias."""
-    if partition is not None and partition_id is not None and partition != partition_id:
-        raise ConfigError(f"{where}: partition={partition!r} and partition_id={partition_id!r} "
-                          "disagree; pass one of them")
-    p = partition if partition is not None else partition_id
-    if p is None:
-        raise ConfigError(f"{where}: which partition? pass partition='train' (or another id)")
-    return check_partition(p)
-
-
-def _non_negative_step(where: str, global_steps: Any) -> int:
-    if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
-        raise ConfigError(f"{where}: global_steps={global_steps!r} must be an int >= 0")
-    return global_steps
-
-
-def _uid_list(where: str, uids: Any) -> list[str]:
-    if uids is None:
-        raise ConfigError(f"{where}: nothing to do; pass rows, or uids=[...] with partition=")
-    if isinstance(uids, (str, bytes)):
-        raise ConfigError(f"{where}: uids={uids!r} is one string; pass a list of uids, e.g. "
-                          f"uids=[{uids!r}]")
-    return list(uids)
-
-
-class ReplayBuffer:
+class ReplayBuffer(BufferReads):
     """The live buffer over an optional on-disk lake (``lake=None``: memory only).
 
     Opening an existing lake directory restores the buffer exactly as the last acknowledged
@@ -125,7 +99,7 @@ class ReplayBuffer:
         """Register prompt groups as `pending` (rows of partition, uid, global_steps[, n]), or the
         shorthand ``register(partition=, uids=[...], global_steps=, n=)``. All-or-nothing."""
         if data is None:
-            uids = _uid_list("register", uids)
+            uids = uid_list("register", uids)
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "global_steps": [global_steps] * len(uids), "n": [n] * len(uids)}
         with self._state.cond:
@@ -139,7 +113,7 @@ class ReplayBuffer:
                       uids: list[str] | None = None, status: str | None = None) -> None:
         """Move groups forward (pending -> running -> finished | failure). All-or-nothing."""
         if data is None:
-            uids = _uid_list("update_status", uids)
+            uids = uid_list("update_status", uids)
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "status": [status] * len(uids)}
         with self._state.cond:
@@ -197,9 +171,9 @@ class ReplayBuffer:
         before those steps will not train on them: ``release_held=True`` releases them here (their
         rows stay in the lake; `replaylake export` can still read them). Keep them (the default)
         to hand them to the trainer again."""
-        _non_negative_step("reissue", global_steps)
+        step_arg("reissue", global_steps)
         only = None if partition is None and partition_id is None else \
-            _partition(partition, partition_id, "reissue")
+            partition_arg(partition, partition_id, "reissue")
         out: dict[str, list[str]] = {}
         with self._state.cond:
             for pid, part in sorted(self._state.parts.items()):
@@ -219,10 +193,9 @@ class ReplayBuffer:
     # --- the consumer --------------------------------------------------------------------------
     def _context(self, where: str, global_steps: Any, partition: str | None,
                  partition_id: str | None, batch_size: Any) -> PollContext:
-        _non_negative_step(where, global_steps)
-        p = _partition(partition, partition_id, where)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ConfigError(f"{where}: batch_size={batch_size!r} must be a positive int")
+        step_arg(where, global_steps)
+        p = partition_arg(partition, partition_id, where)
+        batch_size_arg(where, batch_size)
         with self._state.cond:
             known = self._state.parts.get(p)
             if (known is None or not known.groups) and p not in self._warned \
@@ -258,61 +231,13 @@ class ReplayBuffer:
         return run_call(self._state, self.config, ctx, consume=False, timeout=timeout,
                         before_poll=before_poll)
 
-    def get_sampleable_count(self, global_steps: int, partition: str | None = None, *,
-                             partition_id: str | None = None) -> int:
-        """How many groups `sample` could hand out now; evicts, refills and removes nothing."""
-        _non_negative_step("get_sampleable_count", global_steps)
-        p = _partition(partition, partition_id, "get_sampleable_count")
-        with self._state.cond:
-            part = self._state.parts.get(p)
-            if part is None:
-                return 0
-            ev = decide.evaluate(part, self.config.rules_for(p), global_steps,
-                                 self.config.filter_metric)
-            return part.candidates.alive_count - ev.count
-
-    def lookup(self, partition: str, uid: str) -> GroupView | None:
-        """A frozen view of the group (uid, global_steps, n, status, removed, keys), a retired
-        marker (``removed == 'retired'``: never accepted again), or None when never seen."""
-        with self._state.cond:
-            part = self._state.parts.get(partition)
-            if part is None:
-                return None
-            return view(uid, part.groups.get(uid), uid in part.retired)
-
-    def held_batches(self, partition: str) -> dict[int, list[tuple[str, int, int]]]:
-        """Selected, unreleased batches: batch id -> its (uid, session_id, index) keys."""
-        with self._state.cond:
-            part = self._state.parts.get(partition)
-            if part is None:
-                return {}
-            return {b: [(u, s, x) for u in uids for s, x in sorted(part.groups[u].keys)]
-                    for b, uids in part.batches.items()}
-
-    def sampleable_uids(self, partition: str) -> list[str]:
-        """Every group the last poll left sampleable, oldest first (evicts nothing)."""
-        with self._state.cond:
-            part = self._state.parts.get(partition)
-            return part.candidates.oldest(None) if part is not None else []
-
-    def candidates(self, partition: str) -> pa.Table:
-        """The candidate table of a partition (schemas.CANDIDATES): every terminal group not yet
-        sampled, evicted or discarded, with the aggregates the rules read, oldest first."""
-        with self._state.cond:
-            part = self._state.parts.get(partition)
-            if part is None:
-                return candidates.table([])
-            aggregates.complete(part)
-            alive = part.candidates.alive
-            return candidates.table([alive[u] for u in part.candidates.oldest(None)])
-
     def retire(self, partition: str, uids: list[str], reason: str = "vanished",
                global_steps: int | None = None) -> list[str]:
         """Remove live, unselected groups that disappeared from an external data plane (e.g.
         verl's trainer cleared the partition): each gets an `evict` decision with ``reason`` and
         is never sampled or accepted again. Returns the uids retired (unknown or already removed
         ones are skipped)."""
-        uids = _uid_list("retire", uids)
+        uids = uid_list("retire", uids)
         with self._state.cond:
             part = self._state.parts.get(partition)
             if part is None:
@@ -344,23 +269,6 @@ class ReplayBuffer:
                     return
         raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or "
                                 "already released)")
-
-    def counts(self, partition: str | None = None, *,
-               partition_id: str | None = None) -> dict[str, int]:
-        """Live groups of a partition per status (selected, unreleased groups: `sampled`)."""
-        p = _partition(partition, partition_id, "counts")
-        with self._state.cond:
-            part = self._state.parts.get(p)
-            return part.counts() if part else dict.fromkeys(_STATUSES, 0)
-
-    def partitions(self) -> list[str]:
-        with self._state.cond:
-            return sorted(self._state.parts)
-
-    @property
-    def lake(self) -> LakeWriter | None:
-        """The lake this buffer writes (its ``root`` and ``lock``), or None in memory only."""
-        return self._state.journal.lake
 
     def close(self) -> None:
         if self._state.journal.lake is not None:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.adapters import verl_options as vo
-from pipeline.adapters.verl_mirror import PartitionMirror, clear
+from pipeline.adapters.verl_keys import clear
+from pipeline.adapters.verl_mirror import PartitionMirror
 from pipeline.buffer import ReplayBuffer as CoreBuffer
 from pipeline.errors import EmptyBatchError
 from pipeline.ingest import check_partition

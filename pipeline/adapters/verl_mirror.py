@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipeline.adapters.verl_keys import check_prompts, clear, parse_key
 from pipeline.adapters.verl_rows import trajectory_rows
-from pipeline.errors import IngestError, InvariantError
+from pipeline.errors import InvariantError
 from pipeline.partitions import is_validation
 
 log = logging.getLogger("replaylake.verl")
@@ -33,18 +34,6 @@ log = logging.getLogger("replaylake.verl")
 PROMPT, TRAJ, WAITING, IGNORED = "prompt", "traj", "waiting", "ignored"
 _TERMINAL = ("finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
-
-
-def parse_key(key: str) -> tuple[str, int, int] | None:
-    """`{uid}_{session}_{index}` -> (uid, session, index); uid is the text before the first `_`
-    (verl's rule, so uids must not contain `_`). None for anything else."""
-    uid, sep, rest = key.partition("_")
-    if not sep or not uid:
-        return None
-    s, sep, x = rest.partition("_")
-    if not sep or not s.isdigit() or not x.isdigit():
-        return None
-    return uid, int(s), int(x)
 
 
 class PartitionMirror:
@@ -129,25 +118,8 @@ class PartitionMirror:
         out.reverse()
         return out
 
-    def _check_prompts(self, new: list[str], listing: dict[str, dict]) -> None:
-        """Reject unusable new prompt keys before any state changes (verl would crash
-        with a KeyError on a missing `global_steps`, or mis-attribute a uid containing `_`)."""
-        problems = []
-        for k in new:
-            tag = listing[k]
-            if not tag.get("is_prompt", False) or self.core.lookup(self.partition, k) is not None:
-                continue
-            if "_" in k:
-                problems.append(f"prompt key {k!r} contains '_': its trajectory keys "
-                                "{uid}_{session}_{index} could not be told apart (verl's rule)")
-            if "global_steps" not in tag:
-                problems.append(f"prompt key {k!r} has no 'global_steps' tag (verl's trainer "
-                                "always sets it)")
-        if problems:
-            raise IngestError(f"verl prompt keys of partition {self.partition!r}", problems)
-
     def _classify(self, new: list[str], listing: dict[str, dict]) -> tuple[list[str], int | None]:
-        self._check_prompts(new, listing)
+        check_prompts(self.core, self.partition, new, listing)
         registers: list[str] = []
         reissue: int | None = None
         for k in new:
@@ -319,9 +291,3 @@ class PartitionMirror:
             raise InvariantError(f"batch {batch_id}: {len(keys)} TransferQueue keys for "
                                  f"{expected_rows} trajectories")
         return keys
-
-
-def clear(tq: Any, partition: str, keys: list[str]) -> None:
-    """kv_clear, never with an empty key list (TransferQueue raises on one)."""
-    if keys:
-        tq.kv_clear(keys=keys, partition_id=partition)

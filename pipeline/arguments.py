@@ -1,0 +1,42 @@
+"""Checks of the public API's arguments: each names the call, the argument and what to pass."""
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.errors import ConfigError
+from pipeline.ingest import check_partition
+
+
+def partition_arg(partition: str | None, partition_id: str | None, where: str) -> str:
+    """`partition` everywhere; verl's `partition_id` is accepted as an alias."""
+    if partition is not None and partition_id is not None and partition != partition_id:
+        raise ConfigError(f"{where}: partition={partition!r} and partition_id={partition_id!r} "
+                          "disagree; pass one of them")
+    p = partition if partition is not None else partition_id
+    if p is None:
+        raise ConfigError(f"{where}: which partition? pass partition='train' (or another id)")
+    return check_partition(p)
+
+
+def step_arg(where: str, global_steps: Any) -> int:
+    """A trainer step: an int >= 0 (bool refused)."""
+    if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
+        raise ConfigError(f"{where}: global_steps={global_steps!r} must be an int >= 0")
+    return global_steps
+
+
+def uid_list(where: str, uids: Any) -> list[str]:
+    """A list of uids for the keyword shorthands (a lone string is refused, not iterated)."""
+    if uids is None:
+        raise ConfigError(f"{where}: nothing to do; pass rows, or uids=[...] with partition=")
+    if isinstance(uids, (str, bytes)):
+        raise ConfigError(f"{where}: uids={uids!r} is one string; pass a list of uids, e.g. "
+                          f"uids=[{uids!r}]")
+    return list(uids)
+
+
+def batch_size_arg(where: str, batch_size: Any) -> int:
+    """A batch size (or target count): a positive int (bool refused)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ConfigError(f"{where}: batch_size={batch_size!r} must be a positive int")
+    return batch_size
