@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import LakeError
+from pipeline.lake import fsync_dir
 from pipeline.lake_files import CALL_KEY, LOCK_NAME, sum_path, table_of
 from pipeline.lake_read import (
     HIGHEST_SEQ_KEY,
@@ -128,14 +129,6 @@ def sealed(root: str | os.PathLike, segments: list[Path]) -> tuple[list[Path], i
     return out, len(segments) - len(out)
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, int, int]:
     """Write the segment's committed rows to its Parquet file; (that file, rows, bytes read)."""
     table = table_of(path)
@@ -168,7 +161,7 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return target, rows, size
 
 
@@ -178,7 +171,7 @@ def _delete_segment(path: Path) -> None:
             f.unlink()
         except FileNotFoundError:
             pass
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class _CompactLock:

@@ -81,7 +81,8 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so the names added to it survive power loss."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -164,7 +165,7 @@ class LakeWriter:
             self.root.mkdir(parents=True, exist_ok=True)
             if fsync:
                 for p in new_dirs:
-                    _fsync_dir(p.parent)
+                    fsync_dir(p.parent)
         except OSError as exc:
             raise LakeError(f"cannot create lake directory {self.root}: {exc}") from exc
         self._root_real = self.root.resolve()
@@ -240,7 +241,7 @@ class LakeWriter:
         lake_kill.hit(point + ".create")
         if self.fsync:
             for p in [d, *(q.parent for q in new_dirs)]:
-                _fsync_dir(p)
+                fsync_dir(p)
             lake_kill.hit(point + ".dir_synced")
         return stream
 

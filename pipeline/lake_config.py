@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeline.config import BufferConfig
 from pipeline.errors import LakeError
+from pipeline.lake import fsync_dir
 
 FILE = "_config.json"
 DECISION_KEYS = ("preset", "filter_groups_metric", "max_off_policy_threshold",
@@ -77,11 +78,7 @@ def _write(lake: Path, record: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, lake / FILE)
-    fd = os.open(lake, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(lake)
 
 
 # rules whose parameters the threshold, strategy and filter metric already describe
