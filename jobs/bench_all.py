@@ -161,7 +161,7 @@ def decide_figures(s: Sizes) -> list[dict[str, Any]]:
 
 
 def verl_figures(s: Sizes) -> list[dict[str, Any]]:
-    from jobs.bench_verl import PART, _start, run_size
+    from jobs.bench_verl import _start, _stop, run_size
     tq, started = _start()
     out, fresh = [], [0]
     try:
@@ -174,14 +174,8 @@ def verl_figures(s: Sizes) -> list[dict[str, Any]]:
                 out.append(_figure(f"verl adapter sample, {n:,} groups, {mode} mirror",
                                    med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
                                    "x verl's speed", f">= {goal}x verl", ratio >= goal))
-        keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
-        if keys:
-            tq.kv_clear(keys=keys, partition_id=PART)
     finally:
-        if started:
-            import ray
-            tq.close()
-            ray.shutdown()
+        _stop(tq, started)
     return out
 
 

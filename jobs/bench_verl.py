@@ -27,6 +27,17 @@ PART, STEP, PER_GROUP, CHUNK = "train", 10, 4, 500
 IMPLS = ("verl", "ours", "ours_rewards", "verl_dapo", "ours_dapo")
 
 
+def _stop(tq: Any, started: bool) -> None:
+    """Clear what the benchmark left in TransferQueue; stop TQ and Ray if this run started them."""
+    keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=PART)
+    if started:
+        import ray
+        tq.close()
+        ray.shutdown()
+
+
 def _start() -> tuple[Any, bool]:
     """Ray (num_cpus=4: TransferQueue's actors each ask for a CPU) and TransferQueue, unless this
     process already has them (e.g. under pytest)."""
@@ -141,14 +152,8 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
         for n in [int(s) for s in sizes.split(",")]:
             with console.status(f"{n:,} groups ..."):
                 results.append(run_size(tq, n, batch, repeats, fresh))
-        keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
-        if keys:
-            tq.kv_clear(keys=keys, partition_id=PART)
     finally:
-        if started:
-            import ray
-            tq.close()
-            ray.shutdown()
+        _stop(tq, started)
     table = Table(title=f"sample(batch {batch}) through TransferQueue: median ms "
                         f"(first call in brackets)")
     for col in ("groups", "kv_list", *IMPLS, "verl/ours", "dapo verl/ours"):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline.lake import fsync_dir
 from pipeline.lake_files import (
     LOG_DIR,
     LOG_SCHEMA,
@@ -202,11 +203,7 @@ def _write_stream(path: Path, writes: list[bytes]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 def describe(report: Report) -> list[str]:

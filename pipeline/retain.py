@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from pipeline.compact import CompactReport, compact, job_lock
 from pipeline.errors import ConfigError
+from pipeline.lake import fsync_dir
 from pipeline.lake_read import read_table, segment_files
 
 EMPTIED = ("prompt_ids", "response_ids")          # not nullable: emptied
@@ -105,11 +106,7 @@ def _rewrite(path: Path, gone: pa.Array) -> int:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
     return changed
 
 

@@ -72,6 +72,16 @@ def add_group(buf: ReplayBuffer, uid: str, gs: int = 0, rewards: Iterable[float]
     return rows
 
 
+def lake_history(lake: Path) -> dict[str, list[tuple]]:
+    """Every lake table's rows without their wall-clock time, in seq order."""
+    out = {}
+    for name, schema in LAKE_TABLES.items():
+        cols = [f.name for f in schema if f.name != "ts"]
+        t = read_table(lake, name).select(cols)
+        out[name] = list(zip(*(t[c].to_pylist() for c in cols)))
+    return out
+
+
 def lake_counts(lake: str | os.PathLike) -> dict[str, int]:
     """Rows of every lake table, read back from the files on disk."""
     return {name: read_table(lake, name).num_rows for name in LAKE_TABLES}

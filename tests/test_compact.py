@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pyarrow.compute as pc
-from conftest import ROOT, python_env, write_script
 
 from pipeline import ReplayBuffer
 from pipeline.compact import compact
@@ -18,16 +17,7 @@ from pipeline.lake import highest_seq, read_table, segment_files
 from pipeline.lake_check import check
 from schemas import LAKE_TABLES
 from tests._sql_fixtures import Rollout, simulate_async
-
-
-def history(lake: Path) -> dict[str, list[tuple]]:
-    """Every table's rows in seq order, without the wall-clock column."""
-    out = {}
-    for name, schema in LAKE_TABLES.items():
-        cols = [f.name for f in schema if f.name != "ts"]
-        t = read_table(lake, name).select(cols)
-        out[name] = list(zip(*(t[c].to_pylist() for c in cols)))
-    return out
+from tests.conftest import ROOT, lake_history, python_env, write_script
 
 
 def files(lake: Path, suffix: str) -> list[Path]:
@@ -59,7 +49,7 @@ def test_compaction_keeps_every_row_and_a_restart_gives_the_same_batches(tmp_pat
     plain, packed = tmp_path / "plain", tmp_path / "packed"
     simulate_async(plain, steps=8, surplus=1)
     shutil.copytree(plain, packed)
-    before = history(packed)
+    before = lake_history(packed)
     top = highest_seq(packed)
 
     report = compact(packed)
@@ -68,11 +58,11 @@ def test_compaction_keeps_every_row_and_a_restart_gives_the_same_batches(tmp_pat
     assert files(packed, ".arrow") == []
     assert len(files(packed, ".parquet")) == len(report.compacted)
     assert report.rows == sum(len(v) for v in before.values())
-    assert history(packed) == before
+    assert lake_history(packed) == before
     assert highest_seq(packed) == top
     assert check(packed).damaged == []
     assert second_phase(packed) == second_phase(plain)
-    assert history(packed) == history(plain)
+    assert lake_history(packed) == lake_history(plain)
 
 
 def test_compacting_twice_rewrites_nothing(tmp_path):
@@ -90,17 +80,17 @@ def test_a_run_killed_between_rename_and_delete_is_finished_by_the_next_run(tmp_
     simulate_async(lake, steps=4)
     keep = tmp_path / "keep"
     shutil.copytree(lake, keep)
-    before = history(lake)
+    before = lake_history(lake)
     compact(lake)
     # put the segments back beside their Parquet copies: what a kill after the rename leaves
     for p in files(keep, ".arrow"):
         rel = p.relative_to(keep)
         shutil.copy(p, lake / rel)
         shutil.copy(p.with_name(p.name + ".crc"), lake / rel.with_name(rel.name + ".crc"))
-    assert history(lake) == before            # both listed: the rows count once
+    assert lake_history(lake) == before            # both listed: the rows count once
     report = compact(lake)
     assert report.cleaned == len(files(keep, ".arrow")) and report.compacted == []
-    assert files(lake, ".arrow") == [] and history(lake) == before
+    assert files(lake, ".arrow") == [] and lake_history(lake) == before
 
 
 HOLDER = """
@@ -185,4 +175,4 @@ def test_compaction_while_a_writer_appends_loses_and_duplicates_nothing(tmp_path
     compacted += len(compact(lake).compacted)
     assert compacted > 0
     assert files(lake, ".arrow") == []
-    assert history(lake) == history(reference)
+    assert lake_history(lake) == lake_history(reference)

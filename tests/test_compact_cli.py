@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, python_env
 
 from pipeline.lake import read_table, segment_files
 from tests._sql_fixtures import simulate_async
+from tests.conftest import ROOT, python_env
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

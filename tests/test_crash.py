@@ -13,13 +13,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from conftest import ROOT, add_group, python_env, traj, write_script
 
 from pipeline import ConfigError, IngestError, ReplayBuffer
 from pipeline.lake import highest_seq, read_table, segment_files
 from pipeline.lake_files import log_files
 from schemas import LAKE_TABLES
 from tests._lake_damage import tear_all, tear_last_write
+from tests.conftest import ROOT, add_group, lake_history, python_env, traj, write_script
 
 WRITER = """
     import os, signal, sys
@@ -200,16 +200,6 @@ SCENARIO = """
         buf.release(b)
     print("done", flush=True)
 """
-
-
-def lake_history(lake: Path) -> dict[str, list[tuple]]:
-    """Every lake table's rows without their wall-clock time, in seq order."""
-    out = {}
-    for name, schema in LAKE_TABLES.items():
-        cols = [f.name for f in schema if f.name != "ts"]
-        t = read_table(lake, name).select(cols)
-        out[name] = list(zip(*(t[c].to_pylist() for c in cols)))
-    return out
 
 
 def test_a_restart_after_sigkill_gives_the_same_batches_as_no_crash(tmp_path):

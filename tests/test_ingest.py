@@ -8,11 +8,11 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pytest
-from conftest import add_group, lake_counts, traj
 
 from pipeline import IngestError, ReplayBuffer, UnknownGroupError
 from pipeline.lake import read_table
 from schemas import TRAJECTORIES
+from tests.conftest import add_group, lake_counts, traj
 
 
 @pytest.fixture

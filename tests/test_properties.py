@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-from conftest import traj
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pipeline import EmptyBatchError, ReplayBuffer, SampleTimeout, UnknownGroupError
 from pipeline.lake import read_table
+from tests.conftest import traj
 
 TERMINAL = ("finished", "failure")
 THRESHOLD = 3

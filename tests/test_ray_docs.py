@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_vllm_docs import python_blocks
+
+from tests.test_vllm_docs import python_blocks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "ray.md"
 

@@ -7,13 +7,14 @@ import shutil
 
 import pyarrow.compute as pc
 import pytest
-from test_compact import history, second_phase
 
 from pipeline.analysis import connect
 from pipeline.errors import ConfigError
 from pipeline.lake import read_table
 from pipeline.retain import retain
 from tests._sql_fixtures import simulate_async
+from tests.conftest import lake_history
+from tests.test_compact import second_phase
 
 # a retained trajectory's response length reads 0; everything else of its fate stays
 FATES = "select * exclude (response_len) from trajectory_fates order by all"
@@ -27,14 +28,14 @@ def test_retention_drops_only_old_gone_payload_and_a_restart_gives_the_same_batc
     plain, kept = tmp_path / "plain", tmp_path / "kept"
     simulate_async(plain, steps=8, surplus=1)
     shutil.copytree(plain, kept)
-    before = history(kept)
+    before = lake_history(kept)
     lineage = connect(kept).sql(FATES).fetchall()
 
     report = retain(kept, older_than=3)
 
     assert report.horizon == 8 - 3 and report.groups > 0 and report.rows > 0
     assert report.bytes_after < report.bytes_before
-    after = history(kept)
+    after = lake_history(kept)
     assert {k: v for k, v in after.items() if k != "trajectories"} == \
         {k: v for k, v in before.items() if k != "trajectories"}
     assert without_payload(after["trajectories"]) == without_payload(before["trajectories"])

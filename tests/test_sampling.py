@@ -10,10 +10,10 @@ import time
 
 import pyarrow.compute as pc
 import pytest
-from conftest import ROOT, add_group, python_env, traj, write_script
 
 from pipeline import ReplayBuffer, SampleTimeout, UnknownGroupError
 from pipeline.lake import read_table
+from tests.conftest import ROOT, add_group, python_env, traj, write_script
 
 
 def keys(batch) -> list[tuple[str, int, int]]:
