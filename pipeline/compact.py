@@ -55,13 +55,12 @@ from pipeline.lake_read import (
     committed_calls,
     compacted_path,
     segment_files,
-    verify,
 )
+from pipeline.lake_verify import verify
 from schemas import LAKE_TABLES
 
 COMPACT_LOCK = "_compact.lock"
 ROW_GROUP_BYTES = 16 << 20      # about 16 MiB of Arrow data per row group: a scan's memory unit
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 @dataclass
@@ -107,8 +106,7 @@ def _open_files(pid: int) -> set[Path] | None:
 
 def _closed(path: Path) -> bool:
     """Its acknowledged bytes end with the end-of-stream marker (the writer finished it)."""
-    v = verify(path)
-    return v.data.endswith(_EOS)
+    return verify(path).closed
 
 
 def sealed(root: str | os.PathLike, segments: list[Path]) -> tuple[list[Path], int]:

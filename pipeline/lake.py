@@ -16,6 +16,12 @@ A process that dies mid-write leaves a torn tail past the last checksum record; 
 Any other damage is refused (see `lake_read`). Each writer opens new files, so a torn file is
 never appended to.
 
+Rolling: a segment is finished (end-of-stream marker written, files closed) once it holds
+``roll_bytes`` (64 MiB by default) or has been open ``roll_seconds`` (10 minutes), checked after
+each call; the next rows for its table, partition and window go to a new segment. A finished
+segment is sealed, so `replaylake compact` turns a running buffer's older data into Parquet
+without waiting for the buffer to close. Both limits are attributes of the writer (`buf.lake`).
+
 Atomicity of one call: a call's rows of one partition are one record batch in one file. A call
 spanning several partitions writes one batch per partition, each tagged with the call's name
 (writer + seq range), then a commit record with that name in the writer's log; readers skip tagged
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -52,7 +59,10 @@ from pipeline.lake_read import committed_calls, highest_seq, read_segment, read_
 from schemas import LAKE_TABLES
 
 __all__ = ["LakeWriter", "read_table", "read_segment", "segment_files", "committed_calls",
-           "window_of", "highest_seq", "DEFAULT_WINDOW"]
+           "window_of", "highest_seq", "DEFAULT_WINDOW", "ROLL_BYTES", "ROLL_SECONDS"]
+
+ROLL_BYTES = 64 << 20        # a segment is finished once it holds this many bytes ...
+ROLL_SECONDS = 600.0         # ... or has been open this long (a 15-minute compaction finds it)
 
 
 class _Capture:
@@ -104,6 +114,7 @@ class _Stream:
             self.sums.close()
             raise
         self.size = 0
+        self.opened_at = time.monotonic()
         self.sink = _Capture()
         self.writer = pa.ipc.new_stream(self.sink, schema)
 
@@ -151,10 +162,13 @@ class LakeWriter:
     """Appends conformed rows to the lake; thread-safe; holds the lake's one-writer lock."""
 
     def __init__(self, root: str | os.PathLike, *, fsync: bool = False,
-                 window: int = DEFAULT_WINDOW):
+                 window: int = DEFAULT_WINDOW, roll_bytes: int = ROLL_BYTES,
+                 roll_seconds: float = ROLL_SECONDS):
         self.root = Path(root)
         self.fsync = fsync
         self.window = window
+        self.roll_bytes = roll_bytes
+        self.roll_seconds = roll_seconds
         self.tag = uuid.uuid4().hex[:12]
         self._streams: dict[tuple[str, str, int], _Stream] = {}
         self._lock = threading.Lock()
@@ -191,6 +205,21 @@ class LakeWriter:
                                 f"{self.root} failed ({exc}); nothing of this call was "
                                 "acknowledged") from exc
             lake_kill.hit(table + ".acked")
+            self._roll()
+
+    def _roll(self) -> None:
+        """Finish every table segment that is full or old (see the module doc). The call that
+        ran before is acknowledged already; a segment whose finish fails is only closed (its
+        marker a torn tail at worst), and later rows go to a new segment either way."""
+        now = time.monotonic()
+        for key in [k for k in self._streams if k[0] != LOG_DIR]:
+            stream = self._streams[key]
+            if stream.size >= self.roll_bytes or now - stream.opened_at >= self.roll_seconds:
+                del self._streams[key]
+                try:
+                    stream.finish()
+                except (OSError, pa.ArrowException):
+                    stream.abandon()
 
     def _append(self, table: str, rows: pa.Table) -> None:
         parts = list(self._split(table, rows))

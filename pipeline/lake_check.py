@@ -31,7 +31,8 @@ from pipeline.lake_files import (
     table_of,
     unpack_records,
 )
-from pipeline.lake_read import LakeDamageError, missing_segments, read_parquet, verify
+from pipeline.lake_read import LakeDamageError, missing_segments, read_parquet
+from pipeline.lake_verify import verify
 from schemas import LAKE_TABLES
 
 
@@ -80,9 +81,9 @@ def check(root: str | os.PathLike) -> Report:
         except LakeDamageError as exc:
             report.findings.append(Finding("damage", exc.path, exc.offset, exc.problem))
             continue
-        report.acknowledged_bytes += len(v.data)
+        report.acknowledged_bytes += v.size
         if v.torn:
-            report.findings.append(Finding("torn", path, len(v.data),
+            report.findings.append(Finding("torn", path, v.size,
                                            f"{v.torn} byte(s) of an unacknowledged write "
                                            "(ignored by readers)"))
     for table in LAKE_TABLES:

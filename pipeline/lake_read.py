@@ -14,9 +14,7 @@ bytes before their record, so every recorded byte is there to read.
 from __future__ import annotations
 
 import os
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,82 +23,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.errors import LakeDamageError
-from pipeline.lake_files import (
-    CALL_KEY,
-    LOG_SCHEMA,
-    RECORD_SIZE,
-    log_files,
-    segment_files,
-    sum_path,
-    table_of,
-    unpack_records,
-)
+from pipeline.lake_files import CALL_KEY, LOG_SCHEMA, log_files, segment_files, table_of
+from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
 
 # Parquet metadata of a compacted segment: the highest seq its source held, committed or not
 HIGHEST_SEQ_KEY = b"replaylake.highest_seq"
-
-
-@dataclass
-class Verified:
-    """The acknowledged bytes of one stream, checked against its checksum file."""
-
-    path: Path
-    data: bytes = b""
-    ends: list[int] = field(default_factory=list)    # where each acknowledged write ends
-    torn: int = 0                                    # bytes past the last record (ignored)
-
-
-def verify(path: Path) -> Verified:
-    """The acknowledged, checksum-verified bytes of ``path``; raises LakeDamageError."""
-    sums = sum_path(path)
-    try:
-        raw = sums.read_bytes()
-    except FileNotFoundError:
-        if not path.exists():
-            raise LakeDamageError(path, 0, "the file is missing") from None
-        raise LakeDamageError(path, 0, f"its checksum file {sums.name} is missing") from None
-    records = unpack_records(raw)
-    ends: list[int] = []
-    for i, rec in enumerate(records):
-        if rec is None or (ends and rec[0] <= ends[-1]):
-            raise LakeDamageError(sums, i * RECORD_SIZE, "a checksum record is damaged")
-        ends.append(rec[0])
-    end = ends[-1] if ends else 0
-    try:
-        with open(path, "rb") as f:
-            data = f.read(end)
-            size = os.fstat(f.fileno()).st_size
-    except FileNotFoundError:
-        if end == 0:       # died between creating the checksum file and the stream
-            return Verified(path)
-        raise LakeDamageError(path, 0, f"the file is missing, but {end} acknowledged bytes "
-                              "were recorded for it") from None
-    if len(data) < end:
-        raise LakeDamageError(path, len(data), f"the file ends at byte {len(data)}, but {end} "
-                              "bytes of it were acknowledged")
-    view, start = memoryview(data), 0
-    for (stop, crc) in records:                     # type: ignore[misc]
-        if zlib.crc32(view[start:stop]) != crc:
-            raise LakeDamageError(path, start, f"checksum mismatch in bytes {start}..{stop}")
-        start = stop
-    return Verified(path, data, ends, max(size - end, 0))
-
-
-def batches(path: Path) -> Iterator[tuple[pa.RecordBatch, dict | None]]:
-    """(batch, custom metadata) of every acknowledged record batch of a stream."""
-    v = verify(path)
-    if not v.data:
-        return
-    try:
-        reader = pa.ipc.open_stream(pa.py_buffer(v.data))
-        while True:
-            try:
-                yield reader.read_next_batch_with_custom_metadata()
-            except StopIteration:
-                return
-    except pa.ArrowInvalid as exc:
-        raise LakeDamageError(path, 0, f"verified bytes do not parse as Arrow ({exc})") from exc
 
 
 def read_log(root: str | os.PathLike) -> pa.Table:

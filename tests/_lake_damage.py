@@ -41,3 +41,12 @@ def zero_bytes(path: Path, offset: int, n: int = 16) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(b"\0" * n)
+
+
+def flip_bytes(path: Path, offset: int, n: int = 8) -> None:
+    """Invert ``n`` bytes at ``offset``: unlike zeroing, always a change, whatever was there."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(n)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in old))
