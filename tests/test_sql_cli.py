@@ -23,7 +23,7 @@ cli = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 # A value per parameter name that the async shared run has (a real uid, a step, a batch).
 ARGS = {"uid": "g0001", "step": "3", "threshold": "1", "batch_id": "0", "evict_all": "true",
-        "max_response_length": "3", "batch_size": "2"}
+        "max_response_length": "3", "batch_size": "2", "first_step": "2", "last_step": "5"}
 
 
 def sql(*args: str, env: dict | None = None) -> object:
@@ -112,7 +112,8 @@ def test_help_renders_flags_and_an_example() -> None:
     assert res.exit_code == 0
     list_line = next(line for line in res.output.splitlines() if "--list" in line)
     assert "<bool>" not in list_line
-    assert "Example: replaylake sql" in res.output and "KEY=VALUE" in res.output
+    assert "Examples:" in res.output and "replaylake sql --lake" in res.output
+    assert "KEY=VALUE" in res.output
 
 
 def _cmd() -> list[str]:
