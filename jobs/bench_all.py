@@ -139,7 +139,7 @@ def torch_figures(s: Sizes) -> list[dict[str, Any]]:
     for b in s.torch_batches:
         table = synthetic_batch(b, s.torch_prompt, s.torch_response)
         for layout in ("padded", "packed"):
-            r = measure(table, layout, s.torch_repeats, 0)
+            r = measure(table, layout, s.torch_repeats)
             goal = goals[layout] if (layout == "packed" or b == 1024) else None
             out.append(_figure(f"to_torch {layout}, B={b}", r["ours_ms"], "ms", "memcpy ms",
                                r["memcpy_ms"], r["ours_over_memcpy"], "x memcpy",

@@ -45,8 +45,11 @@ def _rows(mask: np.ndarray, limit: int = 5) -> str:
     return f"rows {idx[:limit].tolist()}{more}"
 
 
-def _ragged(table: pa.Table, name: str) -> _Ragged:
+def _ragged(table: pa.Table, name: str, min_piece: int | None = None) -> _Ragged:
     """Read a list column from its offsets and values buffers (sliced and chunked arrays too).
+
+    Chunks are merged into pieces of at least ``min_piece`` values (default
+    ``MIN_PIECE_VALUES``; 0 keeps every chunk as it is, without a copy).
 
     Offsets of a sliced array do not start at 0 and the child buffer may hold values outside the
     slice, so each chunk contributes ``values[offsets[0]:offsets[-1]]`` (a view); a null slot may
@@ -61,6 +64,7 @@ def _ragged(table: pa.Table, name: str) -> _Ragged:
         if name not in _NULLABLE:
             raise BatchFormatError(f"column {name!r} is null in {_rows(~valid)}; it must not be")
     lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    min_piece = MIN_PIECE_VALUES if min_piece is None else min_piece
     pieces: Pieces = []
     pending: Pieces = []
     row = held = 0
@@ -78,7 +82,7 @@ def _ragged(table: pa.Table, name: str) -> _Ragged:
         pending.append((row, row + len(chunk), seg))
         row += len(chunk)
         held += len(seg)
-        if held >= MIN_PIECE_VALUES:
+        if held >= min_piece:
             pieces.append(_merge(pending))
             pending, held = [], 0
     if pending:

@@ -6,6 +6,7 @@
 - ``embedded(table, before, after)``: the same rows as a slice of a bigger table (offsets that do
   not start at 0, child buffers holding values outside the slice).
 - ``assert_same_tensors(a, b)``: same names, dtypes, shapes and every element.
+- ``naive_to_torch(table, layout, pad)``: the reference tensors, built the slow obvious way.
 - ``sampled_lake(lake, steps)``: drive a real ReplayBuffer over a lake directory and return the
   Batch tables it handed out (what an export of the lake must reproduce).
 """
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from pipeline import ReplayBuffer
 
@@ -70,6 +72,48 @@ def assert_same_tensors(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tens
         assert a.dtype == b.dtype, (name, a.dtype, b.dtype)
         assert a.shape == b.shape, (name, tuple(a.shape), tuple(b.shape))
         assert torch.equal(a, b), (name, a, b)
+
+
+def naive_to_torch(table: pa.Table, layout: str = "padded", pad_token_id: int = 0
+                   ) -> dict[str, torch.Tensor]:
+    """The tensors of `batch_to_torch`, built the slow obvious way (Python lists + pad_sequence).
+
+    Kept deliberately simple: the tests compare `batch_to_torch` with it element for element."""
+    cols = {c: table.column(c).to_pylist() for c in
+            ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")}
+    seqs, pos, attn, rmask, rlogp, resp, rmask_r, rlogp_r = ([] for _ in range(8))
+    for prompt, response, mask, logp in zip(*cols.values()):
+        p, r = len(prompt), len(response)
+        m = torch.tensor(mask if mask is not None else [1] * r, dtype=torch.int64)
+        lp = torch.tensor(logp if logp is not None else [0.0] * r, dtype=torch.float32)
+        seqs.append(torch.tensor(prompt + response, dtype=torch.int64))
+        pos.append(torch.arange(p + r, dtype=torch.int64))
+        attn.append(torch.ones(p + r, dtype=torch.int64))
+        rmask.append(torch.cat([torch.zeros(p, dtype=torch.int64), m]))
+        rlogp.append(torch.cat([torch.zeros(p, dtype=torch.float32), lp]))
+        resp.append(torch.tensor(response, dtype=torch.int64))
+        rmask_r.append(m)
+        rlogp_r.append(lp)
+    lengths = [len(s) for s in seqs]
+    if layout == "padded":
+        def pad(xs: list, value: float = 0) -> Any:
+            return pad_sequence(xs, batch_first=True, padding_value=value)
+        out = {"input_ids": pad(seqs, pad_token_id), "attention_mask": pad(attn),
+               "position_ids": pad(pos), "response_mask": pad(rmask),
+               "rollout_log_probs": pad(rlogp), "responses": pad(resp, pad_token_id),
+               "responses_mask": pad(rmask_r), "responses_log_probs": pad(rlogp_r)}
+    else:
+        out = {"input_ids": torch.cat(seqs)[None], "position_ids": torch.cat(pos)[None],
+               "response_mask": torch.cat(rmask)[None], "rollout_log_probs": torch.cat(rlogp)[None],
+               "cu_seqlens": torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)}
+    out["prompt_lengths"] = torch.tensor([len(x) for x in cols["prompt_ids"]], dtype=torch.int64)
+    out["response_lengths"] = torch.tensor([len(x) for x in cols["response_ids"]],
+                                           dtype=torch.int64)
+    out["rewards"] = torch.tensor(table.column("reward").to_pylist(), dtype=torch.float32)
+    for c in ("global_steps", "min_global_steps", "max_global_steps", "staleness"):
+        out[c] = torch.tensor(table.column(c).to_pylist(), dtype=torch.int64)
+    out["is_padding"] = torch.tensor(table.column("is_padding").to_pylist(), dtype=torch.bool)
+    return out
 
 
 def sampled_lake(lake: Path, steps: int = 4, *, groups_per_step: int = 3, batch_groups: int = 2,

@@ -13,14 +13,14 @@ from _torch_fixtures import (
     assert_same_tensors,
     batch_table,
     embedded,
+    naive_to_torch,
     rechunk,
     row,
 )
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.bench_torch import naive_to_torch
-from pipeline import ReplayBuffer, ReplayLakeError, to_torch, to_torch_ragged
+from pipeline import ReplayBuffer, ReplayLakeError, to_torch, to_torch_ragged, to_torch_rows
 from pipeline.to_torch import BatchFormatError, batch_to_torch
 
 PADDED = {"input_ids": torch.int64, "attention_mask": torch.int64, "position_ids": torch.int64,
@@ -73,19 +73,53 @@ def batch_tables(draw: st.DrawFn) -> pa.Table:
     return table
 
 
-@given(table=batch_tables(), pad=st.sampled_from([0, 7, -1]), piece=st.sampled_from([1, 3, 1 << 14]))
+# Both writers on the same tables: ROW_COPY_MIN_TOKENS=0 sends every non-empty batch through the
+# row-copy writer (concatenated views), a huge one through the mask writer.
+WRITERS = st.sampled_from([0, 1 << 30])
+
+
+@given(table=batch_tables(), pad=st.sampled_from([0, 7, -1]),
+       piece=st.sampled_from([1, 3, 1 << 14]), row_copy_min=WRITERS)
 def test_padded_matches_naive_pad_sequence_element_for_element(table: pa.Table, pad: int,
-                                                               piece: int) -> None:
-    with mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", piece):
+                                                               piece: int,
+                                                               row_copy_min: int) -> None:
+    with mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", piece), \
+            mock.patch.object(to_torch_rows, "ROW_COPY_MIN_TOKENS", row_copy_min):
         ours = batch_to_torch(table, layout="padded", pad_token_id=pad)
     assert_same_tensors(ours, naive_to_torch(table, "padded", pad))
 
 
-@given(table=batch_tables(), piece=st.sampled_from([1, 3, 1 << 14]))
-def test_packed_matches_naive_concatenation_element_for_element(table: pa.Table, piece: int) -> None:
-    with mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", piece):
+@given(table=batch_tables(), piece=st.sampled_from([1, 3, 1 << 14]), row_copy_min=WRITERS)
+def test_packed_matches_naive_concatenation_element_for_element(table: pa.Table, piece: int,
+                                                                row_copy_min: int) -> None:
+    with mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", piece), \
+            mock.patch.object(to_torch_rows, "ROW_COPY_MIN_TOKENS", row_copy_min):
         ours = batch_to_torch(table, layout="packed")
     assert_same_tensors(ours, naive_to_torch(table, "packed"))
+
+
+def test_long_rows_take_the_row_copy_writer_and_short_rows_the_mask_writer() -> None:
+    assert to_torch_rows.use_row_copy("packed", 4, 4 * 3000, 3500)
+    assert to_torch_rows.use_row_copy("padded", 64, 64 * 10, 4096)   # padding dominates
+    assert not to_torch_rows.use_row_copy("packed", 64, 64 * 10, 4096)
+    assert not to_torch_rows.use_row_copy("padded", 0, 0, 0)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_long_rows_of_a_sampled_shape_match_the_naive_path(layout: str) -> None:
+    # lengths above ROW_COPY_MIN_TOKENS without patching anything, in 16-row chunks like `sample`
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(40):
+        p, r = int(rng.integers(200, 400)), int(rng.integers(300, 700))
+        mask = None if i % 7 == 0 else rng.integers(0, 2, r).tolist()
+        logp = None if i % 5 == 0 else (-rng.random(r, dtype=np.float32)).tolist()
+        rows.append(row(rng.integers(0, 2**31 - 1, p).tolist(),
+                        rng.integers(0, 2**31 - 1, r).tolist(), mask, logp, reward=float(i)))
+    table = rechunk(batch_table(rows), list(range(16, 40, 16)))
+    assert to_torch_rows.use_row_copy(layout, 40, 40 * 600, 1100)
+    assert_same_tensors(batch_to_torch(table, layout=layout, pad_token_id=5),
+                        naive_to_torch(table, layout, 5))
 
 
 def test_padded_tensors_have_the_documented_names_dtypes_and_shapes() -> None:
@@ -239,20 +273,29 @@ def test_pin_memory_without_an_accelerator_warns_and_returns_ordinary_memory() -
     assert_same_tensors(out, batch_to_torch(LITERAL))
 
 
+@pytest.mark.parametrize("row_copy_min", [0, 1 << 30])
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_the_pinned_path_writes_its_buffers_in_place_like_the_plain_path(layout: str) -> None:
+def test_the_pinned_path_writes_its_buffers_in_place_like_the_plain_path(layout: str,
+                                                                         row_copy_min: int
+                                                                         ) -> None:
     # Without CUDA nothing can be pinned, so let the pinning calls hand back ordinary memory: what
     # is tested is that buffers torch allocates (not numpy) are filled exactly like the plain ones.
-    real_zeros = torch.zeros
+    real_zeros, real_empty = torch.zeros, torch.empty
 
     def zeros(*args, pin_memory: bool = False, **kw):
         assert pin_memory
         return real_zeros(*args, **kw)
 
+    def empty(*args, pin_memory: bool = False, **kw):
+        assert pin_memory
+        return real_empty(*args, **kw)
+
     table = rechunk(batch_table([row([1, 2], [3], [0], None), row([], [4, 5], None, [-1.0, -2.0]),
                                  row([6], [])]), [1])
     with mock.patch.object(to_torch, "_can_pin", return_value=True), \
             mock.patch.object(to_torch.torch, "zeros", zeros), \
+            mock.patch.object(to_torch.torch, "empty", empty), \
+            mock.patch.object(to_torch_rows, "ROW_COPY_MIN_TOKENS", row_copy_min), \
             mock.patch.object(torch.Tensor, "pin_memory", lambda self: self.clone()), \
             mock.patch.object(to_torch_ragged, "MIN_PIECE_VALUES", 1):
         out = batch_to_torch(table, layout=layout, pin_memory=True, pad_token_id=-7)
