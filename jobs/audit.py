@@ -58,7 +58,8 @@ def main(
 ) -> None:
     """Run every audit query over a lake; exit code 1 when any audit finds a violation.
 
-    Example: replaylake audit --lake runs/demo/latest/lake
+    Examples:
+        replaylake audit --lake runs/demo/latest/lake
     """
     from pipeline.errors import ReplayLakeError
     try:

@@ -233,7 +233,12 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
                                   "(ingest,to_torch,decide,verl,memory); default all"),
          doc: Path | None = typer.Option(None, help="also regenerate this markdown file's table")
          ) -> None:
-    """Every benchmark in one process; one JSON and one markdown table."""
+    """Every benchmark in one process; one JSON and one markdown table.
+
+    Examples:
+        replaylake bench all --quick
+        replaylake bench all --doc docs/performance.md
+    """
     from jobs.bench_table import render, write_doc
     console = Console()
     with console.status("benchmarks ..."):

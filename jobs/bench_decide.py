@@ -91,7 +91,12 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
          repeats: int = typer.Option(15, help="timed sample calls per size"),
          out: Path = typer.Option(Path("runs/bench/decide.json"), help="where to write results"),
          seed: int = 0) -> None:
-    """Decision latency at several buffer sizes, ours vs the naive reference, same process."""
+    """Decision latency at several buffer sizes, ours vs the naive reference, same process.
+
+    Examples:
+        replaylake bench decide
+        replaylake bench decide --sizes 10000,100000 --repeats 5
+    """
     rng = np.random.default_rng(seed)
     console = Console()
     results = []

@@ -58,7 +58,12 @@ def main(puts: int = typer.Option(2000, help="16-trajectory batches per configur
          response: str = typer.Option("128:1024", help="response length range, tokens"),
          out: Path = typer.Option(Path("runs/bench/ingest.json"), help="where to write results"),
          seed: int = 0) -> None:
-    """Ingest throughput in memory, with the lake, and with the lake + fsync."""
+    """Ingest throughput in memory, with the lake, and with the lake + fsync.
+
+    Examples:
+        replaylake bench ingest
+        replaylake bench ingest --puts 200 --out runs/bench/ingest_small.json
+    """
     console = Console()
     p = tuple(int(x) for x in prompt.split(":"))
     r = tuple(int(x) for x in response.split(":"))

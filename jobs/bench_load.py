@@ -153,7 +153,8 @@ def main(
 ) -> None:
     """Sustained load: 8 producers, a trainer, SQL and compaction at once; then every audit.
 
-    Example: replaylake bench load --seconds 60
+    Examples:
+        replaylake bench load --seconds 60
     """
     if lake.exists() and any(lake.iterdir()):
         typer.echo(f"error: {lake} is not empty; name a new directory with --lake", err=True)

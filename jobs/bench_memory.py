@@ -118,7 +118,12 @@ def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories
          response: str = typer.Option("32:256", help="response length range, tokens"),
          out: Path = typer.Option(Path("runs/bench/memory.json"), help="where to write results"),
          seed: int = 0) -> None:
-    """Live RSS growth vs Arrow payload bytes, and what comes back after release."""
+    """Live RSS growth vs Arrow payload bytes, and what comes back after release.
+
+    Examples:
+        replaylake bench memory
+        replaylake bench memory --sizes 100000
+    """
     console = Console()
     results = []
     for n in [int(s) for s in sizes.split(",")]:

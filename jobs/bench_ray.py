@@ -153,7 +153,12 @@ def main(put_calls: int = typer.Option(200, help="timed put calls per path"),
          producers: int = typer.Option(4, help="remote producer tasks in the throughput run"),
          out: Path = typer.Option(Path("runs/bench/ray.json"), help="where to write results"),
          seed: int = 0) -> None:
-    """Ray actor vs in-process: per-call put/sample latency, and sample throughput."""
+    """Ray actor vs in-process: per-call put/sample latency, and sample throughput.
+
+    Examples:
+        replaylake bench ray
+        replaylake bench ray --put-calls 50 --sample-calls 5
+    """
     console = Console()
     with console.status("benchmarking (starts a local Ray cluster) ..."):
         res = run(put_calls, sample_calls, batches, producers, seed)

@@ -98,9 +98,8 @@ def main(
     """Peak memory of a metadata query and a staleness aggregate on a large lake, live and
     compacted, and the compaction throughput.
 
-    \b
-    Example:
-        replaylake bench sql-memory --out bench/sql_memory --gb 3
+    Examples:
+        replaylake bench sql-memory --out runs/bench/sql_memory --gb 3
     """
     from pipeline.compact import compact
 

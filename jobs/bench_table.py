@@ -60,6 +60,10 @@ def write_doc(doc: Path, table: str) -> None:
 
 def main(report: Path = typer.Argument(Path("runs/bench/all.json"), help="bench all's JSON"),
          doc: Path = typer.Option(Path("docs/performance.md"), help="document to update")) -> None:
-    """Regenerate a document's performance table from a `bench all` JSON."""
+    """Regenerate a document's performance table from a `bench all` JSON.
+
+    Examples:
+        replaylake bench table runs/bench/all.json --doc docs/performance.md
+    """
     write_doc(doc, render(json.loads(report.read_text())))
     typer.echo(f"table in {doc} regenerated from {report}")

@@ -115,7 +115,12 @@ def main(
     repeats: Annotated[int, typer.Option(help="timed runs of ours and memcpy (median)")] = 7,
     seed: Annotated[int, typer.Option(help="seed of the synthetic batch")] = 0,
 ) -> None:
-    """Materialisation time of padded and packed tensors vs memcpy of the same bytes."""
+    """Materialisation time of padded and packed tensors vs memcpy of the same bytes.
+
+    Examples:
+        replaylake bench torch
+        replaylake bench torch --batch-sizes 256 --repeats 3
+    """
     import torch
     from rich.console import Console
     from rich.table import Table

@@ -143,7 +143,12 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
          batch: int = typer.Option(64, help="groups per sample"),
          out: Path = typer.Option(Path("runs/bench/verl.json"), help="where to write results")
          ) -> None:
-    """verl's ReplayBufferAsync vs replaylake's adapter through TransferQueue, same run."""
+    """verl's ReplayBufferAsync vs replaylake's adapter through TransferQueue, same run.
+
+    Examples:
+        replaylake bench verl
+        replaylake bench verl --sizes 100,1000 --repeats 3
+    """
     console = Console()
     with console.status("starting Ray and TransferQueue ..."):
         tq, started = _start()

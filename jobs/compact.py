@@ -20,9 +20,8 @@ def main(
 ) -> None:
     """Compact every sealed segment of a lake into Parquet (safe while a buffer writes).
 
-    \b
-    Example:
-        replaylake compact --lake runs/demo/lake
+    Examples:
+        replaylake compact --lake runs/demo/latest/lake
     """
     from tqdm import tqdm
 

@@ -185,7 +185,9 @@ def main(
     """Train a tiny GRU policy with asynchronous GRPO through replaylake (about a minute on 2
     CPU cores), tracked in W&B offline; then see what happened with SQL over the lake.
 
-    Example: replaylake demo --steps 150 --threshold 3 --failure-rate 0.02
+    Examples:
+        replaylake demo
+        replaylake demo --steps 150 --threshold 3 --failure-rate 0.02
     """
     try:
         cfg = replace(DemoConfig(), steps=steps, threshold=_threshold(threshold),

@@ -276,7 +276,9 @@ def main(
 ) -> None:
     """Export the trained data of chosen steps/partitions as shards with a manifest (resumable).
 
-    Example: replaylake export --lake runs/demo/latest/lake --out runs/export --steps 5:20
+    Examples:
+        replaylake export --lake runs/demo/latest/lake --out runs/export
+        replaylake export --lake LAKE --out runs/export --steps 5:20
     """
     try:
         cfg = ExportConfig(lake=lake, out=out, partitions=tuple(partition or ()),

@@ -26,7 +26,11 @@ def _require(lake: Path) -> None:
 
 
 def check(lake: LakeOption) -> None:
-    """List damaged, missing and torn files of a lake; exit code 1 when any is damaged/missing."""
+    """List damaged, missing and torn files of a lake; exit code 1 when any is damaged/missing.
+
+    Examples:
+        replaylake lake check --lake runs/demo/latest/lake
+    """
     from pipeline.lake_check import check as run_check
     from pipeline.lake_check import describe
     _require(lake)
@@ -42,7 +46,11 @@ def check(lake: LakeOption) -> None:
 
 
 def salvage(lake: LakeOption) -> None:
-    """Quarantine what is damaged, keep every write that verifies (the lake must be closed)."""
+    """Quarantine what is damaged, keep every write that verifies (the lake must be closed).
+
+    Examples:
+        replaylake lake salvage --lake runs/demo/latest/lake
+    """
     from pipeline.errors import LakeError
     from pipeline.lake_check import describe
     from pipeline.lake_check import salvage as run_salvage

@@ -30,7 +30,6 @@ def main(
 ) -> None:
     """Write an HTML report of a run's staleness, evictions, occupancy and selection bias.
 
-    \b
     Examples:
         replaylake report runs/demo/latest/lake -o report.html
         replaylake report runs/demo/latest/lake -o late.html --steps 200:300

@@ -23,9 +23,8 @@ def main(
 ) -> None:
     """Physically drop the token payload of groups gone for more than STEPS steps.
 
-    \b
-    Example:
-        replaylake retain --lake runs/demo/lake --older-than 100
+    Examples:
+        replaylake retain --lake runs/demo/latest/lake --older-than 100
     """
     from tqdm import tqdm
 

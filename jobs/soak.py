@@ -177,7 +177,12 @@ def main(
     workdir: Annotated[Path | None, typer.Option(help="scratch directory (default: a temp dir)")
                        ] = None,
 ) -> None:
-    """Kill the buffer at every lake write point, many times over; exit 1 on any broken restart."""
+    """Kill the buffer at every lake write point, many times over; exit 1 on any broken restart.
+
+    Examples:
+        replaylake soak --rounds 1 --no-fsync
+        replaylake soak --rounds 10 --workers 2
+    """
     from tqdm import tqdm
     base = Path(tempfile.mkdtemp(prefix="replaylake-soak-")) if workdir is None else workdir
     base.mkdir(parents=True, exist_ok=True)

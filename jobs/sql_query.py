@@ -18,8 +18,11 @@ from typing import Annotated
 import typer
 
 FORMATS = ("table", "vertical", "csv", "json", "parquet")
-EPILOG = ("Example: replaylake sql --lake runs/demo/LAKE \"select fate, count(*) from groups "
-          "group by fate\"")
+EPILOG = """Examples:
+    replaylake sql --lake runs/demo/latest/lake "select * from groups limit 5"
+    replaylake sql --lake runs/demo/latest/lake --name staleness_by_step
+    replaylake sql --lake runs/demo/latest/lake
+    replaylake sql --list"""
 
 
 def _params(items: list[str]) -> dict[str, str]:

@@ -52,7 +52,9 @@ def main(
 ) -> None:
     """Replay a recorded run with other settings; print batches, evictions and staleness.
 
-    Example: replaylake whatif --lake runs/demo/LAKE --threshold 1
+    Examples:
+        replaylake whatif --lake runs/demo/latest/lake --threshold 1
+        replaylake whatif --lake runs/demo/latest/lake --strategy wait
     """
     from pipeline.errors import ReplayLakeError
     from pipeline.whatif import recorded, recorded_settings, replay

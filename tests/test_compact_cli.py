@@ -21,7 +21,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def test_each_job_has_help_with_an_example(command):
     out = cli(command, "--help")
     assert out.returncode == 0, out.stderr
-    assert "Example:" in out.stdout and f"replaylake {command} --lake" in out.stdout
+    assert "Examples:" in out.stdout and f"replaylake {command} --lake" in out.stdout
 
 
 def test_compact_then_retain_on_a_real_lake(tmp_path):
