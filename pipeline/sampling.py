@@ -68,7 +68,8 @@ def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume
             part.candidates.settle()
             outcome = PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
                                   sum(1 for c in ev.credits if c >= 2),
-                                  part.candidates.alive_count, len(part.inflight))
+                                  part.candidates.alive_count, len(part.inflight),
+                                  free_credit=sum(c for c in ev.credits if c < 2))
             if cfg.refill_fn is not None:
                 dispatch = cfg.refill.after_poll(outcome, st, ctx) + part.refill_owed
             now = time.monotonic()

@@ -29,6 +29,8 @@ class PollOutcome:
     filtered: int                # evicted groups with a filter reason (credit >= 2): DAPO refills
     sampleable: int              # groups left that sample could hand out
     inflight: int                # pending + running groups of the partition
+    free_credit: int = 0         # part of `credit` earned by unfiltered evictions (failures):
+    #                              refills max_num_gen_batches does not count (0: count them all)
 
 
 @dataclass
@@ -38,5 +40,6 @@ class CallState:
     credit: int = 0
     refilled: int = 0            # refill prompts asked in this call (all reasons)
     dapo_refilled: int = 0       # of which replace filtered groups (what max_num_gen_batches caps)
+    free_credit: int = 0         # sync DAPO credit owed to failures, not yet dispatched
     draining: bool = False
     evicted: dict[str, int] = field(default_factory=dict)   # groups evicted per reason

@@ -8,7 +8,9 @@ discards the surplus. `NoRefill` is for buffers without `refill_fn`.
 
 `max_num_gen_batches` (verl ignores it) caps the prompts asked to replace *filtered* groups (rules
 with credit >= 2: zero variance, overlong) in one call at `max_num_gen_batches x train_batch_size`;
-the call raises before it would ask for more, instead of refilling forever. 0 = unbounded.
+the call raises before it would ask for more, instead of refilling forever. 0 = unbounded. Prompts
+that replace failures (async, or sync with `sync_refill_failed_groups`) are never counted: in sync
+DAPO the credit failures earned is spent first, and only dispatches beyond it count.
 """
 from __future__ import annotations
 
@@ -94,9 +96,10 @@ class DapoCredit:
             return 0
         if not st.draining:
             st.credit += o.credit
+            st.free_credit += o.free_credit
             if o.sampleable >= ctx.batch_size:
                 st.draining = True
-                st.credit = 0
+                st.credit = st.free_credit = 0
         if st.draining:
             if o.sampleable < ctx.batch_size and o.inflight == 0:
                 raise RefillLimitError(
@@ -108,8 +111,12 @@ class DapoCredit:
         dispatch = min(st.credit, max(0, slots))
         dispatch -= dispatch % self.gen_batch_size
         if dispatch > 0:
-            _check_limit(self.max_num_gen_batches, self.train_batch_size, st, dispatch)
-            st.dapo_refilled += dispatch
+            # credit is one pool; what failures earned is dispatched first and never capped, so
+            # only prompts beyond it replace filtered groups (verl itself has no cap)
+            free = min(st.free_credit, dispatch)
+            _check_limit(self.max_num_gen_batches, self.train_batch_size, st, dispatch - free)
+            st.dapo_refilled += dispatch - free
+            st.free_credit -= free
             st.credit -= dispatch
             return dispatch
         if st.credit > 0 and o.inflight == 0:
