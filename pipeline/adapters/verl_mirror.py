@@ -156,8 +156,11 @@ class PartitionMirror:
         """Put the waiting trajectories whose group is known and in flight; returns the uids
         whose terminal status must wait (a key with no data in storage yet)."""
         todo: list[tuple[str, tuple[str, int, int], Any]] = []
+        groups: dict[str, Any] = {}               # one lookup per group, not per key
         for k, parsed in list(self.waiting.items()):
-            g = self.core.lookup(self.partition, parsed[0])
+            g = groups.get(parsed[0], groups)
+            if g is groups:
+                g = groups[parsed[0]] = self.core.lookup(self.partition, parsed[0])
             if g is None:
                 continue                              # no prompt key yet: keep waiting
             del self.waiting[k]

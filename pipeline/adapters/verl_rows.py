@@ -1,7 +1,8 @@
 """New TransferQueue trajectory keys -> one Arrow table of the core's trajectory input schema.
 
-Which fields are read decides the mirror's cost (one `kv_batch_get` per field set and poll,
-~40-50 us per trajectory and field on 2 cores, measured): `decisions` reads only what a rule
+Which fields are read decides the mirror's cost (one `kv_batch_get` per poll for the fields every
+new key needs -- `rm_scores` and `extra_fields` together in `rewards` mode --, ~40-50 us per
+trajectory and field on 2 cores, measured): `decisions` reads only what a rule
 needs (`rm_scores` for metric `reward`, `extra_fields` for a named metric or when the tags carry
 no versions), `rewards` also every reward for the lake, `full` also the token payload. Token
 columns not read stay empty lists (the core's payload is then provenance only: verl's trainer
@@ -33,14 +34,18 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
     keys = [k for k, _, _ in todo]
     need_rm = fields != "decisions" or filter_metric == "reward"
     need_extra = fields != "decisions" or filter_metric not in (None, "reward")
-    rm_rows = (vf.read_fields(tq, partition, keys, ["rm_scores"])["rm_scores"] if need_rm
-               else [None] * len(keys))
     extra_at = [i for i, t in enumerate(tags) if need_extra or not vf.has_tag_versions(t)]
     extra_rows: list[Any] = [None] * len(keys)
-    if extra_at:
-        got = vf.read_fields(tq, partition, [keys[i] for i in extra_at], ["extra_fields"])
-        for j, i in enumerate(extra_at):
-            extra_rows[i] = got["extra_fields"][j]
+    if need_rm and len(extra_at) == len(keys):     # both fields of every key: one read
+        got = vf.read_fields(tq, partition, keys, ["rm_scores", "extra_fields"])
+        rm_rows, extra_rows = got["rm_scores"], got["extra_fields"]
+    else:
+        rm_rows = (vf.read_fields(tq, partition, keys, ["rm_scores"])["rm_scores"] if need_rm
+                   else [None] * len(keys))
+        if extra_at:
+            got = vf.read_fields(tq, partition, [keys[i] for i in extra_at], ["extra_fields"])
+            for j, i in enumerate(extra_at):
+                extra_rows[i] = got["extra_fields"][j]
     tokens = vf.read_fields(tq, partition, keys, [src for _, src, _ in _TOKENS]) \
         if fields == "full" else {}
     late = [i for i in range(len(keys)) if rm_rows[i] is vf.NOT_READY
