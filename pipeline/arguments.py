@@ -40,3 +40,23 @@ def batch_size_arg(where: str, batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ConfigError(f"{where}: batch_size={batch_size!r} must be a positive int")
     return batch_size
+
+
+def prompt_id_list(where: str, prompt_ids: Any, n_uids: int) -> list[int | None]:
+    """One prompt id per uid: an int (e.g. the dataset index) or None; bool refused. A wrong
+    length or type names the position, so the caller can find the row."""
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
+        raise ConfigError(f"{where}: prompt_ids={prompt_ids!r} must be a list with one id per "
+                          "uid (an int such as the dataset index, or None)")
+    ids = list(prompt_ids)
+    if len(ids) != n_uids:
+        raise ConfigError(f"{where}: {len(ids)} prompt_ids for {n_uids} uids; give one per uid "
+                          "(None where a group has no prompt id)")
+    for i, p in enumerate(ids):
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int)):
+            if hasattr(p, "item") and isinstance(p.item(), int) and not isinstance(p.item(), bool):
+                ids[i] = p.item()          # a numpy integer (verl's index arrays)
+                continue
+            raise ConfigError(f"{where}: prompt_ids[{i}]={p!r} must be an int (e.g. the dataset "
+                              "index) or None; map string ids to integers first")
+    return ids

@@ -38,8 +38,9 @@ class BufferReads:
             return part.candidates.alive_count - ev.count
 
     def lookup(self, partition: str, uid: str) -> GroupView | None:
-        """A frozen view of the group (uid, global_steps, n, status, removed, keys), a retired
-        marker (``removed == 'retired'``: never accepted again), or None when never seen."""
+        """A frozen view of the group (uid, global_steps, n, status, removed, keys,
+        prompt_id), a retired marker (``removed == 'retired'``: never accepted again), or None
+        when never seen."""
         with self._state.cond:
             part = self._state.parts.get(partition)
             if part is None:

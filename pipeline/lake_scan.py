@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from pipeline.errors import LakeError
 from pipeline.lake_files import CALL_KEY, table_of
@@ -42,6 +43,7 @@ from pipeline.lake_read import (
     read_log,
 )
 from schemas import LAKE_TABLES
+from schemas.evolve import DERIVED, missing_columns, upgrade_batch
 
 
 @dataclass
@@ -94,7 +96,7 @@ def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path) -> Path |
                 if call is not None and (table, call.decode()) not in committed:
                     continue
                 if batch.schema != schema:
-                    batch = pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
+                    batch = upgrade_batch(table, batch)
                 w.write_batch(batch)
                 rows += batch.num_rows
     except LakeDamageError:
@@ -105,6 +107,18 @@ def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path) -> Path |
     if rows == 0:
         out.unlink()
         return None
+    return out
+
+
+def _old_parquet_copy(path: Path, table: str, out: Path) -> Path:
+    """A compacted file written before a derived column existed (`schemas.evolve`), streamed
+    row group by row group into ``out`` with that column computed; other files are scanned in
+    place (a missing nullable column reads as null)."""
+    if not set(missing_columns(table, pq.read_schema(path))) & DERIVED.keys():
+        return path
+    with pa.ipc.new_file(out, LAKE_TABLES[table]) as w:
+        for batch in pq.ParquetFile(path).iter_batches():
+            w.write_batch(upgrade_batch(table, batch))
     return out
 
 
@@ -138,7 +152,8 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
             parquet, ipc = [], []
             for i, path in enumerate(live_files(root, table)):
                 if path.suffix == ".parquet":
-                    parquet.append(path)
+                    got = _old_parquet_copy(path, table, scratch / f"{table}-{i:06d}.arrow")
+                    (parquet if got.suffix == ".parquet" else ipc).append(got)
                     continue
                 scan.live_segments += 1
                 got = _live_copy(path, committed, scratch / f"{table}-{i:06d}.arrow")

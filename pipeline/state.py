@@ -74,11 +74,11 @@ class BufferState:
 
     def _apply_group_events(self, rows: pa.Table) -> None:
         cols = [rows.column(c).to_pylist() for c in
-                ("partition", "uid", "event", "global_steps", "n", "seq")]
-        for p, u, ev, gs, n, seq in zip(*cols):
+                ("partition", "uid", "event", "global_steps", "n", "seq", "prompt_id")]
+        for p, u, ev, gs, n, seq, prompt_id in zip(*cols):
             part = self.part(p)
             if ev == "registered":
-                part.apply_registered(u, gs, n)
+                part.apply_registered(u, gs, n, prompt_id)
             elif ev == "reissued":
                 part.apply_reissued(u, gs)
             else:

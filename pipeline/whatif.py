@@ -169,7 +169,8 @@ class _Feed:
             e = self.events[ref]
             if e["event"] == "registered":
                 buf.register(partition=e["partition"], uids=[e["uid"]],
-                             global_steps=e["global_steps"], n=e["n"])
+                             global_steps=e["global_steps"], n=e["n"],
+                             prompt_ids=[e.get("prompt_id")])
             else:
                 try:
                     buf.update_status(partition=e["partition"], uids=[e["uid"]],

@@ -12,6 +12,8 @@ VERSION_SPAN = pa.struct([
 
 _PARTITION = "stream name, e.g. `train` or `val`; letters, digits, `-`, `_`, `.` only"
 _UID = "prompt-group id, unique within the partition"
+_PROMPT_ID = ("dataset id of the prompt the group answers (e.g. verl's dataset index); the same "
+              "prompt may be registered as many groups; null = not given")
 
 # --- what producers hand to ingest (before the buffer adds seq / defaults) -----------------------
 
@@ -21,6 +23,7 @@ GROUPS_INPUT = schema(
     field("uid", pa.string(), _UID),
     field("global_steps", pa.int64(), "dispatch step of the prompt (integer >= 0)"),
     field("n", pa.int32(), "expected number of sessions (responses); null = unknown", nullable=True),
+    field("prompt_id", pa.int64(), _PROMPT_ID, nullable=True),
 )
 
 STATUS_INPUT = schema(
@@ -66,9 +69,14 @@ TRAJECTORIES_INPUT = schema(
 _SEQ = field("seq", pa.int64(), "arrival sequence number, unique and increasing per buffer")
 _TS = field("ts", pa.timestamp("us", tz="UTC"), "wall-clock time the buffer accepted the row")
 
+N_RESPONSE_TOKENS = field(
+    "n_response_tokens", pa.int64(),
+    "number of response tokens, stored at ingest so that queries never read the token payload "
+    "for a length (kept when retention empties the payload)")
+
 TRAJECTORIES = schema(
     "trajectories", "every accepted trajectory, payload included",
-    *_TRAJECTORY_FIELDS, _SEQ, _TS,
+    *_TRAJECTORY_FIELDS, N_RESPONSE_TOKENS, _SEQ, _TS,
 )
 
 GROUP_EVENTS = schema(
@@ -79,6 +87,7 @@ GROUP_EVENTS = schema(
           "registered | running | finished | failure | reissued"),
     field("global_steps", pa.int64(), "dispatch step (the new one for `reissued`)"),
     field("n", pa.int32(), "expected session count (registration only)", nullable=True),
+    field("prompt_id", pa.int64(), _PROMPT_ID + " (registration only)", nullable=True),
     _SEQ, _TS,
 )
 
@@ -99,6 +108,9 @@ DECISIONS = schema(
           nullable=True),
     field("batch_id", pa.int64(), "select / release: the batch", nullable=True),
     field("count", pa.int64(), "refill: number of prompts requested; else 1"),
+    field("replaces", pa.list_(pa.string()),
+          "refill: uids of the evicted groups (same partition) whose replacement this refill "
+          "asks for, in eviction order; null on other kinds", nullable=True),
     _SEQ, _TS,
 )
 

@@ -257,6 +257,8 @@ def case_tables(case: dict) -> dict[str, pa.Table]:
     for name, rs in rows.items():
         if name not in BASE_TABLES:
             raise ValueError(f"log row for unknown lake table {name!r}")
+        if name == "trajectories":   # as ingest stores it: the response length
+            rs = [{"n_response_tokens": len(r.get("response_ids") or []), **r} for r in rs]
         out[name] = _typed(rs, LAKE_TABLES[name], _LAKE_DEFAULTS)
     return out
 

@@ -2,14 +2,15 @@
 -- description: the decision log per poll: for every poll of every sample call that decided
 --   something, the groups evicted (in all, and per reason as a map reason -> groups, so a new
 --   rule shows up without touching this file), the refill prompts asked, the groups selected
---   (and the batch) and the surplus discarded, in the order they happened.
+--   (and the batch) and the surplus discarded, in the order they happened. `replaces` lists the
+--   evicted uids the poll's refills replace (null when the poll asked for no refill).
 -- params: none
 -- reads: decisions
 -- returns: partition, step, call_id, poll, evicted, evicted_by_reason, refilled, selected,
---   batch_id, discarded, first_seq
+--   batch_id, discarded, first_seq, replaces
 with
 decs as (
-    select partition, step, call_id, poll, kind, uid, reason, batch_id, count, seq
+    select partition, step, call_id, poll, kind, uid, reason, batch_id, count, replaces, seq
     from decisions
     where kind <> 'release'
 ),
@@ -23,7 +24,9 @@ per_poll as (
         count(*) filter (where kind = 'select') as selected,
         min(batch_id) filter (where kind = 'select') as batch_id,
         count(*) filter (where kind = 'discard') as discarded,
-        min(seq) as first_seq
+        min(seq) as first_seq,
+        flatten(list(replaces order by seq) filter (where kind = 'refill'
+                                                    and replaces is not null)) as replaces
     from decs
     group by partition, step, call_id, poll
 ),
@@ -32,7 +35,7 @@ final as (
     select
         partition, step, call_id, poll, evicted,
         coalesce(evicted_by_reason, map([], []))::map(varchar, bigint) as evicted_by_reason,
-        refilled, selected, batch_id, discarded, first_seq
+        refilled, selected, batch_id, discarded, first_seq, replaces
     from per_poll
 )
 

@@ -2,15 +2,17 @@
 -- description: one group's (one prompt's) path through the buffer, in arrival order: dispatch,
 --   status changes, each trajectory with its weight versions and reward, every decision about
 --   it (eviction with reason and value = the filter verdict, selection with batch and step,
---   discard, release), and a final `verdict` row (trained at step / evicted: reasons /
---   discarded / dropped by re-issue / live). Every partition holding the uid is shown.
+--   discard, release), a `replaced` row for every refill that asked for a prompt in its place,
+--   and a final `verdict` row (trained at step / evicted: reasons / discarded / dropped by
+--   re-issue / live). The dispatch row names the group's prompt_id when it has one. Every
+--   partition holding the uid is shown.
 -- params: uid VARCHAR
 -- reads: group_events, trajectory_fates, decisions, groups
 -- returns: partition, seq, stage, step, session_id, index, min_global_steps, max_global_steps,
 --   reward, detail
 with
 events as (
-    select partition, seq, event, global_steps from group_events where uid = $uid
+    select partition, seq, event, global_steps, prompt_id from group_events where uid = $uid
 ),
 trajs as (
     select partition, seq, session_id, index, min_global_steps, max_global_steps, span, reward,
@@ -22,6 +24,11 @@ decs as (
     select partition, seq, kind, step, reason, group_span, value, batch_id, count
     from decisions
     where uid = $uid
+),
+repl as (
+    select partition, seq, step, call_id, poll, count
+    from decisions
+    where kind = 'refill' and list_contains(replaces, $uid)
 ),
 grp as (
     select partition, fate, reason, batch_id, fate_step, n_traj from groups where uid = $uid
@@ -35,7 +42,7 @@ timeline as (
         null::integer as session_id, null::integer as index,
         null::bigint as min_global_steps, null::bigint as max_global_steps,
         null::double as reward,
-        'global_steps=' || global_steps as detail
+        'global_steps=' || global_steps || coalesce(', prompt_id=' || prompt_id, '') as detail
     from events
     union all
     select
@@ -55,6 +62,11 @@ timeline as (
             else kind
         end
     from decs
+    union all
+    select
+        partition, seq, 'replaced', step, null, null, null, null, null,
+        'by a refill of ' || count || ' prompt(s) (call ' || call_id || ', poll ' || poll || ')'
+    from repl
 ),
 verdict as (
     select

@@ -4,11 +4,13 @@
 --   rows that arrived before the selection), with the step of the selection, the group's dispatch
 --   step at that moment, the response length and the row's version-span sums: span_tokens (tokens
 --   covered), span_version_sum (sum of n_tokens * version) and span_version_min (oldest version
---   that produced a token), all null when the row reported no version spans.
+--   that produced a token), all null when the row reported no version spans. The response length
+--   is the count stored at ingest, so the token payload is never read; prompt_id is the group's.
 -- params: none
 -- reads: decisions, group_events, trajectories
 -- returns: partition, step, batch_id, uid, global_steps, min_global_steps, max_global_steps,
---   is_padding, n_response_tokens, span_tokens, span_version_sum, span_version_min, seq
+--   is_padding, n_response_tokens, span_tokens, span_version_sum, span_version_min, seq,
+--   prompt_id
 with
 selects as (
     select partition, uid, step, batch_id, seq as select_seq
@@ -16,12 +18,12 @@ selects as (
     where kind = 'select'
 ),
 dispatches as (
-    select partition, uid, event, global_steps, seq
+    select partition, uid, event, global_steps, prompt_id, seq
     from group_events
     where event in ('registered', 'reissued')
 ),
 trajs as (
-    select partition, uid, seq, min_global_steps, max_global_steps, is_padding, response_ids,
+    select partition, uid, seq, min_global_steps, max_global_steps, is_padding, n_response_tokens,
            version_spans
     from trajectories
 ),
@@ -30,7 +32,8 @@ at_select as (
     select
         s.partition, s.uid, s.select_seq,
         arg_max(d.global_steps, d.seq) as global_steps,
-        max(d.seq) filter (where d.event = 'reissued') as reissued_seq
+        max(d.seq) filter (where d.event = 'reissued') as reissued_seq,
+        max(d.prompt_id) filter (where d.event = 'registered') as prompt_id
     from selects as s
     join dispatches as d
         on d.partition = s.partition and d.uid = s.uid and d.seq < s.select_seq
@@ -46,9 +49,10 @@ rows_of as (
         t.min_global_steps,
         t.max_global_steps,
         t.is_padding,
-        len(t.response_ids)::bigint as n_response_tokens,
+        t.n_response_tokens::bigint as n_response_tokens,
         t.version_spans,
-        t.seq
+        t.seq,
+        a.prompt_id
     from selects as s
     join at_select as a
         on a.partition = s.partition and a.uid = s.uid and a.select_seq = s.select_seq
@@ -70,7 +74,8 @@ final as (
         list_min(list_transform(
             list_filter(version_spans, lambda s: s.n_tokens > 0), lambda s: s.version))::bigint
             as span_version_min,
-        seq
+        seq,
+        prompt_id
     from rows_of
 )
 

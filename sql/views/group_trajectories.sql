@@ -14,7 +14,7 @@ grps as (
     where status in ('finished', 'failure')
 ),
 trajs as (
-    select partition, uid, seq, reward, reward_info, response_ids, min_global_steps,
+    select partition, uid, seq, reward, reward_info, n_response_tokens, min_global_steps,
            max_global_steps
     from trajectories
 ),
@@ -26,7 +26,7 @@ current_trajs as (
         t.seq,
         case when getvariable('filter_metric') = 'reward' then t.reward
              else t.reward_info[getvariable('filter_metric')] end::double as metric,
-        len(t.response_ids)::bigint as n_response_tokens,
+        t.n_response_tokens::bigint as n_response_tokens,
         t.min_global_steps,
         t.max_global_steps
     from trajs as t

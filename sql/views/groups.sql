@@ -3,14 +3,16 @@
 --   terminal event, the trajectories of its current incarnation (a re-issue drops the earlier
 --   ones), and its fate in the decision log: sampled, evicted (reason = every reason, sorted,
 --   comma-joined), discarded, or live. `effective_status` is `failure` for a finished group
---   without trajectories, as the live policies treat it.
+--   without trajectories, as the live policies treat it. `prompt_id` is the dataset id the group
+--   was registered with (null when none was given, or the lake predates prompt ids).
 -- params: none
 -- reads: group_events, trajectories, decisions
 -- returns: partition, uid, global_steps, status, effective_status, registered_seq, reissued_seq,
---   term_seq, n_expected, n_traj, fate, reason, batch_id, fate_step, fate_seq, released
+--   term_seq, n_expected, n_traj, fate, reason, batch_id, fate_step, fate_seq, released,
+--   prompt_id
 with
 events as (
-    select partition, uid, event, global_steps, n, seq from group_events
+    select partition, uid, event, global_steps, n, prompt_id, seq from group_events
 ),
 trajs as (
     select partition, uid, seq from trajectories
@@ -29,6 +31,7 @@ lifecycle as (
         max(seq) filter (where event = 'reissued') as reissued_seq,
         min(seq) filter (where event in ('finished', 'failure')) as term_seq,
         max(n) filter (where event = 'registered') as n_expected,
+        max(prompt_id) filter (where event = 'registered') as prompt_id,
         arg_max(event, seq) as last_event,
         arg_max(global_steps, seq) filter (where event in ('registered', 'reissued'))
             as global_steps
@@ -79,7 +82,8 @@ final as (
         f.batch_id,
         f.fate_step,
         f.fate_seq,
-        coalesce(f.released, false) as released
+        coalesce(f.released, false) as released,
+        l.prompt_id
     from lifecycle as l
     join current_trajs as c on c.partition = l.partition and c.uid = l.uid
     left join fates as f on f.partition = l.partition and f.uid = l.uid

@@ -2,17 +2,17 @@
 -- description: pending and running groups of the lake (the relation the wait gate reads)
 -- params: none
 -- reads: groups
--- returns: partition, uid, global_steps, status
+-- returns: partition, uid, global_steps, status, prompt_id
 with
 grps as (
-    select partition, uid, global_steps, status, fate, registered_seq from groups
+    select partition, uid, global_steps, status, fate, registered_seq, prompt_id from groups
 ),
 
 final as (
-    select partition, uid, global_steps, status, registered_seq
+    select partition, uid, global_steps, status, registered_seq, prompt_id
     from grps
     where status in ('pending', 'running') and fate = 'live'
 )
 
-select partition, uid, global_steps, status from final
+select partition, uid, global_steps, status, prompt_id from final
 order by partition, global_steps, registered_seq, uid

@@ -2,21 +2,23 @@
 -- description: one row per trajectory in the lake (metadata, no token payload) with its group's
 --   dispatch step and fate; `fate` is `dropped` for a partial trajectory a re-issue discarded.
 --   staleness / staleness_worst are at the step that trained it (sampled rows only), taken from
---   the `provenance` view, where their formulas live.
+--   the `provenance` view, where their formulas live. response_len is the token count stored at
+--   ingest (the payload is never read); prompt_id is the group's dataset id.
 -- params: none
 -- reads: trajectories, groups, provenance
 -- returns: partition, uid, session_id, index, seq, min_global_steps, max_global_steps, span,
 --   reward, reward_info, response_len, is_padding, global_steps, fate, reason, batch_id, fate_step,
---   staleness, staleness_worst
+--   staleness, staleness_worst, prompt_id
 with
 trajs as (
     select
         partition, uid, session_id, index, seq, min_global_steps, max_global_steps, reward,
-        reward_info, len(response_ids) as response_len, is_padding
+        reward_info, n_response_tokens as response_len, is_padding
     from trajectories
 ),
 grps as (
-    select partition, uid, global_steps, reissued_seq, fate, reason, batch_id, fate_step
+    select partition, uid, global_steps, reissued_seq, fate, reason, batch_id, fate_step,
+           prompt_id
     from groups
 ),
 -- A trained row's staleness depends only on its batch (hence step) and its versions, so these
@@ -36,7 +38,8 @@ joined as (
              else coalesce(g.fate, 'orphan') end as fate,
         g.reason,
         g.batch_id,
-        g.fate_step
+        g.fate_step,
+        g.prompt_id
     from trajs as t
     left join grps as g on g.partition = t.partition and g.uid = t.uid
 ),
@@ -50,7 +53,8 @@ final as (
         case when j.fate = 'dropped' then null else j.batch_id end as batch_id,
         case when j.fate = 'dropped' then null else j.fate_step end as fate_step,
         p.staleness,
-        p.staleness_worst
+        p.staleness_worst,
+        j.prompt_id
     from joined as j
     left join trained as p
         on j.fate = 'sampled' and p.partition = j.partition and p.batch_id = j.batch_id
