@@ -27,6 +27,7 @@ from pipeline.analysis import connect
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Six real steps of the demo with W&B offline; returns (run directory, console text)."""
+    pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
     out = tmp_path_factory.mktemp("demo") / "run"
     console = Console(file=io.StringIO(), width=80)
     cfg = replace(DemoConfig(), steps=6)

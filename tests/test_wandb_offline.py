@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.adapters.wandb import WandbTracker
+
+pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
 from pipeline.adapters.wandb_offline import (
     WandbRunFormatError,
     is_complete,

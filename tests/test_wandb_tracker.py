@@ -12,6 +12,8 @@ from pipeline.adapters.wandb import TABLE_KEY, WandbTracker, format_reward_count
 from pipeline.adapters.wandb_offline import read_run
 from tests.conftest import ROOT, add_group
 
+pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
+
 
 @pytest.fixture(autouse=True)
 def _no_user_wandb_mode(monkeypatch):
