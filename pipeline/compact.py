@@ -29,8 +29,12 @@ only; one that listed the segment before it was deleted reads the Parquet file i
 held, uncommitted rows included, so a restart still numbers after every seq ever handed out.
 
 Idempotent: a segment with its Parquet file already in place is only deleted (a run killed
-between rename and delete); nothing else is rewritten. Two compactions at once are refused by
-`_compact.lock`.
+between rename and delete), and so is a checksum file left without its segment (killed between
+the two deletes) and a hidden temporary file (killed before a rename); nothing else is rewritten.
+Two compactions (or a compaction and a retention) at once are refused by `_compact.lock`, so a
+temporary file found under that lock is always a dead run's. Each of these steps is a kill point
+(`lake_kill`: `compact.tmp_partial`, `.tmp_written`, `.renamed`, `.segment_deleted`, `.deleted`),
+which the crash tests use to prove a killed run loses, duplicates and changes nothing.
 """
 from __future__ import annotations
 
@@ -45,9 +49,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import lake_kill
 from pipeline.errors import LakeError
 from pipeline.lake import fsync_dir
-from pipeline.lake_files import CALL_KEY, LOCK_NAME, sum_path, table_of
+from pipeline.lake_files import CALL_KEY, LOCK_NAME, SUM_SUFFIX, sum_path, table_of
 from pipeline.lake_read import (
     HIGHEST_SEQ_KEY,
     _stream_max_seq,
@@ -132,7 +137,7 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
     table = table_of(path)
     schema = LAKE_TABLES[table]
     target = compacted_path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = _tmp_of(path)
     meta = {HIGHEST_SEQ_KEY: str(_stream_max_seq(path)).encode()}
     rows, size = 0, 0
     pending: list[pa.RecordBatch] = []
@@ -143,6 +148,7 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
                 writer.write_table(pa.Table.from_batches(pending, schema=schema),
                                    row_group_size=1 << 40)
                 pending.clear()
+                lake_kill.hit("compact.tmp_partial")
 
         for batch, bmeta in batches(path):
             size += batch.nbytes
@@ -158,18 +164,44 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
         flush()
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
+    lake_kill.hit("compact.tmp_written")
     os.replace(tmp, target)
     fsync_dir(target.parent)
+    lake_kill.hit("compact.renamed")
     return target, rows, size
 
 
+def _tmp_of(path: Path) -> Path:
+    """The hidden temporary file a segment's Parquet copy is written to before its rename."""
+    target = compacted_path(path)
+    return target.with_name(f".{target.name}.tmp")
+
+
 def _delete_segment(path: Path) -> None:
-    for f in (path, sum_path(path)):
+    for point, f in (("compact.segment_deleted", path), ("compact.deleted", sum_path(path))):
         try:
             f.unlink()
         except FileNotFoundError:
             pass
+        lake_kill.hit(point)
     fsync_dir(path.parent)
+
+
+def _leftovers(root: Path, segments: list[Path]) -> tuple[list[Path], list[Path]]:
+    """What a killed compaction or retention left: (segments, or checksum files alone, whose
+    Parquet copy is in place; hidden temporary files). Only called under the job lock."""
+    done = [p for p in segments if compacted_path(p).exists()]
+    tmp: list[Path] = []
+    for table in LAKE_TABLES:
+        base = root / table
+        if not base.exists():
+            continue
+        for crc in base.glob("partition=*/window=*/*.arrow.crc"):
+            seg = crc.with_name(crc.name.removesuffix(SUM_SUFFIX))
+            if not seg.exists() and compacted_path(seg).exists():
+                done.append(seg)
+        tmp.extend(base.glob("partition=*/window=*/.*.parquet.tmp"))
+    return done, tmp
 
 
 class _CompactLock:
@@ -207,14 +239,21 @@ def compact(root: str | os.PathLike,
     report = CompactReport()
     with job_lock(root):
         segments = [p for t in LAKE_TABLES for p in segment_files(root, t) if p.suffix == ".arrow"]
-        leftovers = [p for p in segments if compacted_path(p).exists()]
+        lake_kill.arm_once()
+        leftovers, tmp = _leftovers(root, segments)
         for p in leftovers:
             _delete_segment(p)
-        report.cleaned = len(leftovers)
+        for p in tmp:
+            p.unlink(missing_ok=True)
+        report.cleaned = len(leftovers) + len(tmp)
         todo, report.skipped_live = sealed(root, [p for p in segments if p not in leftovers])
         committed = committed_calls(root)    # after the list: every commit of a sealed segment
         for i, path in enumerate(todo):
-            target, rows, size = _write_parquet(path, committed)
+            try:
+                target, rows, size = _write_parquet(path, committed)
+            except BaseException:
+                _tmp_of(path).unlink(missing_ok=True)    # damage found on the way, say
+                raise
             report.bytes_in += size
             _delete_segment(path)
             report.compacted.append(target)

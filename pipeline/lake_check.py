@@ -1,7 +1,8 @@
 """Check a lake for damage, and salvage it: set aside what cannot be read, keep every write that can.
 
 `check` reads every stream the way a restore does and lists what it finds: damage (refused by
-readers), torn tails (ignored by readers; a crash's leftovers) and logged segments that are gone.
+readers), torn tails (ignored by readers; a crash's leftovers), logged segments that are gone, and
+segments whose Parquet copy is in place (a compaction's leftovers, not read: readers count the copy).
 `salvage` takes the writer lock, moves each damaged file (and its checksum file) whole into
 `_quarantine/<when>/`, and writes back in its place a stream of every write that still verifies
 against its own checksum record, with fresh checksums; a segment that is gone gets a `removed`
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.lake import fsync_dir
 from pipeline.lake_files import (
@@ -31,14 +33,15 @@ from pipeline.lake_files import (
     table_of,
     unpack_records,
 )
-from pipeline.lake_read import LakeDamageError, missing_segments, read_parquet
+from pipeline.lake_read import LakeDamageError, compacted_path, missing_segments
 from pipeline.lake_verify import verify
 from schemas import LAKE_TABLES
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing `check` found: ``kind`` is damage | missing | torn."""
+    """One thing `check` found: ``kind`` is damage | missing | torn | compacted (a segment
+    whose Parquet copy is in place: a leftover, not read)."""
 
     kind: str
     path: Path
@@ -75,10 +78,17 @@ def check(root: str | os.PathLike) -> Report:
     root = Path(root)
     report = Report()
     for path in _streams(root):
+        if compacted_path(path).exists():
+            report.findings.append(_leftover(path))
+            continue
         report.streams += 1
         try:
             v = verify(path)
         except LakeDamageError as exc:
+            if compacted_path(path).exists():    # compacted (and deleted) while we read it
+                report.streams -= 1
+                report.findings.append(_leftover(path))
+                continue
             report.findings.append(Finding("damage", exc.path, exc.offset, exc.problem))
             continue
         report.acknowledged_bytes += v.size
@@ -90,7 +100,7 @@ def check(root: str | os.PathLike) -> Report:
         for path in sorted((root / table).rglob("*.parquet")) if (root / table).exists() else []:
             report.streams += 1
             try:
-                read_parquet(path)
+                _read_row_groups(path)
             except LakeDamageError as exc:
                 report.findings.append(Finding("damage", exc.path, exc.offset, exc.problem))
     try:
@@ -100,6 +110,27 @@ def check(root: str | os.PathLike) -> Report:
     for path in gone:
         report.findings.append(Finding("missing", path, 0, "logged by its writer, now gone"))
     return report
+
+
+def _leftover(path: Path) -> Finding:
+    """A segment (or only its checksum file) whose Parquet copy is in place: a compaction
+    renamed the copy into place and had not yet deleted the segment. Readers count the copy
+    only, so it is neither read nor damage; the next `replaylake compact` deletes it."""
+    return Finding("compacted", path, 0, "its Parquet copy is in place (ignored by readers; "
+                                         "the next `replaylake compact` deletes it)")
+
+
+def _read_row_groups(path: Path) -> None:
+    """Decode a compacted file one row group at a time (memory: one row group, not the file);
+    raises LakeDamageError if any part of it cannot be read."""
+    try:
+        f = pq.ParquetFile(path)
+        for i in range(f.num_row_groups):
+            f.read_row_group(i)
+    except (pa.ArrowException, OSError) as exc:
+        if not path.exists():
+            return                      # gone while it was read (salvage, another job)
+        raise LakeDamageError(path, 0, f"the Parquet file cannot be read ({exc})") from exc
 
 
 def _schema_bytes(schema: pa.Schema) -> bytes:

@@ -18,6 +18,14 @@ Points (``<t>`` is a lake table, or ``log`` for a writer's log):
 - ``<t>.sum_synced``   (fsync=True) ... and is on disk
 - ``<t>.acked``        the whole append (every partition, the commit record) is done
 
+Jobs that rewrite the lake have points too: ``compact.tmp_partial`` (a row group of the temporary
+Parquet file written, the file unfinished), ``compact.tmp_written`` (the temporary file complete
+and fsync'ed, not renamed), ``compact.renamed`` (the Parquet copy in place, its segment not yet
+deleted), ``compact.segment_deleted`` (the segment deleted, its checksum file not yet),
+``compact.deleted`` (both deleted); ``retain.tmp_written`` and ``retain.replaced`` (a rewritten
+file before and after it replaces the old one). A job arms on its first run in a process
+(`arm_once`), unless a lake writer armed first.
+
 ``trace()`` lists the points reached so far (with ``REPLAYLAKE_KILL_AT=trace``), which is how a
 test learns every point of a workload before killing it at each one. Unset, a point costs one
 comparison.
@@ -33,13 +41,15 @@ ENV = "REPLAYLAKE_KILL_AT"
 
 _target: tuple[str, int] | None = None
 _tracing = False
+_armed = False
 _counts: dict[str, int] = {}
 _trace: list[str] = []
 
 
 def arm() -> None:
     """Read ``REPLAYLAKE_KILL_AT`` afresh (a lake writer calls this when it opens)."""
-    global _target, _tracing
+    global _target, _tracing, _armed
+    _armed = True
     spec = os.environ.get(ENV, "")
     _counts.clear()
     _trace.clear()
@@ -49,6 +59,12 @@ def arm() -> None:
         if not point or not occurrence.isdigit() or int(occurrence) < 1:
             raise ConfigError(f"{ENV}={spec!r}: expected <point>:<occurrence>, occurrence >= 1")
         _target = (point, int(occurrence))
+
+
+def arm_once() -> None:
+    """Arm unless this process armed already (a job's points count on from a writer's)."""
+    if not _armed:
+        arm()
 
 
 def trace() -> list[str]:

@@ -15,7 +15,9 @@ thing changes: a retained trajectory's `len(response_ids)` reads 0.
 Only compacted files are rewritten (retention compacts the sealed segments first); a live
 writer's open segments are left for a later run. A file is rewritten to a hidden temporary file,
 fsync'ed and renamed over the old one, so a reader sees the old or the new file, with the same
-rows either way. Idempotent: files with nothing left to drop are not touched.
+rows either way. Idempotent: files with nothing left to drop are not touched, and a run killed
+anywhere (kill points `retain.tmp_written`, `retain.replaced`) is finished by the next one (its
+compaction step deletes a dead run's temporary file).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline import lake_kill
 from pipeline.compact import CompactReport, compact, job_lock
 from pipeline.errors import ConfigError
 from pipeline.lake import fsync_dir
@@ -105,8 +108,10 @@ def _rewrite(path: Path, gone: pa.Array) -> int:
     pq.write_table(t, tmp, compression="zstd", row_group_size=rows_per_group)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
+    lake_kill.hit("retain.tmp_written")
     os.replace(tmp, path)
     fsync_dir(path.parent)
+    lake_kill.hit("retain.replaced")
     return changed
 
 
@@ -116,6 +121,7 @@ def retain(root: str | os.PathLike, older_than: int,
     if not isinstance(older_than, int) or isinstance(older_than, bool) or older_than < 0:
         raise ConfigError(f"older_than={older_than!r}: give a number of steps >= 0")
     root = Path(root)
+    lake_kill.arm_once()
     report = RetainReport(compaction=compact(root))
     with job_lock(root):
         report.horizon, gone = _old_groups(root, older_than)
