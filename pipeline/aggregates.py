@@ -1,21 +1,22 @@
 """Group aggregates, computed live from their one declaration (sql/aggregates/group_aggregates.sql).
 
-Each stored trajectory chunk carries a small meta frame (schemas.GROUP_TRAJECTORIES); the first
-poll after groups turned terminal runs the declared aggregates once over the meta rows of all of
-them (one query per poll, and one for everything a restore brought back), never per group and
-never over the token payload.
+The first poll after groups turned terminal runs the declared aggregates once over the
+per-trajectory inputs (schemas.GROUP_TRAJECTORIES) of all of them: one query per poll, and one for
+everything a restore brought back, never per group and never over the token payload. Those inputs
+are gathered then, from the stored chunks' small columns, rather than built at every `put`: a
+put then only stores a reference, and nothing beside the payload is kept in memory.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import declared
 from pipeline.ingest import metric_values
-from schemas import GROUP_TRAJECTORIES
 
 if TYPE_CHECKING:
     from pipeline.store import PartitionState
@@ -24,18 +25,51 @@ QUERY = "group_aggregates"
 _KEYS = ("partition", "uid")
 
 
-def meta_frame(rows: pa.Table, filter_metric: str | None) -> pl.DataFrame:
-    """The GROUP_TRAJECTORIES rows of freshly stored trajectories."""
-    metric = metric_values(rows, filter_metric)
-    n = rows.num_rows
-    return pl.from_arrow(pa.table({
-        "partition": rows.column("partition"),
-        "uid": rows.column("uid"),
-        "metric": metric if metric is not None else pa.nulls(n, pa.float64()),
-        "n_response_tokens": pc.list_value_length(rows.column("response_ids")).cast(pa.int64()),
-        "min_global_steps": rows.column("min_global_steps"),
-        "max_global_steps": rows.column("max_global_steps"),
-    }, schema=GROUP_TRAJECTORIES))
+def _ints(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
+    """A non-null integer column of a stored chunk at ``local`` rows (zero-copy view, then index)."""
+    col = chunk.column(name)
+    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return arr.to_numpy(zero_copy_only=False)[local]
+
+
+def _response_tokens(chunk: pa.Table, local: np.ndarray) -> np.ndarray:
+    if "n_response_tokens" in chunk.schema.names:   # stored at ingest
+        return _ints(chunk, "n_response_tokens", local)
+    lengths = pc.list_value_length(chunk.column("response_ids").take(pa.array(local)))
+    return lengths.to_numpy().astype(np.int64)
+
+
+def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
+    """The GROUP_TRAJECTORIES rows of the stored trajectories of ``uids`` (None when none)."""
+    ids: list[int] = []
+    owners: list[int] = []
+    for k, u in enumerate(uids):
+        rows = part.groups[u].rows
+        ids.extend(rows)
+        owners.extend([k] * len(rows))
+    if not ids:
+        return None
+    id_arr = np.asarray(ids, dtype=np.int64)
+    owner = np.asarray(owners, dtype=np.int64)[np.argsort(id_arr, kind="stable")]
+    metric: list[pa.Array] = []
+    tokens, lo, hi = [], [], []
+    for chunk, local in part.rows.chunks(id_arr):     # ascending ids, as `owner` now is
+        if part.filter_metric is not None:
+            picked = chunk.select(["reward", "reward_info"]).take(pa.array(local))
+            metric.append(metric_values(picked, part.filter_metric))
+        tokens.append(_response_tokens(chunk, local))
+        lo.append(_ints(chunk, "min_global_steps", local))
+        hi.append(_ints(chunk, "max_global_steps", local))
+    n = len(owner)
+    return pl.DataFrame([
+        pl.repeat(part.partition, n, dtype=pl.String, eager=True).alias("partition"),
+        pl.Series("uid", uids, dtype=pl.String).gather(owner),
+        pl.Series("metric", pa.concat_arrays(metric), dtype=pl.Float64) if metric
+        else pl.repeat(None, n, dtype=pl.Float64, eager=True).alias("metric"),
+        pl.Series("n_response_tokens", np.concatenate(tokens), dtype=pl.Int64),
+        pl.Series("min_global_steps", np.concatenate(lo), dtype=pl.Int64),
+        pl.Series("max_global_steps", np.concatenate(hi), dtype=pl.Int64),
+    ])
 
 
 def complete(part: PartitionState) -> None:
@@ -43,8 +77,7 @@ def complete(part: PartitionState) -> None:
     pending = part.candidates.pending
     if not pending:
         return
-    ids = [i for u in pending for i in part.groups[u].rows]
-    meta = part.rows.take_meta(ids) if ids else None
+    meta = meta_frame(part, list(pending))
     items = declared.compiled_items(QUERY)
     agg: dict[str, tuple] = {}
     names = list(items)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from pipeline.errors import IngestError, UnknownGroupError
 from schemas import GROUPS_INPUT, STATUS_INPUT, TRAJECTORIES_INPUT, Problem, conform
 from schemas.conform import rows_where
+from schemas.tables import N_RESPONSE_TOKENS
 
 STATUSES = ("pending", "running", "finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
@@ -50,47 +51,32 @@ def _conformed(what: str, data: Any, schema: pa.Schema, defaults: Mapping[str, A
     return table
 
 
-def _partition_problems(table: pa.Table) -> list[Problem]:
-    out = []
-    for pid in pc.unique(table.column("partition")).to_pylist():
-        why = partition_problem(pid)
-        if why:
-            out.append(Problem("partition", rows_where(pc.equal(table.column("partition"), pid)),
-                               why))
-    return out
-
-
 def _raise(what: str, problems: list[Problem]) -> None:
     if problems:
         unknown = all(p.kind == UNKNOWN_GROUP for p in problems)
         raise (UnknownGroupError if unknown else IngestError)(what, problems)
 
 
-def _empty_uid_problems(table: pa.Table) -> list[Problem]:
-    uid = _one_chunk(table, "uid")
-    # string lengths straight from the offsets buffer (int32: the schema's `string` type)
-    offsets = np.frombuffer(uid.buffers()[1], dtype=np.int32)[uid.offset:uid.offset + len(uid) + 1]
-    empty = np.diff(offsets) == 0
-    if uid.null_count:
-        empty &= np.asarray(uid.is_valid())
-    return [Problem("uid", tuple(np.flatnonzero(empty).tolist()),
-                    "uid must be a non-empty string")] if empty.any() else []
+def _empty_uid_problems(uids: list) -> list[Problem]:
+    empty = tuple(i for i, u in enumerate(uids) if not u)   # conformed: never null
+    return [Problem("uid", empty, "uid must be a non-empty string")] if empty else []
 
 
 def validate_groups(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
     """Registrations of new prompt groups (status pending); ``lookup(partition, uid)`` -> group."""
     table = _conformed("group registration", data, GROUPS_INPUT, {})
-    problems = _partition_problems(table) + _empty_uid_problems(table)
-    neg = pc.less(table.column("global_steps"), 0)
-    if pc.any(neg).as_py():
-        problems.append(Problem("global_steps", rows_where(neg), "must be an integer >= 0"))
-    bad_n = pc.less(table.column("n"), 1)
-    if pc.any(bad_n).as_py():
-        problems.append(Problem("n", rows_where(bad_n), "expected session count must be >= 1"))
+    partitions, uids = table.column("partition").to_pylist(), table.column("uid").to_pylist()
+    problems = _partition_list_problems(partitions) + _empty_uid_problems(uids)
+    neg = _np(table, "global_steps") < 0
+    if neg.any():
+        problems.append(Problem("global_steps", tuple(np.flatnonzero(neg).tolist()),
+                                "must be an integer >= 0"))
+    bad_n = tuple(i for i, v in enumerate(table.column("n").to_pylist()) if v is not None and v < 1)
+    if bad_n:
+        problems.append(Problem("n", bad_n, "expected session count must be >= 1"))
     seen: dict[tuple[str, str], int] = {}
     dup, known = [], []
-    for i, (p, u) in enumerate(zip(table.column("partition").to_pylist(),
-                                   table.column("uid").to_pylist())):
+    for i, (p, u) in enumerate(zip(partitions, uids)):
         if (p, u) in seen:
             dup.append(i)
         seen[(p, u)] = i
@@ -109,10 +95,10 @@ def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
     """Status transitions: forward only (pending -> running -> finished | failure); terminal is
     final. `finished` with a known session count n needs a trajectory for every session 0..n-1."""
     table = _conformed("status update", data, STATUS_INPUT, {})
-    problems = _partition_problems(table)
+    partitions = table.column("partition").to_pylist()
+    problems = _partition_list_problems(partitions)
     sim: dict[tuple[str, str], str] = {}
-    for i, (p, u, s) in enumerate(zip(table.column("partition").to_pylist(),
-                                      table.column("uid").to_pylist(),
+    for i, (p, u, s) in enumerate(zip(partitions, table.column("uid").to_pylist(),
                                       table.column("status").to_pylist())):
         if s not in STATUSES:
             problems.append(Problem("status", (i,), f"unknown status {s!r}; use one of {STATUSES}"))
@@ -151,22 +137,29 @@ def metric_values(table: pa.Table, metric: str | None) -> pa.Array | None:
 
 def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
                           filter_metric: str | None) -> pa.Table:
-    """Trajectories for groups that are registered and still in flight (pending or running)."""
+    """Trajectories for groups that are registered and still in flight (pending or running).
+
+    Runs on every `put`, so it reads each column once: the four key columns as python lists
+    (the group checks walk them anyway, and the partition and empty-uid checks reuse them), the
+    numeric ones as numpy views, list lengths from their offsets."""
     table = _conformed("trajectories", data, TRAJECTORIES_INPUT,
                        {"index": 0, "is_padding": False, "versions_inferred": False})
-    problems = _partition_problems(table) + _empty_uid_problems(table)
+    keys = [table.column(c).to_pylist() for c in ("partition", "uid", "session_id", "index")]
+    problems = _partition_list_problems(keys[0]) + _empty_uid_problems(keys[1])
     # numpy on the (non-null, already conformed) columns: one vectorised pass, no per-kernel cost
     mn, mx = _np(table, "min_global_steps"), _np(table, "max_global_steps")
-    for name, mask, msg in (
-        ("min_global_steps", mn < 0, "must be >= 0"),
-        ("max_global_steps", mx < 0, "must be >= 0"),
-        ("min_global_steps", mn > mx, "min_global_steps > max_global_steps"),
-        ("session_id", _np(table, "session_id") < 0, "must be >= 0"),
-        ("index", _np(table, "index") < 0, "must be >= 0"),
-        ("reward", np.isnan(_np(table, "reward")), "reward is NaN"),
-    ):
-        if mask.any():
-            problems.append(Problem(name, tuple(np.flatnonzero(mask).tolist()), msg))
+    session, index, reward = _np(table, "session_id"), _np(table, "index"), _np(table, "reward")
+    if ((mn < 0) | (mx < 0) | (mn > mx) | (session < 0) | (index < 0) | np.isnan(reward)).any():
+        for name, mask, msg in (
+            ("min_global_steps", mn < 0, "must be >= 0"),
+            ("max_global_steps", mx < 0, "must be >= 0"),
+            ("min_global_steps", mn > mx, "min_global_steps > max_global_steps"),
+            ("session_id", session < 0, "must be >= 0"),
+            ("index", index < 0, "must be >= 0"),
+            ("reward", np.isnan(reward), "reward is NaN"),
+        ):
+            if mask.any():
+                problems.append(Problem(name, tuple(np.flatnonzero(mask).tolist()), msg))
     values = metric_values(table, filter_metric)
     if values is not None and filter_metric != "reward":
         nan = pc.is_nan(values)
@@ -174,10 +167,24 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
             problems.append(Problem("reward_info", rows_where(nan),
                                     f"reward metric {filter_metric!r} is NaN (the zero-variance "
                                     "filter needs a number)"))
-    problems += _length_problems(table)
-    problems += _group_problems(table, lookup)
+    n_resp = _list_lengths(table, "response_ids")
+    problems += _length_problems(table, n_resp)
+    problems += _group_problems(keys, lookup)
     _raise("trajectories", problems)
-    return table
+    # the response length, stored so lake queries never read the token payload for it
+    return table.append_column(N_RESPONSE_TOKENS, [pa.array(n_resp.astype(np.int64))])
+
+
+def _partition_list_problems(partitions: list) -> list[Problem]:
+    """Unusable partition ids of a column read as a python list: each bad id once, in order of
+    first appearance, with every row naming it."""
+    out = []
+    for pid in dict.fromkeys(partitions):
+        why = partition_problem(pid)
+        if why:
+            out.append(Problem("partition", tuple(i for i, q in enumerate(partitions) if q == pid),
+                               why))
+    return out
 
 
 def _one_chunk(table: pa.Table, name: str) -> pa.Array:
@@ -193,15 +200,16 @@ def _np(table: pa.Table, name: str) -> np.ndarray:
 def _list_lengths(table: pa.Table, name: str) -> np.ndarray:
     """Lengths of a list column straight from its offsets (null rows: -1)."""
     col = _one_chunk(table, name)
-    n = np.diff(col.offsets.to_numpy())
+    offsets = col.offsets.to_numpy()
+    n = offsets[1:] - offsets[:-1]
     if col.null_count:
         n = np.where(np.asarray(col.is_valid()), n, -1)
     return n
 
 
-def _length_problems(table: pa.Table) -> list[Problem]:
+def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
+    """Per-token columns must match the response length ``n_resp``; version spans must cover it."""
     out = []
-    n_resp = _list_lengths(table, "response_ids")
     for name in ("response_mask", "rollout_log_probs"):
         n = _list_lengths(table, name)
         bad = (n >= 0) & (n != n_resp)
@@ -232,13 +240,14 @@ def _length_problems(table: pa.Table) -> list[Problem]:
     return out
 
 
-def _group_problems(table: pa.Table, lookup: Callable[[str, str], Any]) -> list[Problem]:
+def _group_problems(cols: list[list], lookup: Callable[[str, str], Any]) -> list[Problem]:
+    """Checks against the live groups, over the (partition, uid, session_id, index) lists."""
     out: list[Problem] = []
     unknown, closed, dup, dup_store, out_of_n = [], [], [], [], []
     seen: set = set()
-    cols = [table.column(c).to_pylist() for c in ("partition", "uid", "session_id", "index")]
+    groups: dict[tuple[str, str], Any] = {}   # a put sends a group's sessions together
     for i, (p, u, s, x) in enumerate(zip(*cols)):
-        g = lookup(p, u)
+        g = groups[p, u] if (p, u) in groups else groups.setdefault((p, u), lookup(p, u))
         if g is None:
             unknown.append(i)
             continue

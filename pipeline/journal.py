@@ -12,6 +12,34 @@ from schemas import LAKE_TABLES
 _HISTORY_ONLY = ("metrics",)
 
 
+def _stamp(rows: pa.Table, table: str, seq: pa.Array, now: pa.Array) -> pa.Table:
+    """``rows`` with their seq and ts columns, as a table of the lake table's schema.
+
+    Rows that already have the schema's fields in order (what validation hands a `put`) get the
+    two columns appended and the schema's field docs re-attached through record batches: no
+    per-column lookup or validation, which cost ~60 µs per small put (cProfile: the column
+    list-comprehension and `Table.from_arrays` were a fifth of `put`). Rows whose columns are in
+    order take them all at once (a lookup by name costs ~2 µs a column); anything else is
+    assembled column by column, by name."""
+    schema, head = LAKE_TABLES[table], _HEADS[table]
+    if head is not None and rows.schema.equals(head):
+        body = rows.append_column(schema.field("seq"), seq).append_column(schema.field("ts"), now)
+        return pa.Table.from_batches(body.to_batches(), schema=schema)
+    if head is not None and rows.schema.names == head.names:   # e.g. nullable where required
+        return pa.Table.from_arrays(rows.columns + [seq, now], schema=schema)
+    return pa.Table.from_arrays(
+        [seq if f.name == "seq" else now if f.name == "ts" else rows.column(f.name)
+         for f in schema], schema=schema)
+
+
+def _unstamped(schema: pa.Schema) -> pa.Schema | None:
+    """The schema without its trailing seq and ts fields (None when they are not last)."""
+    return pa.schema(list(schema)[:-2]) if schema.names[-2:] == ["seq", "ts"] else None
+
+
+_HEADS = {name: _unstamped(schema) for name, schema in LAKE_TABLES.items()}
+
+
 class Journal:
     """The single source of `seq`: every accepted row and decision gets the next number."""
 
@@ -27,12 +55,10 @@ class Journal:
         n = rows.num_rows
         schema = LAKE_TABLES[table]
         now_us = int(time.time() * 1e6)
-        # typed straight from numpy (no cast kernel): this runs once per producer call
-        now = pa.array(np.full(n, now_us, dtype=np.int64), type=schema.field("ts").type)
+        # int64 from numpy, then viewed as the timestamp type (no conversion): once per call
+        now = pa.array(np.full(n, now_us, dtype=np.int64)).view(schema.field("ts").type)
         seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
-        stamped = pa.Table.from_arrays(
-            [seq if f.name == "seq" else now if f.name == "ts" else rows.column(f.name)
-             for f in schema], schema=schema)
+        stamped = _stamp(rows, table, seq, now)
         try:
             if self.lake is not None:
                 self.lake.append(table, stamped)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 
 from pipeline.errors import InvariantError
@@ -14,30 +14,46 @@ from schemas import TRAJECTORIES
 class TrajectoryRows:
     """Append-only chunks of trajectory rows; a chunk is freed once none of its rows is live.
 
-    Appending keeps the producer's record batch as it is (no copy). Rows are addressed by a global
-    row id (arrival order within the partition), so a group only keeps a list of ints. Beside each
-    chunk lies its small `meta` frame (schemas.GROUP_TRAJECTORIES: what the group aggregates
-    read), so classifying a group never touches the token payload.
+    Appending keeps the producer's record batch as it is (no copy, no derived frame): a put only
+    stores a reference, which is what keeps small puts cheap and memory near the payload. Rows
+    are addressed by a global row id (arrival order within the partition), so a group only keeps
+    a list of ints. What the group aggregates read is gathered from the chunks' small columns
+    when a group turns terminal (`chunks`), never from the token payload.
     """
 
     def __init__(self) -> None:
         self._chunks: list[pa.Table | None] = []
-        self._meta: list[pl.DataFrame | None] = []
         self._starts: list[int] = []
         self._live: list[int] = []
+        self._nbytes: list[int | None] = []   # a chunk's Arrow bytes, measured when first asked
+        self._unsized: list[int] = []         # chunks appended since `live_bytes` was last read
+        self._sized_bytes = 0
         self.size = 0
-        self.live_bytes = 0       # Arrow bytes of the chunks still held (a chunk is freed whole)
 
-    def append(self, rows: pa.Table, meta: pl.DataFrame) -> range:
-        """Store ``rows`` (and their ``meta`` rows) and return their global row ids."""
+    def append(self, rows: pa.Table) -> range:
+        """Store ``rows`` and return their global row ids."""
         first = self.size
+        self._unsized.append(len(self._chunks))
         self._chunks.append(rows)
-        self._meta.append(meta)
+        self._nbytes.append(None)
         self._starts.append(first)
         self._live.append(rows.num_rows)
         self.size += rows.num_rows
-        self.live_bytes += rows.nbytes
         return range(first, self.size)
+
+    @property
+    def live_bytes(self) -> int:
+        """Arrow bytes of the chunks still held (a chunk is freed whole).
+
+        Measured lazily: `Table.nbytes` walks every buffer range (tens of µs for a small put),
+        and only a buffer with a byte budget ever asks."""
+        for c in self._unsized:
+            chunk = self._chunks[c]
+            if chunk is not None:
+                self._nbytes[c] = chunk.nbytes
+                self._sized_bytes += self._nbytes[c]
+        self._unsized.clear()
+        return self._sized_bytes
 
     def _locate(self, row_ids: list[int] | np.ndarray):
         """(chunk index, local row ids) per chunk holding some of ``row_ids``, ascending."""
@@ -55,12 +71,11 @@ class TrajectoryRows:
             return TRAJECTORIES.empty_table()
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
-    def take_meta(self, row_ids: list[int] | np.ndarray) -> pl.DataFrame | None:
-        """The meta rows of these ids (None when there are none)."""
-        parts = [self._meta[c][local] for c, local in self._locate(row_ids)]
-        if not parts:
-            return None
-        return pl.concat(parts) if len(parts) > 1 else parts[0]
+    def chunks(self, row_ids: list[int] | np.ndarray) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """(chunk, local row ids) holding ``row_ids``, in ascending id order (reads that need only
+        a few small columns of the rows take them per chunk, without gathering whole rows)."""
+        for c, local in self._locate(row_ids):
+            yield self._chunks[c], local
 
     def drop(self, row_ids: list[int]) -> None:
         """Forget rows (released or evicted); frees whole chunks once they hold no live row."""
@@ -68,6 +83,6 @@ class TrajectoryRows:
             c = bisect.bisect_right(self._starts, r) - 1
             self._live[c] -= 1
             if self._live[c] == 0:
-                self.live_bytes -= self._chunks[c].nbytes
+                if self._nbytes[c] is not None:
+                    self._sized_bytes -= self._nbytes[c]
                 self._chunks[c] = None
-                self._meta[c] = None

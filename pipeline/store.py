@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipeline.aggregates import meta_frame
 from pipeline.candidates import CandidateIndex
 from pipeline.rows import TrajectoryRows
 
@@ -20,10 +19,11 @@ from pipeline.rows import TrajectoryRows
 class Group:
     """One prompt group's lifecycle and where its trajectories are stored."""
 
-    __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "sessions", "removed", "batch_id")
+    __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "sessions", "removed", "batch_id",
+                 "prompt_id")
 
-    def __init__(self, uid: str, gs: int, n: int | None):
-        self.uid, self.gs, self.n = uid, gs, n
+    def __init__(self, uid: str, gs: int, n: int | None, prompt_id: int | None = None):
+        self.uid, self.gs, self.n, self.prompt_id = uid, gs, n, prompt_id
         self.status = "pending"
         self.rows: list[int] = []
         self.keys: set[tuple[int, int]] = set()
@@ -46,6 +46,7 @@ class GroupView:
     removed: str | None
     batch_id: int | None
     keys: frozenset[tuple[int, int]]
+    prompt_id: int | None = None
 
     @property
     def sessions(self) -> frozenset[int]:
@@ -57,7 +58,8 @@ def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
     if g is None:
         return GroupView(uid, None, None, "removed", "retired", None, frozenset()) \
             if retired else None
-    return GroupView(uid, g.gs, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys))
+    return GroupView(uid, g.gs, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys),
+                     g.prompt_id)
 
 
 class PartitionState:
@@ -75,14 +77,16 @@ class PartitionState:
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
         self.retired: set[str] = set()           # removed uids: never accepted again
         self.refill_owed = 0                     # refills decided but not yet acknowledged
+        self.refill_replaces: list[str] = []     # the evicted uids those refills replace
 
     # --- producers ---------------------------------------------------------------------------
     def _fly(self, uid: str, gs: int) -> None:
         self.inflight[uid] = gs
         heapq.heappush(self._inflight_heap, (gs, uid))
 
-    def apply_registered(self, uid: str, gs: int, n: int | None) -> None:
-        self.groups[uid] = Group(uid, gs, n)
+    def apply_registered(self, uid: str, gs: int, n: int | None,
+                         prompt_id: int | None = None) -> None:
+        self.groups[uid] = Group(uid, gs, n, prompt_id)
         self._fly(uid, gs)
 
     def apply_status(self, uid: str, status: str, seq: int) -> None:
@@ -96,17 +100,16 @@ class PartitionState:
         """In-flight group back to pending at the resume step; its partial trajectories dropped."""
         g = self.groups[uid]
         self.rows.drop(g.rows)
-        self.groups[uid] = Group(uid, gs, g.n)
+        self.groups[uid] = Group(uid, gs, g.n, g.prompt_id)
         self._fly(uid, gs)
 
     def apply_trajectories(self, rows: pa.Table) -> None:
-        ids = self.rows.append(rows, meta_frame(rows, self.filter_metric))
-        uids = rows.column("uid").to_pylist()
-        sessions = rows.column("session_id").to_pylist()
-        indexes = rows.column("index").to_pylist()
-        for j, (u, s, x) in enumerate(zip(uids, sessions, indexes)):
-            g = self.groups[u]
-            g.rows.append(ids[j])
+        groups = self.groups
+        for r, u, s, x in zip(self.rows.append(rows), rows.column("uid").to_pylist(),
+                              rows.column("session_id").to_pylist(),
+                              rows.column("index").to_pylist()):
+            g = groups[u]
+            g.rows.append(r)
             g.keys.add((s, x))
             g.sessions.add(s)
 

@@ -14,6 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.conform_fast import already_conformed, plain_python
+
 MAX_ROWS_SHOWN = 5
 
 
@@ -202,30 +204,6 @@ def _struct_to_map(name: str, col, target: pa.DataType, problems: list[Problem])
     return pa.array(rows, type=target)
 
 
-def _already_conformed(data: Any, target: pa.Schema,
-                       defaults: Mapping[str, Any] | None) -> pa.Table | None:
-    """The producer's own table when it already has exactly the target schema, one chunk per
-    column and no null where none may be: nothing to cast or fill, so it is returned as is.
-
-    Producers that build Arrow tables send this shape on every call; skipping the per-column work
-    is what keeps a small `put` cheap (a profile of 16-trajectory puts spent ~40% of validation
-    here). Anything else (None) takes the general path, which finds the same table or problems."""
-    if isinstance(data, pa.RecordBatch):
-        if not data.schema.equals(target):
-            return None
-        data = pa.Table.from_batches([data])
-    elif not isinstance(data, pa.Table) or not data.schema.equals(target):
-        return None
-    for f, col in zip(target, data.itercolumns()):
-        if col.num_chunks != 1:
-            return None
-        if col.null_count and (not f.nullable or (defaults and f.name in defaults)):
-            return None
-    if data.schema.equals(target, check_metadata=True):
-        return data
-    return pa.Table.from_arrays(data.columns, schema=target)   # the target's field docs
-
-
 def conform(data: Any, target: pa.Schema,
             defaults: Mapping[str, Any] | None = None) -> tuple[pa.Table | None, list[Problem]]:
     """Conform ``data`` to ``target``; returns ``(table, [])`` or ``(None, problems)``.
@@ -235,7 +213,9 @@ def conform(data: Any, target: pa.Schema,
     nullable columns that are absent become all-null. Every problem found is reported, not just the
     first, so a producer can fix its whole batch at once.
     """
-    fast = _already_conformed(data, target, defaults)
+    fast = already_conformed(data, target, defaults)
+    if fast is None:
+        fast = plain_python(data, target, defaults)
     if fast is not None:
         return fast, []
     defaults = dict(defaults or {})
