@@ -1,29 +1,50 @@
-"""replaylake's library: an off-policy-aware replay buffer for async LLM RL on Arrow tables."""
+"""replaylake's library: an off-policy-aware replay buffer for async LLM RL on Arrow tables.
+
+The public names below are imported on first use (PEP 562), not when the package is: importing
+one submodule (`pipeline.errors`, `pipeline.analysis`) must not pull in polars, pandas and the
+whole buffer, which cost the command line about half a second per call, and made `sql.loader`
+(imported by `pipeline.declared`) unimportable on its own through a cycle."""
 from __future__ import annotations
 
-from pipeline.batch import Batch
-from pipeline.buffer import ReplayBuffer
-from pipeline.config import BufferConfig, async_config, sync_config
-from pipeline.errors import (
-    BufferFullError,
-    ConfigError,
-    EmptyBatchError,
-    IngestError,
-    InvariantError,
-    LakeDamageError,
-    LakeError,
-    MissingMetricError,
-    PresetKeywordError,
-    RefillLimitError,
-    ReplayLakeError,
-    SampleTimeout,
-    UnknownBatchError,
-    UnknownGroupError,
-    UnknownMetricError,
-)
-from pipeline.metrics import METRICS, StepAggregator
-from pipeline.sampling import Ready
-from pipeline.store import GroupView
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.batch import Batch
+    from pipeline.buffer import ReplayBuffer
+    from pipeline.config import BufferConfig, async_config, sync_config
+    from pipeline.errors import (
+        BufferFullError,
+        ConfigError,
+        EmptyBatchError,
+        IngestError,
+        InvariantError,
+        LakeDamageError,
+        LakeError,
+        MissingMetricError,
+        PresetKeywordError,
+        RefillLimitError,
+        ReplayLakeError,
+        SampleTimeout,
+        UnknownBatchError,
+        UnknownGroupError,
+        UnknownMetricError,
+    )
+    from pipeline.metrics import METRICS, StepAggregator
+    from pipeline.sampling import Ready
+    from pipeline.store import GroupView
+
+# public name -> the submodule that defines it
+_HOMES: dict[str, str] = {
+    "Batch": "batch", "ReplayBuffer": "buffer", "BufferConfig": "config",
+    "async_config": "config", "sync_config": "config", "METRICS": "metrics",
+    "StepAggregator": "metrics", "Ready": "sampling", "GroupView": "store",
+    **dict.fromkeys([
+        "BufferFullError", "ConfigError", "EmptyBatchError", "IngestError", "InvariantError",
+        "LakeDamageError", "LakeError", "MissingMetricError", "PresetKeywordError",
+        "RefillLimitError", "ReplayLakeError", "SampleTimeout", "UnknownBatchError",
+        "UnknownGroupError", "UnknownMetricError"], "errors"),
+}
 
 __all__ = [
     "METRICS", "Batch", "BufferConfig", "BufferFullError", "ConfigError", "EmptyBatchError",
@@ -32,3 +53,16 @@ __all__ = [
     "ReplayLakeError", "SampleTimeout", "StepAggregator", "UnknownBatchError",
     "UnknownGroupError", "UnknownMetricError", "async_config", "sync_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"pipeline.{home}"), name)
+    globals()[name] = value          # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

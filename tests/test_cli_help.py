@@ -97,3 +97,17 @@ def test_running_a_command_imports_only_its_own_job():
                          timeout=60)
     assert res.returncode == 0, res.stderr
     assert "JOBS ['jobs.lake_tool']" in res.stdout, res.stdout
+
+
+def test_every_command_starts_in_a_fresh_process():
+    """In-process runs share imports made by earlier tests; a fresh interpreter per command
+    catches an import cycle that only shows when a command's module is the first one loaded
+    (`sql --list` loads the SQL catalogue before the library)."""
+    broken = []
+    for args in [*(p.split() + ["--help"] for p in sorted(cli.COMMANDS)), ["sql", "--list"]]:
+        res = subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120,
+                             env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+        if res.returncode != 0 or "Traceback" in res.stderr:
+            broken.append((args, res.stderr[-500:]))
+    assert not broken, broken
