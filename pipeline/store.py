@@ -15,21 +15,56 @@ import pyarrow as pa
 from pipeline.candidates import CandidateIndex
 from pipeline.rows import TrajectoryRows
 
+_SMALL = 32                 # a group keeps up to this many (session, index) keys in a tuple
+_PAIRS: dict[tuple[int, int], tuple[int, int]] = {}   # one shared tuple per common key
+
+
+def _pair(session: int, index: int) -> tuple[int, int]:
+    """The (session, index) key, shared between groups when small (bounded: 64k pairs)."""
+    key = (session, index)
+    return _PAIRS.setdefault(key, key) if session < 1024 and index < 64 else key
+
 
 class Group:
-    """One prompt group's lifecycle and where its trajectories are stored."""
+    """One prompt group's lifecycle and where its trajectories are stored.
 
-    __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "sessions", "removed", "batch_id",
-                 "prompt_id")
+    Kept compact, since a buffer holds one per prompt group (memory should stay near the Arrow
+    payload): row ids are a `range` while they arrive contiguously (one put per group, the
+    usual case), else a list; keys are a tuple of shared pairs up to 32 of them, else a set;
+    sessions are derived from the keys. A set of 5-16 tuples costs ~1.6 KB, this ~0.2 KB."""
+
+    __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "removed", "batch_id", "prompt_id")
 
     def __init__(self, uid: str, gs: int, n: int | None, prompt_id: int | None = None):
         self.uid, self.gs, self.n, self.prompt_id = uid, gs, n, prompt_id
         self.status = "pending"
-        self.rows: list[int] = []
-        self.keys: set[tuple[int, int]] = set()
-        self.sessions: set[int] = set()
+        self.rows: range | list[int] = range(0)
+        self.keys: tuple[tuple[int, int], ...] | set[tuple[int, int]] = ()
         self.removed: str | None = None   # None while live; else selected|evicted|discarded
         self.batch_id: int | None = None
+
+    @property
+    def sessions(self) -> set[int]:
+        return {s for s, _ in self.keys}
+
+    def add(self, row: int, session: int, index: int) -> None:
+        """Record one stored trajectory of this group."""
+        rows = self.rows
+        if type(rows) is range and (not rows or rows.stop == row):
+            self.rows = range(rows.start if rows else row, row + 1)
+        else:
+            if type(rows) is range:
+                rows = self.rows = list(rows)
+            rows.append(row)
+        key, keys = _pair(session, index), self.keys
+        if type(keys) is tuple:
+            if key in keys:
+                return
+            if len(keys) < _SMALL:
+                self.keys = keys + (key,)
+                return
+            keys = self.keys = set(keys)
+        keys.add(key)
 
 
 @dataclass(frozen=True)
@@ -84,6 +119,15 @@ class PartitionState:
         self.inflight[uid] = gs
         heapq.heappush(self._inflight_heap, (gs, uid))
 
+    def _land(self, uid: str) -> None:
+        """The group is in flight no more. Its heap entry is dropped lazily; once most entries
+        are stale the heap is rebuilt from the in-flight set (amortised O(1) per group), so
+        settled groups do not keep an entry each."""
+        self.inflight.pop(uid, None)
+        if len(self._inflight_heap) > 2 * len(self.inflight) + 1024:
+            self._inflight_heap = [(gs, u) for u, gs in self.inflight.items()]
+            heapq.heapify(self._inflight_heap)
+
     def apply_registered(self, uid: str, gs: int, n: int | None,
                          prompt_id: int | None = None) -> None:
         self.groups[uid] = Group(uid, gs, n, prompt_id)
@@ -93,8 +137,8 @@ class PartitionState:
         g = self.groups[uid]
         g.status = status
         if status in ("finished", "failure"):
-            self.inflight.pop(uid, None)
-            self.candidates.add(uid, g.gs, seq, status)
+            self._land(uid)
+            self.candidates.add(g.uid, g.gs, seq, status)   # the registered uid's one string
 
     def apply_reissued(self, uid: str, gs: int) -> None:
         """In-flight group back to pending at the resume step; its partial trajectories dropped."""
@@ -108,10 +152,7 @@ class PartitionState:
         for r, u, s, x in zip(self.rows.append(rows), rows.column("uid").to_pylist(),
                               rows.column("session_id").to_pylist(),
                               rows.column("index").to_pylist()):
-            g = groups[u]
-            g.rows.append(r)
-            g.keys.add((s, x))
-            g.sessions.add(s)
+            groups[u].add(r, s, x)
 
     # --- the consumer ------------------------------------------------------------------------
     def apply_removed(self, uids: list[str], how: str, batch_id: int | None = None,
@@ -121,7 +162,7 @@ class PartitionState:
         self.candidates.remove(uids)
         for u in uids:
             self.retired.add(u)
-            self.inflight.pop(u, None)
+            self._land(u)
             if how == "selected":
                 g = self.groups[u]
                 g.removed, g.batch_id = how, batch_id

@@ -145,3 +145,37 @@ def test_group_aggregates_gathered_at_poll_time_match_the_declared_query_over_th
     want = meta.group_by("partition", "uid").agg(e.alias(k) for k, e in items.items()).sort("uid")
     assert live.select(want.columns).equals(want)
     buf.close()
+
+
+def test_a_group_records_rows_and_keys_alike_whether_they_arrive_in_order_or_not() -> None:
+    from pipeline.store import Group
+    order = [(10, 0, 0), (11, 1, 0), (12, 2, 0), (40, 3, 0), (13, 3, 1)] + \
+        [(100 + k, k, 5) for k in range(40)]                 # past the tuple size: a set
+    g = Group("u", 0, None)
+    for row, s, x in order:
+        g.add(row, s, x)
+    assert list(g.rows) == [r for r, _, _ in order]
+    assert set(g.keys) == {(s, x) for _, s, x in order} and len(g.keys) == len(order)
+    assert g.sessions == {s for _, s, _ in order}
+    assert all((s, x) in g.keys for _, s, x in order)
+    contiguous = Group("v", 0, 4)
+    for row in range(7, 11):
+        contiguous.add(row, row - 7, 0)
+    assert contiguous.rows == range(7, 11) and sorted(contiguous.keys) == [(s, 0) for s in range(4)]
+
+
+def test_the_oldest_in_flight_step_survives_settled_groups_leaving_the_heap() -> None:
+    from pipeline.store import PartitionState
+    part = PartitionState("train", None)
+    for i in range(3000):
+        part.apply_registered(f"g{i}", i // 500, None)
+    for i in range(2900):                          # settle the oldest: the heap is rebuilt
+        part.apply_status(f"g{i}", "failure", i)
+    assert part.oldest_inflight() == 2900 // 500
+    part.apply_reissued("g2950", 9)                # a re-issued group moves to its new step
+    for i in range(2900, 3000):
+        if i != 2950:
+            part.apply_status(f"g{i}", "finished", i)
+    assert part.oldest_inflight() == 9
+    part.apply_status("g2950", "finished", 3000)
+    assert part.oldest_inflight() is None
