@@ -111,3 +111,11 @@ def test_every_command_starts_in_a_fresh_process():
         if res.returncode != 0 or "Traceback" in res.stderr:
             broken.append((args, res.stderr[-500:]))
     assert not broken, broken
+
+
+def test_the_command_page_lists_every_command_with_its_line_and_examples():
+    page = (ROOT / "docs" / "cli.md").read_text()
+    for path, job in cli.COMMANDS.items():
+        assert f"### `replaylake {path}`\n\n{job.help}\n" in page, path
+        for x in examples(inspect.getdoc(cli.load(path)) or ""):
+            assert f"\n{x}\n" in page, (path, x)
