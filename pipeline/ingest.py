@@ -24,15 +24,20 @@ STATUSES = ("pending", "running", "finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
 UNKNOWN_GROUP = "unknown_group"   # Problem.kind of rows naming a group that is not in flight
 _SAFE_PARTITION = re.compile(r"[A-Za-z0-9_.\-]+")
+_VALID: set[str] = set()   # partition ids already found usable (a run has a handful)
 
 
 def partition_problem(pid: object) -> str | None:
     """Why a partition id is unusable (it becomes a directory name in the lake), or None."""
+    if type(pid) is str and pid in _VALID:
+        return None
     if not isinstance(pid, str) or not pid:
         return "partition id must be a non-empty string"
     if pid in (".", "..") or not _SAFE_PARTITION.fullmatch(pid):
         return (f"partition id {pid!r} is not safe as a path component: use letters, digits, "
                 "'-', '_' and '.' only (not '.' or '..')")
+    if len(_VALID) < 4096:
+        _VALID.add(pid)
     return None
 
 
@@ -147,9 +152,11 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
     keys = [table.column(c).to_pylist() for c in ("partition", "uid", "session_id", "index")]
     problems = _partition_list_problems(keys[0]) + _empty_uid_problems(keys[1])
     # numpy on the (non-null, already conformed) columns: one vectorised pass, no per-kernel cost
-    mn, mx = _np(table, "min_global_steps"), _np(table, "max_global_steps")
-    session, index, reward = _np(table, "session_id"), _np(table, "index"), _np(table, "reward")
-    if ((mn < 0) | (mx < 0) | (mn > mx) | (session < 0) | (index < 0) | np.isnan(reward)).any():
+    mn, mx, reward = _np(table, "min_global_steps"), _np(table, "max_global_steps"), \
+        _np(table, "reward")
+    if min(keys[2], default=0) < 0 or min(keys[3], default=0) < 0 or \
+            ((mn < 0) | (mx < 0) | (mn > mx) | np.isnan(reward)).any():
+        session, index = _np(table, "session_id"), _np(table, "index")
         for name, mask, msg in (
             ("min_global_steps", mn < 0, "must be >= 0"),
             ("max_global_steps", mx < 0, "must be >= 0"),
@@ -212,11 +219,13 @@ def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
     out = []
     for name in ("response_mask", "rollout_log_probs"):
         n = _list_lengths(table, name)
+        if (n == n_resp).all():
+            continue
         bad = (n >= 0) & (n != n_resp)
         if bad.any():
             out.append(Problem(name, tuple(np.flatnonzero(bad).tolist()),
                                "length differs from response_ids"))
-    spans = table.column("version_spans").combine_chunks()
+    spans = _one_chunk(table, "version_spans")
     if spans.null_count < len(spans):
         flat = pc.list_flatten(spans)
         parents = pc.list_parent_indices(spans)

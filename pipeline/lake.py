@@ -223,14 +223,15 @@ class LakeWriter:
 
     def _append(self, table: str, rows: pa.Table) -> None:
         parts = list(self._split(table, rows))
-        seq = rows.column("seq")
-        name = call_key(self.tag, pc.min(seq).as_py(), pc.max(seq).as_py())
-        meta = {CALL_KEY: name.encode()} if len(parts) > 1 else None
+        meta = None
+        if len(parts) > 1:     # the call key marks the parts of one call (single part: no need)
+            seq = rows.column("seq")
+            first, last = pc.min(seq).as_py(), pc.max(seq).as_py()
+            meta = {CALL_KEY: call_key(self.tag, first, last).encode()}
         for (partition, win), part in parts:
             stream = self._stream(table, partition, win, int(part.column("seq")[0].as_py()))
             stream.append(part.combine_chunks().to_batches(max_chunksize=part.num_rows)[0], meta)
         if meta is not None:   # every part is written: now the call counts
-            first, last = pc.min(seq).as_py(), pc.max(seq).as_py()
             self._log({"kind": "commit", "table": table, "writer": self.tag, "first_seq": first,
                        "last_seq": last, "parts": len(parts)})
 

@@ -76,6 +76,9 @@ def plain_python(data: Any, target: pa.Schema,
             continue
         kind = _plain_type(f.type)
         nulls_ok = f.nullable and not (defaults and f.name in defaults)
+        if nulls_ok and values.count(None) == n:     # e.g. `n=None` for every uid
+            columns.append(pa.nulls(n, f.type))
+            continue
         if kind is None or not all(type(v) is kind or (v is None and nulls_ok) for v in values):
             return None
         try:
