@@ -1,13 +1,16 @@
 """`replaylake bench sql-memory`: peak memory of SQL over a large lake, and compaction throughput.
 
     replaylake bench sql-memory --out bench/sql_memory --gb 3
+    replaylake bench sql-memory --out bench/sql_memory --lake runs/exp1/lake   # an existing lake
 
 Writes a lake of about ``--gb`` GB whose trajectories are mostly token payload (ids and log-probs
 of ``--tokens`` tokens per response), over ``--sessions`` buffer sessions (each restart seals its
 segments), with a batch sampled and released every few groups. Then, each in a fresh process
 whose peak resident memory (VmHWM) is reported: a metadata query and a staleness aggregate,
 first on the live segments, then after `compact` (timed: MB/s of Arrow data in). The figures go
-to ``<out>/sql_memory.json``. A benchmark, not a test: nothing here asserts a time.
+to ``<out>/sql_memory.json``. ``--lake`` measures an existing lake instead of writing one (it is
+compacted in place: compaction changes no answer). A benchmark, not a test: nothing here asserts
+a time.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import typer
 QUERIES = {
     "metadata": "select count(*) from decisions where kind = 'select'",
     "staleness": "staleness_by_step",      # the named query (sql/analysis/), run as written
+    "payload": "select sum(len(response_ids)) from trajectories",   # names the token payload
 }
 
 CHILD = """
@@ -50,10 +54,12 @@ def _payload_table(uid: str, step: int, n: int, tokens: int):
                                    pa.array(np.arange(n * tokens, dtype=np.int32) % 50000))
     probs = pa.ListArray.from_arrays(np.arange(0, (n + 1) * tokens, tokens, dtype=np.int32),
                                      pa.array(np.full(n * tokens, -0.5, dtype=np.float32)))
-    return {"partition": ["train"] * n, "uid": [uid] * n, "session_id": list(range(n)),
-            "min_global_steps": [max(step - 2, 0)] * n, "max_global_steps": [max(step - 1, 0)] * n,
-            "reward": [float(i % 2) for i in range(n)], "prompt_ids": [[1, 2, 3]] * n,
-            "response_ids": ids, "rollout_log_probs": probs}
+    # a pyarrow Table, not a dict of columns: ingest converts a dict's values through Python
+    return pa.table({"partition": ["train"] * n, "uid": [uid] * n, "session_id": list(range(n)),
+                     "min_global_steps": [max(step - 2, 0)] * n,
+                     "max_global_steps": [max(step - 1, 0)] * n,
+                     "reward": [float(i % 2) for i in range(n)], "prompt_ids": [[1, 2, 3]] * n,
+                     "response_ids": ids, "rollout_log_probs": probs})
 
 
 def write_lake(lake: Path, gb: float, tokens: int, sessions: int, n: int = 4) -> int:
@@ -94,6 +100,8 @@ def main(
     gb: Annotated[float, typer.Option(help="payload to write, in GB")] = 3.0,
     tokens: Annotated[int, typer.Option(help="tokens per response")] = 24000,
     sessions: Annotated[int, typer.Option(help="buffer sessions (restarts seal segments)")] = 8,
+    lake: Annotated[Path | None, typer.Option(help="measure this existing lake instead of "
+                                                   "writing one (compacted in place)")] = None,
 ) -> None:
     """Peak memory of a metadata query and a staleness aggregate on a large lake, live and
     compacted, and the compaction throughput.
@@ -103,15 +111,21 @@ def main(
     """
     from pipeline.compact import compact
 
-    lake = out / "lake"
-    if lake.exists():
-        raise typer.BadParameter(f"{lake} exists; give a fresh --out")
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    groups = write_lake(lake, gb, tokens, sessions)
-    res: dict = {"groups": groups, "tokens": tokens, "sessions": sessions,
-                 "write_s": time.perf_counter() - t0, "lake_bytes_live": _size(lake)}
-    typer.echo(f"wrote {groups} groups, {res['lake_bytes_live'] / 1e9:.2f} GB")
+    if lake is not None:
+        if not lake.is_dir():
+            raise typer.BadParameter(f"no lake directory at {lake}")
+        res: dict = {"lake": str(lake), "lake_bytes_live": _size(lake)}
+    else:
+        lake = out / "lake"
+        if lake.exists():
+            raise typer.BadParameter(f"{lake} exists; give a fresh --out")
+        t0 = time.perf_counter()
+        groups = write_lake(lake, gb, tokens, sessions)
+        res = {"groups": groups, "tokens": tokens, "sessions": sessions,
+               "write_s": time.perf_counter() - t0, "lake_bytes_live": _size(lake)}
+    res["segments_live"] = sum(1 for _ in lake.rglob("*.arrow"))
+    typer.echo(f"lake: {res['lake_bytes_live'] / 1e9:.2f} GB, {res['segments_live']} streams")
     for name, sql in QUERIES.items():
         res[f"live_{name}"] = _measure(lake, sql)
         typer.echo(f"live      {name:>9}: {res[f'live_{name}']}")
@@ -120,7 +134,7 @@ def main(
     took = time.perf_counter() - t0
     res["compact"] = {"segments": len(rep.compacted), "bytes_in": rep.bytes_in,
                       "bytes_out": rep.bytes_out, "seconds": took,
-                      "mb_per_s": rep.bytes_in / 1e6 / took}
+                      "mb_per_s": rep.bytes_in / 1e6 / took, "lake_bytes": _size(lake)}
     typer.echo(f"compact: {res['compact']}")
     for name, sql in QUERIES.items():
         res[f"compacted_{name}"] = _measure(lake, sql)

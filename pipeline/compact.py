@@ -150,8 +150,10 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
                 pending.clear()
                 lake_kill.hit("compact.tmp_partial")
 
+        held = 0          # Arrow bytes waiting in ``pending`` (summed as they come: linear)
         for batch, bmeta in batches(path):
-            size += batch.nbytes
+            nbytes = batch.get_total_buffer_size()
+            size += nbytes
             call = (bmeta or {}).get(CALL_KEY)
             if call is not None and (table, call.decode()) not in committed:
                 continue
@@ -159,8 +161,10 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
                 batch = pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
             pending.append(batch)
             rows += batch.num_rows
-            if sum(b.nbytes for b in pending) >= ROW_GROUP_BYTES:
+            held += nbytes
+            if held >= ROW_GROUP_BYTES:
                 flush()
+                held = 0
         flush()
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
