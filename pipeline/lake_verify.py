@@ -69,6 +69,11 @@ class _Writes:
         self.end = self.records[-1][0] if self.records else 0
         self.file = None
         self.file_size = 0
+        self.next = 0              # the next write to load
+        self.start = 0             # where the loaded write starts in the stream
+        self.buf = b""             # the loaded write
+        self.pos = 0               # read position in the stream
+        self.last = b""            # the last write loaded (for the end-of-stream marker)
         try:
             self.file = open(path, "rb", buffering=0)
         except FileNotFoundError:
@@ -81,11 +86,6 @@ class _Writes:
             self.close()
             raise LakeDamageError(path, self.file_size, f"the file ends at byte {self.file_size}, "
                                   f"but {self.end} bytes of it were acknowledged")
-        self.next = 0              # the next write to load
-        self.start = 0             # where the loaded write starts in the stream
-        self.buf = b""             # the loaded write
-        self.pos = 0               # read position in the stream
-        self.last = b""            # the last write loaded (for the end-of-stream marker)
 
     closed = False
 

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.lake import LakeWriter, segment_files
 from pipeline.lake_check import check
+from pipeline.lake_files import sum_path
 from pipeline.lake_read import LakeDamageError
 from pipeline.lake_verify import batches, verify
 from schemas import LAKE_TABLES
@@ -102,3 +103,12 @@ def test_verify_reports_the_acknowledged_size_and_a_torn_tail(tmp_path):
         f.write(b"\1" * 100)              # a write that never got its checksum record
     v = verify(seg)
     assert (v.size, v.torn, v.ends[-1]) == (size, 100, size)
+
+
+def test_a_checksum_file_without_its_stream_and_without_records_is_an_empty_stream(tmp_path):
+    # a crash between creating the checksum file and the stream leaves exactly this
+    path = tmp_path / "trajectories-000000000000-abc0001.arrow"
+    sum_path(path).write_bytes(b"")
+    v = verify(path)
+    assert (v.size, v.ends, v.torn, v.closed) == (0, [], 0, False)
+    assert list(batches(path)) == []
