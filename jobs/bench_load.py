@@ -3,8 +3,9 @@
 Eight producer threads register groups, put their trajectories and settle them (some fail, some
 have no reward variance); one trainer thread samples and releases batches as fast as it can;
 an analyst thread runs SQL over the lake; a compaction thread compacts the segments that a first
-phase of the run left sealed, while the second phase writes. Afterwards every audit must be empty
-(conservation included). Reports sustained trajectories/s and p50/p99 `sample` latency.
+phase of the run left sealed, and those the second phase rolls (every second) while it writes.
+Afterwards every audit must be empty (conservation included). Reports sustained trajectories/s
+and p50/p99 `sample` latency.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class LoadResult:
     sample_ms: list[float] = field(default_factory=list)
     queries: int = 0
     compactions: int = 0
+    compacted_files: int = 0
     audits: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict:
@@ -41,7 +43,8 @@ class LoadResult:
                 "groups": self.groups, "batches": self.batches,
                 "sample_p50_ms": round(statistics.median(ms), 2) if ms else None,
                 "sample_p99_ms": round(pct(0.99), 2), "queries": self.queries,
-                "compactions": self.compactions, "audit_rows": self.audits}
+                "compactions": self.compactions, "compacted_files": self.compacted_files,
+                "audit_rows": self.audits}
 
 
 class _Run:
@@ -111,7 +114,7 @@ class _Run:
     def compact(self) -> None:
         from pipeline.compact import compact
         while not self.stop.is_set():
-            compact(self.lake)
+            self.res.compacted_files += len(compact(self.lake).compacted)
             self.res.compactions += 1
             self.stop.wait(1.0)
 
@@ -119,6 +122,7 @@ class _Run:
         workers = [threading.Thread(target=self.produce, args=(r,)) for r in self.rngs]
         workers += [threading.Thread(target=self.train), threading.Thread(target=self.analyse)]
         if with_compaction:
+            self.buf.lake.roll_seconds = 1.0     # the running buffer's segments get compacted too
             workers.append(threading.Thread(target=self.compact))
         for w in workers:
             w.start()
