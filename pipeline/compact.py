@@ -63,6 +63,7 @@ from pipeline.lake_read import (
 )
 from pipeline.lake_verify import verify
 from schemas import LAKE_TABLES
+from schemas.evolve import upgrade_batch
 
 COMPACT_LOCK = "_compact.lock"
 ROW_GROUP_BYTES = 16 << 20      # about 16 MiB of Arrow data per row group: a scan's memory unit
@@ -158,7 +159,7 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
             if call is not None and (table, call.decode()) not in committed:
                 continue
             if batch.schema != schema:
-                batch = pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
+                batch = upgrade_batch(table, batch)
             pending.append(batch)
             rows += batch.num_rows
             held += nbytes

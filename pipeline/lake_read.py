@@ -26,6 +26,7 @@ from pipeline.errors import LakeDamageError
 from pipeline.lake_files import CALL_KEY, LOG_SCHEMA, log_files, segment_files, table_of
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
+from schemas.evolve import upgrade
 
 # Parquet metadata of a compacted segment: the highest seq its source held, committed or not
 HIGHEST_SEQ_KEY = b"replaylake.highest_seq"
@@ -103,6 +104,8 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> p
         if compacted_path(path).exists():   # compacted (and deleted) since it was listed
             return pq.read_table(compacted_path(path))
         raise
+    if keep and keep[0].schema != LAKE_TABLES[table]:    # written before a column was added
+        return upgrade(table, pa.Table.from_batches(keep))
     return pa.Table.from_batches(keep, schema=LAKE_TABLES[table])
 
 
@@ -125,7 +128,7 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
         if t.num_rows and keep is not None:
             t = t.filter(keep(t))
         if t.num_rows:
-            parts.append(t.cast(schema) if t.schema != schema else t)
+            parts.append(upgrade(table, t) if t.schema != schema else t)
     if not parts:
         return schema.empty_table()
     out = pa.concat_tables(parts)
