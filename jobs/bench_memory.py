@@ -1,9 +1,10 @@
 """Benchmark: live memory (RSS growth) of a buffer holding N trajectories vs their Arrow payload bytes.
 
 The buffer keeps each producer's record batch as it arrived (no copy), so the payload should cost
-about its own Arrow size; what comes on top is per-group bookkeeping (Python objects) and the small
-per-trajectory meta frames the group aggregates read. The figure is RSS growth over the Arrow
-bytes handed to `put` (goal: <= 1.2x at 1M trajectories). After every group is sampled and
+about its own Arrow size; what comes on top is the columns the buffer adds to each stored row (seq,
+ts, n_response_tokens: 24 bytes), per-group bookkeeping (a compact Python object per group, its
+candidate row once terminal) and allocator slack. The figure is RSS growth over the Arrow bytes
+handed to `put` (goal: <= 1.2x at 1M trajectories). After every group is sampled and
 released, the same process's RSS should come back down (Arrow's pool is asked to hand unused
 memory back to the OS; what stays is reported, not hidden).
 
