@@ -16,7 +16,13 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline import decide
-from pipeline.arguments import batch_size_arg, partition_arg, step_arg, uid_list
+from pipeline.arguments import (
+    batch_size_arg,
+    partition_arg,
+    prompt_id_list,
+    step_arg,
+    uid_list,
+)
 from pipeline.batch import Batch
 from pipeline.buffer_reads import BufferReads
 from pipeline.config import BufferConfig, async_config, sync_config
@@ -95,19 +101,26 @@ class ReplayBuffer(BufferReads):
 
     def register(self, data: Any = None, *, partition: str | None = None,
                  uids: list[str] | None = None, global_steps: int | None = None,
-                 n: int | None = None) -> None:
-        """Register prompt groups as `pending` (rows of partition, uid, global_steps[, n]), or the
-        shorthand ``register(partition=, uids=[...], global_steps=, n=)``. All-or-nothing."""
+                 n: int | None = None, prompt_ids: list[int | None] | None = None) -> None:
+        """Register prompt groups as `pending` (rows of partition, uid, global_steps[, n,
+        prompt_id]), or the shorthand ``register(partition=, uids=[...], global_steps=, n=,
+        prompt_ids=[...])``. ``prompt_ids`` (one int or None per uid, e.g. the dataset index)
+        names the prompt each group answers, so the lake can tell which prompts keep getting
+        evicted. All-or-nothing."""
         if data is None:
             uids = uid_list("register", uids)
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "global_steps": [global_steps] * len(uids), "n": [n] * len(uids)}
+            if prompt_ids is not None:
+                data["prompt_id"] = prompt_id_list("register", prompt_ids, len(uids))
+        elif prompt_ids is not None:
+            raise ConfigError("register: prompt_ids= goes with the uids= shorthand; with rows, "
+                              "give each row a `prompt_id`")
         with self._state.cond:
             rows = validate_groups(data, self._state.lookup)
-            events = rows.rename_columns(["partition", "uid", "global_steps", "n"])
-            events = events.append_column("event", pa.array(["registered"] * rows.num_rows))
+            events = rows.append_column("event", pa.array(["registered"] * rows.num_rows))
             self._state.commit("group_events", events.select(
-                ["partition", "uid", "event", "global_steps", "n"]))
+                ["partition", "uid", "event", "global_steps", "n", "prompt_id"]))
 
     def update_status(self, data: Any = None, *, partition: str | None = None,
                       uids: list[str] | None = None, status: str | None = None) -> None:
@@ -124,7 +137,8 @@ class ReplayBuffer(BufferReads):
             self._state.commit("group_events", pa.table({
                 "partition": rows.column("partition"), "uid": rows.column("uid"),
                 "event": rows.column("status"), "global_steps": pa.array(gs, pa.int64()),
-                "n": pa.nulls(rows.num_rows, pa.int32())}))
+                "n": pa.nulls(rows.num_rows, pa.int32()),
+                "prompt_id": pa.nulls(rows.num_rows, pa.int64())}))
 
     def put(self, trajectories: Any, timeout: float = 0.0) -> int:
         """Accept trajectories for in-flight groups; returns how many. All-or-nothing.
@@ -138,7 +152,7 @@ class ReplayBuffer(BufferReads):
             while True:   # validated again after every wait: a group may have settled meanwhile
                 rows = validate_trajectories(trajectories, self._state.lookup,
                                              self.config.filter_metric)
-                if self._has_room(rows.nbytes, deadline):
+                if self.max_live_bytes is None or self._has_room(rows.nbytes, deadline):
                     return self._state.commit("trajectories", rows).num_rows
 
     def _has_room(self, nbytes: int, deadline: float) -> bool:

@@ -69,17 +69,20 @@ def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume
             outcome = PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
                                   sum(1 for c in ev.credits if c >= 2),
                                   part.candidates.alive_count, len(part.inflight),
-                                  free_credit=sum(c for c in ev.credits if c < 2))
+                                  free_credit=sum(c for c in ev.credits if c < 2),
+                                  uids=tuple(ev.uids), credits=tuple(ev.credits))
             if cfg.refill_fn is not None:
+                st.replaces = []
                 dispatch = cfg.refill.after_poll(outcome, st, ctx) + part.refill_owed
             now = time.monotonic()
             if dispatch:
                 state.commit("decisions", [{
                     "partition": ctx.partition, "step": ctx.step, "call_id": call_id,
                     "poll": poll, "kind": "refill", "reason": type(cfg.refill).__name__,
-                    "count": dispatch}])
+                    "count": dispatch, "replaces": part.refill_replaces + st.replaces}])
                 st.refilled += dispatch
                 part.refill_owed = dispatch
+                part.refill_replaces = part.refill_replaces + st.replaces
             elif _ready(cfg, part, ctx, outcome, st):
                 if not consume:
                     uids = part.candidates.oldest(ctx.batch_size)
@@ -105,6 +108,7 @@ def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume
             cfg.refill_fn(dispatch)
             with state.cond:
                 part.refill_owed = 0
+                part.refill_replaces = []
 
 
 def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None, now: float,

@@ -6,6 +6,14 @@ earns credit per evicted group (each rule declares its credit: 2 for a filtered 
 empty failure) and dispatches it into free in-flight slots, then drains in-flight groups and
 discards the surplus. `NoRefill` is for buffers without `refill_fn`.
 
+Lineage: every dispatch names, in `CallState.replaces`, the evicted groups it replaces (the
+decision log's `replaces` column). Async and sync-failure refills replace exactly the groups the
+poll evicted. DAPO spends credit units the way the cap counts them: failures' credit first, then
+filtered groups', each oldest eviction first. So one refill may name evictions of several polls,
+a filtered group (credit 2) is named by two refills when a dispatch boundary splits its credit,
+and evictions whose credit is discarded when draining starts (or that earned none) are named by
+no refill.
+
 `max_num_gen_batches` (verl ignores it) caps the prompts asked to replace *filtered* groups (rules
 with credit >= 2: zero variance, overlong) in one call at `max_num_gen_batches x train_batch_size`;
 the call raises before it would ask for more, instead of refilling forever. 0 = unbounded. Prompts
@@ -61,6 +69,7 @@ class ReplaceEvicted:
         _check_limit(self.max_num_gen_batches, self.train_batch_size or ctx.batch_size, st,
                      o.filtered)
         st.dapo_refilled += o.filtered
+        st.replaces = list(o.uids)
         return o.evicted
 
 
@@ -74,6 +83,7 @@ class RefillFailedWhileShort:
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
         if ctx.validation or o.evicted == 0 or o.sampleable >= ctx.batch_size:
             return 0
+        st.replaces = list(o.uids)
         return o.evicted
 
 
@@ -97,9 +107,11 @@ class DapoCredit:
         if not st.draining:
             st.credit += o.credit
             st.free_credit += o.free_credit
+            st.owe(o.uids, o.credits)
             if o.sampleable >= ctx.batch_size:
                 st.draining = True
                 st.credit = st.free_credit = 0
+                st.owed.clear()        # credit discarded: those evictions are never replaced
         if st.draining:
             if o.sampleable < ctx.batch_size and o.inflight == 0:
                 raise RefillLimitError(
@@ -118,6 +130,7 @@ class DapoCredit:
             st.dapo_refilled += dispatch - free
             st.free_credit -= free
             st.credit -= dispatch
+            st.replaces = st.take(dispatch)
             return dispatch
         if st.credit > 0 and o.inflight == 0:
             raise RefillLimitError(
