@@ -24,3 +24,36 @@ def test_readme_python_example_runs_twice_as_written(tmp_path, monkeypatch, caps
     assert uids[0] != uids[1]
     assert os.path.isdir(tmp_path / "runs" / "exp1" / "lake" / "trajectories")
     assert "please dispatch" not in capsys.readouterr().out   # nothing filtered: rewards 0, 1
+
+
+def test_readme_time_travel_lineage_and_prompt_examples_print_what_the_readme_shows(tmp_path):
+    """The run of "Time travel, lineage and prompts" is executed as written, then every
+    `$ replaylake sql ...` line of that section is run and must print exactly the lines shown
+    under it."""
+    import shlex
+    import subprocess
+    import sys
+
+    section = README.read_text().split("### Time travel, lineage and prompts", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None, "the time-travel section lost its Python run"
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(code.group(1), "README.md", "exec"), {})   # noqa: S102 - our own README
+    finally:
+        os.chdir(cwd)
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, re.S)   # fences in pairs, in order
+    shown = [body for lang, body in blocks if not lang and body.startswith("$")]
+    commands = [c for block in shown for c in re.split(r"^(?=\$ )", block, flags=re.M) if c]
+    assert len(commands) == 4
+    env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(README.parent)}
+    for command in commands:
+        line, _, expected = command.partition("\n")
+        argv = shlex.split(line[2:])
+        assert argv[:2] == ["replaylake", "sql"]
+        out = subprocess.run([sys.executable, "-m", "jobs.cli", *argv[1:]], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.rstrip("\n") == expected.rstrip("\n"), line
