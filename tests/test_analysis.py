@@ -11,7 +11,7 @@ import pytest
 from pipeline.analysis import RELATIONS, connect
 from pipeline.errors import ConfigError
 from sql.loader import run
-from tests._sql_fixtures import Run, one, shared_run
+from tests.support.sql_runs import Run, one, shared_run
 
 
 @pytest.fixture

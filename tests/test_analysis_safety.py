@@ -16,7 +16,7 @@ from pipeline.analysis import BASE_TABLES, DERIVED_VIEWS, connect, refresh
 from pipeline.errors import LakeError
 from pipeline.lake import segment_files
 from sql.loader import run
-from tests._sql_fixtures import Run, one, shared_run
+from tests.support.sql_runs import Run, one, shared_run
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pipeline import (
     UnknownBatchError,
     UnknownGroupError,
 )
-from tests.conftest import add_group, traj
+from tests.support.lake import add_group, traj
 
 
 def test_star_import_exports_every_name_it_lists():

@@ -14,7 +14,7 @@ from pipeline.journal import Journal
 from pipeline.lake import LakeWriter, read_table
 from schemas import LAKE_TABLES
 from sql.loader import in_folder, run
-from tests._sql_fixtures import Run, shared_run
+from tests.support.sql_runs import Run, shared_run
 
 
 def _append(lake: Path, table: str, rows: list[dict]) -> None:

@@ -15,7 +15,7 @@ from pipeline import (
     StepAggregator,
     UnknownMetricError,
 )
-from tests._policy_helpers import Refiller, group, make
+from tests.support.policies import Refiller, group, make
 
 
 def test_max_num_gen_batches_counts_only_refills_of_filtered_groups():
@@ -121,7 +121,7 @@ def test_back_pressure_refuses_a_put_past_the_memory_budget_and_accepts_it_after
     import threading
 
     from pipeline import BufferFullError
-    from tests.conftest import traj
+    from tests.support.lake import traj
     buf = ReplayBuffer.sync(poll_interval=0.05, max_live_bytes=3000)
     big = [0] * 200                                          # ~800 bytes of response ids
     group(buf, "held", 1, [0.0, 1.0])
@@ -138,7 +138,7 @@ def test_back_pressure_refuses_a_put_past_the_memory_budget_and_accepts_it_after
 
 
 def test_a_put_larger_than_the_budget_is_accepted_into_an_empty_buffer():
-    from tests.conftest import traj
+    from tests.support.lake import traj
     buf = ReplayBuffer.sync(max_live_bytes=10)
     buf.register(partition="train", uids=["p"], global_steps=1)
     assert buf.put([traj("p", 0, response=[1] * 100)]) == 1

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs import cli
-from tests.conftest import ROOT
+from tests.support.lake import ROOT
 
 runner = CliRunner()
 WIDTH = 80

@@ -16,8 +16,8 @@ from pipeline.compact import compact
 from pipeline.lake import highest_seq, read_table, segment_files
 from pipeline.lake_check import check
 from schemas import LAKE_TABLES
-from tests._sql_fixtures import Rollout, simulate_async
-from tests.conftest import ROOT, lake_history, python_env, write_script
+from tests.support.lake import ROOT, lake_history, python_env, write_script
+from tests.support.sql_runs import Rollout, simulate_async
 
 
 def files(lake: Path, suffix: str) -> list[Path]:

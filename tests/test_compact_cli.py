@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from pipeline.lake import read_table, segment_files
-from tests._sql_fixtures import simulate_async
-from tests.conftest import ROOT, python_env
+from tests.support.lake import ROOT, python_env
+from tests.support.sql_runs import simulate_async
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -24,8 +24,8 @@ from pipeline.lake import highest_seq, segment_files
 from pipeline.lake_check import check
 from pipeline.retain import EMPTIED, NULLED, retain
 from schemas import LAKE_TABLES
-from tests._sql_fixtures import simulate_async
-from tests.conftest import lake_history
+from tests.support.lake import lake_history
+from tests.support.sql_runs import simulate_async
 
 OLDER_THAN = 3
 ROLL = 16384               # bytes: the run rolls its segments often, so there are many to compact

@@ -15,7 +15,7 @@ from pipeline.compact import compact
 from pipeline.lake import ROLL_BYTES, ROLL_SECONDS, read_segment, segment_files
 from pipeline.lake_check import check
 from schemas import LAKE_TABLES
-from tests.conftest import ROOT, lake_history, python_env, traj, write_script
+from tests.support.lake import ROOT, lake_history, python_env, traj, write_script
 
 # One buffer session that never closes until told to: a long run. Segments roll at 16 KiB.
 WRITER = """

@@ -18,8 +18,8 @@ from pipeline import ConfigError, IngestError, ReplayBuffer
 from pipeline.lake import highest_seq, read_table, segment_files
 from pipeline.lake_files import log_files
 from schemas import LAKE_TABLES
-from tests._lake_damage import tear_all, tear_last_write
-from tests.conftest import ROOT, add_group, lake_history, python_env, traj, write_script
+from tests.support.lake import ROOT, add_group, lake_history, python_env, traj, write_script
+from tests.support.lake_damage import tear_all, tear_last_write
 
 WRITER = """
     import os, signal, sys

@@ -16,7 +16,7 @@ from pipeline.lake import segment_files
 from pipeline.lake_check import check, salvage
 from pipeline.lake_files import sum_path
 from pipeline.lake_read import LakeDamageError
-from tests._lake_damage import write_ends, zero_bytes
+from tests.support.lake_damage import write_ends, zero_bytes
 
 WORKERS = 2
 KINDS = {"mkdir", "create", "data_torn", "data_written", "sum_torn", "sum_written", "acked"}

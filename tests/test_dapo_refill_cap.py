@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline import RefillLimitError
-from tests._policy_helpers import Refiller, group, make
+from tests.support.policies import Refiller, group, make
 
 
 def sync_dapo(ref: Refiller, cap: int):

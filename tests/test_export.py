@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from _torch_fixtures import assert_same_tensors, sampled_lake
 from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.export import ExportConfig, ExportError, export, parse_steps
 from pipeline import ReplayBuffer
 from pipeline.to_torch import batch_to_torch
+from tests.support.torch_reference import assert_same_tensors, sampled_lake
 
 ROOT = Path(__file__).resolve().parents[1]
 

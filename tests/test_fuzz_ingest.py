@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pipeline import ReplayBuffer, ReplayLakeError
 from pipeline.lake_check import check
-from tests.conftest import lake_counts
+from tests.support.lake import lake_counts
 
 HANG_SECONDS = 30
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline import ReplayBuffer
-from tests.conftest import ROOT, python_env, write_script
+from tests.support.lake import ROOT, python_env, write_script
 
 HOLDER = """
     import os, signal, sys

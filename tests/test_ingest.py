@@ -12,7 +12,7 @@ import pytest
 from pipeline import IngestError, ReplayBuffer, UnknownGroupError
 from pipeline.lake import read_table
 from schemas import TRAJECTORIES
-from tests.conftest import add_group, lake_counts, traj
+from tests.support.lake import add_group, lake_counts, traj
 
 
 @pytest.fixture

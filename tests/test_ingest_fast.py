@@ -17,7 +17,7 @@ from pipeline.journal import Journal
 from pipeline.rows import TrajectoryRows
 from schemas import GROUPS_INPUT, LAKE_TABLES, STATUS_INPUT, TRAJECTORIES_INPUT, conform
 from schemas.conform_fast import plain_python
-from tests.conftest import traj
+from tests.support.lake import traj
 
 GROUPS = {"partition": ["train"] * 3, "uid": ["a", "b", "c"], "global_steps": [1, 1, 2],
           "n": [None, 4, None]}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from tests._sql_fixtures import shared_run
+from tests.support.sql_runs import shared_run
 from tests.test_audits import _second_terminal
 
 cli = CliRunner()

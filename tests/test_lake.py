@@ -12,7 +12,7 @@ import pytest
 
 from pipeline import LakeError, ReplayBuffer
 from pipeline.lake import LakeWriter, read_table, segment_files
-from tests.conftest import ROOT, python_env, traj, write_script
+from tests.support.lake import ROOT, python_env, traj, write_script
 
 
 def test_a_failed_lake_write_raises_lake_error_and_later_writes_stay_readable(tmp_path,

@@ -15,8 +15,8 @@ from pipeline.lake import segment_files
 from pipeline.lake_check import check
 from pipeline.lake_files import sum_path
 from schemas import LAKE_TABLES
-from tests._sql_fixtures import simulate_async
-from tests.conftest import lake_history
+from tests.support.lake import lake_history
+from tests.support.sql_runs import simulate_async
 
 cli = CliRunner()
 

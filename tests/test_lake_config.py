@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipeline import LakeError, ReplayBuffer, lake_config
-from tests.conftest import add_group
+from tests.support.lake import add_group
 
 
 def test_a_new_lake_records_the_configuration_and_the_library_version(tmp_path):

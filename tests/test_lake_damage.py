@@ -11,8 +11,8 @@ from pipeline.lake import read_table, segment_files
 from pipeline.lake_check import check, salvage
 from pipeline.lake_files import QUARANTINE_DIR, sum_path
 from pipeline.lake_read import LakeDamageError
-from tests._lake_damage import tear_last_write, write_ends, zero_bytes
-from tests.conftest import add_group
+from tests.support.lake import add_group
+from tests.support.lake_damage import tear_last_write, write_ends, zero_bytes
 
 cli = CliRunner()
 

@@ -14,7 +14,7 @@ from pipeline.lake_files import sum_path
 from pipeline.lake_read import LakeDamageError
 from pipeline.lake_verify import batches, verify
 from schemas import LAKE_TABLES
-from tests._lake_damage import flip_bytes, write_ends
+from tests.support.lake_damage import flip_bytes, write_ends
 
 WRITES = 40
 TOKENS = 250_000          # 1 MB of int32 token ids per write: a 40 MB segment

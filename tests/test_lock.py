@@ -13,7 +13,7 @@ import pytest
 from pipeline import LakeError, ReplayBuffer
 from pipeline.lake import read_table
 from pipeline.lake_files import LOCK_NAME
-from tests.conftest import ROOT, add_group, python_env, write_script
+from tests.support.lake import ROOT, add_group, python_env, write_script
 
 HOLDER = """
     import os, signal, sys, time

@@ -14,7 +14,7 @@ import pytest
 from pipeline import ReplayBuffer
 from pipeline.analysis import connect
 from pipeline.compact import compact
-from tests.conftest import ROOT, python_env, write_script
+from tests.support.lake import ROOT, python_env, write_script
 
 TOKENS = 20_000          # per response: 80 KB of int32 ids, 80 KB of float32 logprobs
 GROUPS = 30

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline import ConfigError, ReplayBuffer
-from tests.conftest import traj
+from tests.support.lake import traj
 
 KEY = "training/overlong/evicted_samples"
 

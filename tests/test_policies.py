@@ -11,7 +11,7 @@ from pipeline import (
     RefillLimitError,
     ReplayBuffer,
 )
-from tests._policy_helpers import Background, Refiller, group, make, wait_until
+from tests.support.policies import Background, Refiller, group, make, wait_until
 
 EV = "training/off_policy/evicted_samples"
 STALE = "training/off_policy/evicted_samples_staleness"
@@ -62,7 +62,7 @@ def test_stale_evictions_of_two_polls_merge_with_count_weighted_mean():
         ref.calls.append(n)
         if len(ref.calls) == 1:           # between poll 1 and poll 2: the three turn stale (span 2)
             for u in ("late0", "late1", "late2"):
-                buf.put(__import__("tests._policy_helpers", fromlist=["rows"]).rows(u, [1.0, 0.0]))
+                buf.put(__import__("tests.support.policies", fromlist=["rows"]).rows(u, [1.0, 0.0]))
                 buf.update_status(partition="train", uids=[u], status="finished")
         group(buf, f"new{len(ref.calls)}", 10, [0.0, 1.0])  # registered pending + finished at once
 
@@ -82,7 +82,7 @@ def test_wait_gate_blocks_until_old_running_group_finishes():
     call = Background(lambda: buf.sample(5, "train", 1, timeout=10))
     time.sleep(0.3)
     assert not call.done
-    from tests._policy_helpers import rows
+    from tests.support.policies import rows
     buf.put(rows("slow", [0.0, 1.0]))
     buf.update_status(partition="train", uids=["slow"], status="finished")
     assert call.result().uids == ["slow"]               # span 6, never evicted under wait
@@ -190,7 +190,7 @@ def test_sync_dapo_streams_credit_into_free_inflight_slots_and_drains():
     wait_until(lambda: ref.calls == [1])                 # 2 slots - 1 running = 1 free slot
     time.sleep(0.2)
     assert ref.calls == [1] and not call.done
-    from tests._policy_helpers import rows
+    from tests.support.policies import rows
     buf.put(rows("running", [0.0, 1.0]))
     buf.update_status(partition="train", uids=["running"], status="finished")
     wait_until(lambda: ref.calls == [1, 1])              # the slot it freed takes the rest
@@ -210,7 +210,7 @@ def test_sync_dapo_drains_inflight_groups_before_returning():
     call = Background(lambda: buf.sample(1, "train", 1, timeout=10))
     time.sleep(0.3)
     assert not call.done                                 # full, but draining waits for "b"
-    from tests._policy_helpers import rows
+    from tests.support.policies import rows
     buf.put(rows("b", [0.0, 1.0]))
     buf.update_status(partition="train", uids=["b"], status="finished")
     batch = call.result()

@@ -23,7 +23,7 @@ from pipeline.lake_files import pack_record, segment_files, sum_path
 from pipeline.lake_read import batches
 from pipeline.policies.context import CallState
 from sql.loader import load, run
-from tests._sql_fixtures import shared_run
+from tests.support.sql_runs import shared_run
 
 NEW_COLUMNS = {"group_events": ["prompt_id"], "decisions": ["replaces"],
                "trajectories": ["n_response_tokens"]}

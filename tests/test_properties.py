@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pipeline import EmptyBatchError, ReplayBuffer, SampleTimeout, UnknownGroupError
 from pipeline.lake import read_table
-from tests.conftest import traj
+from tests.support.lake import traj
 
 TERMINAL = ("finished", "failure")
 THRESHOLD = 3

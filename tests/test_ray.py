@@ -19,8 +19,8 @@ from pipeline.errors import (
     UnknownGroupError,
 )
 from pipeline.lake import read_table
-from tests._ray_helpers import GROUP, group_rows, produce
-from tests.conftest import traj
+from tests.support.lake import traj
+from tests.support.ray_producers import GROUP, group_rows, produce
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

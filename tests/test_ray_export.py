@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from _torch_fixtures import sampled_lake
 from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.export_ray import lake_dataset
 from pipeline.lake import read_table
+from tests.support.torch_reference import sampled_lake
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

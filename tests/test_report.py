@@ -20,8 +20,8 @@ from pipeline import ReplayBuffer
 from pipeline.analysis import connect
 from pipeline.report_data import ReportError, gather, parse_steps
 from pipeline.report_figures import FIGURES
-from tests._sql_fixtures import shared_run
-from tests.conftest import add_group
+from tests.support.lake import add_group
+from tests.support.sql_runs import shared_run
 
 ROOT = Path(__file__).resolve().parents[1]
 _IMG = re.compile(r"<img [^>]*src='data:image/png;base64,([A-Za-z0-9+/=]+)'")

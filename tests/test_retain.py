@@ -12,8 +12,8 @@ from pipeline.analysis import connect
 from pipeline.errors import ConfigError
 from pipeline.lake import read_table
 from pipeline.retain import retain
-from tests._sql_fixtures import simulate_async
-from tests.conftest import lake_history
+from tests.support.lake import lake_history
+from tests.support.sql_runs import simulate_async
 from tests.test_compact import second_phase
 
 # a retained trajectory's response length reads 0; everything else of its fate stays

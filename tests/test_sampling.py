@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import ReplayBuffer, SampleTimeout, UnknownGroupError
 from pipeline.lake import read_table
-from tests.conftest import ROOT, add_group, python_env, traj, write_script
+from tests.support.lake import ROOT, add_group, python_env, traj, write_script
 
 
 def keys(batch) -> list[tuple[str, int, int]]:

@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from sql.loader import SQL_DIR, SqlError, catalog, load, run
-from tests._sql_cases import CaseDB, load_cases, missing_cases, rows_match
+from tests.support.sql_cases import CaseDB, load_cases, missing_cases, rows_match
 
 CASES_DIR = SQL_DIR / "cases"
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from jobs.cli import app
 from jobs.sql_render import table_text
 from sql import loader
-from tests._sql_fixtures import shared_run
+from tests.support.sql_runs import shared_run
 
 cli = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from pipeline import ReplayBuffer, declared, rules
 from pipeline.analysis import connect
 from schemas import CANDIDATES
 from sql.loader import load, run
-from tests._sql_fixtures import simulate_async, simulate_sync_dapo
+from tests.support.sql_runs import simulate_async, simulate_sync_dapo
 
 THRESHOLD = 2
 # What each simulated run switches on (the rules its configuration enables, with their params

@@ -9,7 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from _torch_fixtures import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline import ReplayBuffer, ReplayLakeError, to_torch, to_torch_ragged, to_torch_rows
+from pipeline.to_torch import BatchFormatError, batch_to_torch
+from tests.support.torch_reference import (
     assert_same_tensors,
     batch_table,
     embedded,
@@ -17,11 +22,6 @@ from _torch_fixtures import (
     rechunk,
     row,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from pipeline import ReplayBuffer, ReplayLakeError, to_torch, to_torch_ragged, to_torch_rows
-from pipeline.to_torch import BatchFormatError, batch_to_torch
 
 PADDED = {"input_ids": torch.int64, "attention_mask": torch.int64, "position_ids": torch.int64,
           "response_mask": torch.int64, "rollout_log_probs": torch.float32,

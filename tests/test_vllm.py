@@ -1,6 +1,6 @@
 """vLLM outputs -> trajectory rows: tokens, sampled log-probs, weight-version spans, finish reasons.
 
-Outputs are built from vLLM 0.33-shaped classes (tests/_vllm_shapes.py); `make test-vllm` runs
+Outputs are built from vLLM 0.33-shaped classes (tests/support/vllm_shapes.py); `make test-vllm` runs
 this same file against vLLM's real classes. Rows go through a real buffer over a real lake.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pipeline.adapters.vllm import (
     sampled_logprobs,
 )
 from pipeline.lake import read_table
-from tests import _vllm_shapes as shapes
+from tests.support import vllm_shapes as shapes
 
 OUT = shapes.Outputs()
 PROMPT = [101, 102, 103]

@@ -20,7 +20,7 @@ from pipeline.adapters.vllm_resume import (
 )
 from pipeline.errors import ConfigError
 from pipeline.lake import read_table
-from tests import _vllm_shapes as shapes
+from tests.support import vllm_shapes as shapes
 
 OUT = shapes.Outputs()
 PROMPT = [1, 2, 3]

@@ -1,7 +1,7 @@
 """wait_for_sampleable reports what its evictions filtered, and sample then takes those groups."""
 from __future__ import annotations
 
-from tests._policy_helpers import Refiller, group, make
+from tests.support.policies import Refiller, group, make
 
 
 def test_wait_for_sampleable_reports_the_filtered_reward_counts_of_its_evictions():

@@ -10,7 +10,7 @@ import pytest
 from pipeline import ConfigError, ReplayBuffer
 from pipeline.adapters.wandb import TABLE_KEY, WandbTracker, format_reward_counts
 from pipeline.adapters.wandb_offline import read_run
-from tests.conftest import ROOT, add_group
+from tests.support.lake import ROOT, add_group
 
 pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from pipeline.whatif import recorded, replay
-from tests._sql_fixtures import shared_run
+from tests.support.sql_runs import shared_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, python_env
+from tests.support.lake import ROOT, python_env
 
 EXTRAS = ("verl", "transfer_queue", "vllm", "ray", "wandb")
 

@@ -1,5 +1,5 @@
 """Shared helper of the SQL tests: a deterministic buffer run writing a real lake (the case-file
-helpers are in tests/_sql_cases.py).
+helpers are in tests/support/sql_cases.py).
 
 `simulate` drives a real ReplayBuffer (single thread: `refill_fn` rolls the new prompts out at
 once) so that its lake holds every decision kind: stale, zero-variance and failure evictions,

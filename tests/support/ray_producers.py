@@ -1,13 +1,13 @@
 """Producer code that Ray workers run in the Ray tests and the Ray benchmark.
 
-It lives in an importable module (``tests._ray_helpers``): Ray pickles module-level functions by
+It lives in an importable module (``tests.support.ray_producers``): Ray pickles module-level functions by
 reference, and pytest imports test files under names (``test_ray``) a worker cannot import.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from tests.conftest import traj
+from tests.support.lake import traj
 
 GROUP = 4   # sessions per group
 
