@@ -64,9 +64,9 @@ def main(puts: int = typer.Option(2000, help="16-trajectory batches per configur
         replaylake bench ingest
         replaylake bench ingest --puts 200 --out runs/bench/ingest_small.json
     """
+    from jobs.synthetic import length_range
     console = Console()
-    p = tuple(int(x) for x in prompt.split(":"))
-    r = tuple(int(x) for x in response.split(":"))
+    p, r = length_range(prompt), length_range(response)
     batches = _batches(puts, p, r, seed)
     avg_kb = sum(t.nbytes for _, t in batches) / len(batches) / 1e3
     results = {}

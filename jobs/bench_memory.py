@@ -109,11 +109,6 @@ def measure(n_traj: int, prompt: tuple[int, int], response: tuple[int, int], see
             "fill_s": round(fill_s, 2), "drain_s": round(drain_s, 2)}
 
 
-def _range(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition(":")
-    return int(lo), int(hi or lo)
-
-
 def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories, comma-separated"),
          prompt: str = typer.Option("16:64", help="prompt length range, tokens"),
          response: str = typer.Option("32:256", help="response length range, tokens"),
@@ -125,11 +120,12 @@ def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories
         replaylake bench memory
         replaylake bench memory --sizes 100000
     """
+    from jobs.synthetic import length_range
     console = Console()
     results = []
     for n in [int(s) for s in sizes.split(",")]:
         with console.status(f"{n:,} trajectories ..."):
-            results.append(measure(n, _range(prompt), _range(response), seed))
+            results.append(measure(n, length_range(prompt), length_range(response), seed))
     table = Table(title="live memory: RSS growth vs the Arrow payload put")
     for col in ("trajectories", "payload MB", "RSS growth MB", "RSS/payload",
                 "left after release MB (trimmed)", "fill s"):

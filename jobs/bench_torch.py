@@ -100,11 +100,6 @@ def measure(table: pa.Table, layout: str, repeats: int) -> dict[str, Any]:
     return res
 
 
-def _range(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition(":")
-    return int(lo), int(hi or lo)
-
-
 def main(
     out: Annotated[Path, typer.Option(help="JSON file the figures are written to")] =
         Path("runs/bench/torch.json"),
@@ -125,9 +120,12 @@ def main(
     from rich.console import Console
     from rich.table import Table
 
+    from jobs.synthetic import length_range
+
     results = []
     for b in (int(x) for x in batch_sizes.split(",") if x.strip()):
-        table = synthetic_batch(b, _range(prompt_lengths), _range(response_lengths), seed)
+        table = synthetic_batch(b, length_range(prompt_lengths), length_range(response_lengths),
+                                seed)
         for layout in ("padded", "packed"):
             results.append(measure(table, layout, repeats))
     report = {"bench": "torch", "goals": GOALS, "results": results,

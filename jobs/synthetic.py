@@ -7,6 +7,12 @@ import pyarrow as pa
 from schemas import TRAJECTORIES_INPUT
 
 
+def length_range(text: str) -> tuple[int, int]:
+    """A benchmark's token-length option, ``"lo:hi"`` (inclusive) or ``"n"`` for exactly n."""
+    lo, _, hi = text.partition(":")
+    return int(lo), int(hi or lo)
+
+
 def token_lists(lengths: np.ndarray, rng: np.random.Generator, vocab: int = 32000) -> pa.ListArray:
     """A list<int32> column of random tokens with the given lengths, built from offsets."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)

@@ -51,8 +51,15 @@ import pyarrow.parquet as pq
 
 from pipeline import lake_kill
 from pipeline.errors import LakeError
-from pipeline.lake import fsync_dir
-from pipeline.lake_files import CALL_KEY, LOCK_NAME, SUM_SUFFIX, sum_path, table_of
+from pipeline.lake_files import (
+    CALL_KEY,
+    LOCK_NAME,
+    SUM_SUFFIX,
+    fsync_dir,
+    replace_durably,
+    sum_path,
+    table_of,
+)
 from pipeline.lake_read import (
     HIGHEST_SEQ_KEY,
     _stream_max_seq,
@@ -167,12 +174,7 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
                 flush()
                 held = 0
         flush()
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    lake_kill.hit("compact.tmp_written")
-    os.replace(tmp, target)
-    fsync_dir(target.parent)
-    lake_kill.hit("compact.renamed")
+    replace_durably(tmp, target, synced="compact.tmp_written", replaced="compact.renamed")
     return target, rows, size
 
 

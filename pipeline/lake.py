@@ -49,6 +49,7 @@ from pipeline.lake_files import (
     LOG_SCHEMA,
     WINDOW_COLUMN,
     call_key,
+    fsync_dir,
     pack_record,
     segment_files,
     sum_path,
@@ -89,15 +90,6 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, so the names added to it survive power loss."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Stream:

@@ -22,13 +22,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.lake import fsync_dir
 from pipeline.lake_files import (
     LOG_DIR,
     LOG_SCHEMA,
     QUARANTINE_DIR,
     SUM_SUFFIX,
     pack_record,
+    replace_durably,
     sum_path,
     table_of,
     unpack_records,
@@ -230,12 +230,8 @@ def _write_stream(path: Path, writes: list[bytes]) -> None:
         sums.append(pack_record(end, zlib.crc32(w)))
     for target, data in ((sum_path(path), b"".join(sums)), (path, b"".join(writes))):
         tmp = target.with_name(target.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    fsync_dir(path.parent)
+        tmp.write_bytes(data)
+        replace_durably(tmp, target)
 
 
 def describe(report: Report) -> list[str]:

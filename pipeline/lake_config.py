@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.config import BufferConfig
 from pipeline.errors import LakeError
-from pipeline.lake import fsync_dir
+from pipeline.lake_files import replace_durably
 
 FILE = "_config.json"
 DECISION_KEYS = ("preset", "filter_groups_metric", "max_off_policy_threshold",
@@ -75,10 +75,7 @@ def _write(lake: Path, record: dict[str, Any]) -> None:
     tmp = lake / f"{FILE}.tmp"
     with open(tmp, "w") as f:
         json.dump(record, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, lake / FILE)
-    fsync_dir(lake)
+    replace_durably(tmp, lake / FILE)
 
 
 # rules whose parameters the threshold, strategy and filter metric already describe

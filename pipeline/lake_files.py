@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline import lake_kill
+
 DEFAULT_WINDOW = 1000
 LOG_DIR = "_log"
 LOCK_NAME = "_writer.lock"
@@ -104,3 +106,28 @@ def log_files(root: str | os.PathLike) -> list[Path]:
 def table_of(path: Path) -> str:
     """The lake table a segment file belongs to (its name starts with it)."""
     return path.name.split("-")[0]
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so the names added to it survive power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(tmp: Path, target: Path, *, synced: str | None = None,
+                    replaced: str | None = None) -> None:
+    """Put a fully written temporary file in ``target``'s place so that a power loss leaves the
+    old file or the new one, never a mix: the file's bytes are fsynced, it is renamed, and the
+    directory is fsynced. ``synced`` / ``replaced`` name the kill points (see lake_kill) hit
+    after the fsync and after the rename, for the crash tests."""
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    if synced:
+        lake_kill.hit(synced)
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+    if replaced:
+        lake_kill.hit(replaced)

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pipeline import lake_kill
 from pipeline.compact import CompactReport, compact, job_lock
 from pipeline.errors import ConfigError
-from pipeline.lake import fsync_dir
+from pipeline.lake_files import replace_durably
 from pipeline.lake_read import read_table, segment_files
 
 EMPTIED = ("prompt_ids", "response_ids")          # not nullable: emptied
@@ -106,12 +106,7 @@ def _rewrite(path: Path, gone: pa.Array) -> int:
     tmp = path.with_name(f".{path.name}.tmp")
     rows_per_group = max(meta.row_group(0).num_rows, 1) if meta.num_row_groups else None
     pq.write_table(t, tmp, compression="zstd", row_group_size=rows_per_group)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    lake_kill.hit("retain.tmp_written")
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-    lake_kill.hit("retain.replaced")
+    replace_durably(tmp, path, synced="retain.tmp_written", replaced="retain.replaced")
     return changed
 
 
