@@ -145,6 +145,11 @@ def torch_figures(s: Sizes) -> list[dict[str, Any]]:
                                r["memcpy_ms"], r["ours_over_memcpy"], "x memcpy",
                                f"<= {goal}x memcpy" if goal else "",
                                r["ours_over_memcpy"] <= goal if goal else None))
+            ratio = r["pooled_over_memcpy_warm"]
+            out.append(_figure(f"to_torch {layout}, B={b}, pooled", r["pooled_ms"], "ms",
+                               "warm memcpy ms", r["memcpy_warm_ms"], ratio, "x warm memcpy",
+                               f"<= {goal}x warm memcpy" if goal else "",
+                               ratio <= goal if goal else None))
     return out
 
 

@@ -46,6 +46,8 @@ trainer that needs them must recompute them (verl does when ``rollout_log_probs`
 extra copy) so the copy to ``device`` can be ``non_blocking`` (torch's caching host allocator
 keeps a pinned block alive until the copies reading it finish). Without an accelerator there is
 nothing to pin for: like torch's DataLoader, we warn and return ordinary memory.
+``pool=TensorPool()`` writes the token tensors into buffers reused across calls (no fresh pages
+to fault in; see pipeline/to_torch_pool.py).
 """
 from __future__ import annotations
 
@@ -58,7 +60,15 @@ import pyarrow.compute as pc
 import torch
 
 from pipeline import to_torch_rows
-from pipeline.to_torch_ragged import BatchFormatError, Pieces, _Ragged, _ragged, _rows
+from pipeline.to_torch_pool import TensorPool
+from pipeline.to_torch_ragged import (
+    BatchFormatError,
+    Pieces,
+    _Ragged,
+    _ragged,
+    _response_stream,
+    _rows,
+)
 
 LAYOUTS = ("padded", "packed")
 PER_ROW_INT64 = ("global_steps", "min_global_steps", "max_global_steps", "staleness")
@@ -66,32 +76,6 @@ LIST_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_prob
 REQUIRED_COLUMNS = (*LIST_COLUMNS, "reward", *PER_ROW_INT64, "is_padding")
 _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
                  np.dtype(np.float32): torch.float32, np.dtype(bool): torch.bool}
-
-
-def _response_stream(col: _Ragged, name: str, resp_len: np.ndarray,
-                     fill: float) -> Pieces | float:
-    """A response-aligned column as one value per response token; null rows -> ``fill``.
-
-    Returns the scalar ``fill`` itself when every row is null (callers then skip the scatter).
-    """
-    has = np.ones(len(resp_len), bool) if col.valid is None else col.valid
-    bad = has & (col.lengths != resp_len)
-    if bad.any():
-        raise BatchFormatError(f"column {name!r}: length differs from response_ids in "
-                               f"{_rows(bad)}")
-    if col.valid is None:
-        return col.pieces
-    if not col.valid.any():
-        return fill
-    out = []
-    for r0, r1, vals in col.pieces:
-        ok, rl = col.valid[r0:r1], resp_len[r0:r1]
-        if not ok.all():
-            full = np.full(int(rl.sum()), fill, dtype=vals.dtype)
-            full[np.repeat(ok, rl)] = vals
-            vals = full
-        out.append((r0, r1, vals))
-    return out
 
 
 class _Outputs:
@@ -105,11 +89,16 @@ class _Outputs:
     """
 
     def __init__(self, specs: dict[str, tuple[tuple[int, ...], Any]], pin: bool,
-                 zeroed: bool = True):
+                 zeroed: bool = True, pool: TensorPool | None = None):
         self.tensors: dict[str, torch.Tensor] = {}
         self.arrays: dict[str, np.ndarray] = {}
         for name, (shape, dtype) in specs.items():
-            if pin:
+            if pool is not None:        # touched memory from earlier calls: zero it if asked
+                t = pool.take(shape, _TORCH_DTYPES[np.dtype(dtype)], pin)
+                a = t.numpy()
+                if zeroed:
+                    a.fill(0)
+            elif pin:
                 make = torch.zeros if zeroed else torch.empty
                 t = make(shape, dtype=_TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
                 a = t.numpy()
@@ -161,7 +150,8 @@ def _per_row(table: pa.Table, pin: bool, p: np.ndarray, r: np.ndarray) -> dict[s
 
 
 def _padded(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
-            logp: Pieces | float, pad: int, row_copy: bool) -> dict[str, torch.Tensor]:
+            logp: Pieces | float, pad: int, row_copy: bool,
+            pool: TensorPool | None) -> dict[str, torch.Tensor]:
     p, r = prompt.lengths, resp.lengths
     n = p + r
     B, L, R = len(n), int(n.max(initial=0)), int(r.max(initial=0))
@@ -170,7 +160,7 @@ def _padded(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
                      "position_ids": ((B, L), i64), "response_mask": ((B, L), i64),
                      "rollout_log_probs": ((B, L), f32), "responses": ((B, R), i64),
                      "responses_mask": ((B, R), i64), "responses_log_probs": ((B, R), f32)}, pin,
-                    zeroed=not row_copy)
+                    zeroed=not row_copy, pool=pool)
     out = outs.arrays
     if row_copy:
         to_torch_rows.write_padded(out, p, r, prompt.pieces, resp.pieces, mask, logp, pad)
@@ -197,7 +187,8 @@ def _padded(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
 
 
 def _packed(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
-            logp: Pieces | float, row_copy: bool) -> dict[str, torch.Tensor]:
+            logp: Pieces | float, row_copy: bool,
+            pool: TensorPool | None) -> dict[str, torch.Tensor]:
     p, r = prompt.lengths, resp.lengths
     n = p + r
     B, T = len(n), int(n.sum())
@@ -209,7 +200,7 @@ def _packed(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
     # 1-D buffers: numpy's boolean-mask assignment is several times slower through a [1, T] view.
     outs = _Outputs({"input_ids": ((T,), np.int64), "position_ids": ((T,), np.int64),
                      "response_mask": ((T,), np.int64), "rollout_log_probs": ((T,), np.float32)},
-                    pin, zeroed=not row_copy)
+                    pin, zeroed=not row_copy, pool=pool)
     out = outs.arrays
     tensors = {k: v[None] for k, v in outs.tensors.items()}
     tensors["cu_seqlens"] = _small(cu, np.int32, pin)
@@ -246,11 +237,14 @@ def _row_copy(table: pa.Table, layout: str) -> bool:
 
 
 def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
-                   pin_memory: bool = False, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+                   pin_memory: bool = False, pad_token_id: int = 0,
+                   pool: TensorPool | None = None) -> dict[str, torch.Tensor]:
     """The trainer's tensors for a Batch table (trajectories + provenance); see the module doc.
 
     Rows keep the table's order. ``device`` (e.g. ``"cuda"``) receives a copy, non-blocking when
-    the host tensors are pinned; ``None`` or ``"cpu"`` keeps them on the host.
+    the host tensors are pinned; ``None`` or ``"cpu"`` keeps them on the host. ``pool``: write the
+    token tensors into a ``TensorPool``'s reused buffers (see pipeline/to_torch_pool.py); host
+    tensors then go back with ``pool.give_back``, staging ones for a device go back by themselves.
     """
     if layout not in LAYOUTS:
         raise BatchFormatError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)}")
@@ -261,6 +255,8 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
             "(schemas.TRAJECTORIES plus schemas.BATCH_PROVENANCE), e.g. ReplayBuffer.sample's")
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
         raise BatchFormatError(f"pad_token_id={pad_token_id!r} must be an int")
+    if pool is not None and not isinstance(pool, TensorPool):
+        raise BatchFormatError(f"pool={pool!r} must be a TensorPool or None")
     pin = bool(pin_memory)
     if pin and not _can_pin():
         warnings.warn("pin_memory=True but no accelerator is available: returning ordinary "
@@ -273,11 +269,34 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
                             resp.lengths, 1)
     logp = _response_stream(_ragged(table, "rollout_log_probs", merge), "rollout_log_probs",
                             resp.lengths, 0.0)
-    if layout == "padded":
-        out = _padded(pin, prompt, resp, mask, logp, int(pad_token_id), row_copy)
-    else:
-        out = _packed(pin, prompt, resp, mask, logp, row_copy)
-    out.update(_per_row(table, pin, prompt.lengths, resp.lengths))
+    try:
+        if layout == "padded":
+            out = _padded(pin, prompt, resp, mask, logp, int(pad_token_id), row_copy, pool)
+        else:
+            out = _packed(pin, prompt, resp, mask, logp, row_copy, pool)
+        out.update(_per_row(table, pin, prompt.lengths, resp.lengths))
+    except BaseException:
+        if pool is not None:
+            pool.abandon()
+        raise
+    if pool is not None:
+        pool.lend(out)
     if device is not None and torch.device(device).type != "cpu":
-        out = {k: v.to(device, non_blocking=pin) for k, v in out.items()}
+        host = out
+        out = {k: v.to(device, non_blocking=pin) for k, v in host.items()}
+        if pool is not None:
+            pool.give_back(host, ready=_copies_done(torch.device(device), pin))
     return out
+
+
+def _copies_done(device: torch.device, pin: bool) -> Any:
+    """Something whose ``synchronize()`` returns once the copies to ``device`` have read their
+    host tensors (None when they already have: pageable copies return after reading them)."""
+    if not pin:
+        return None
+    if device.type == "cuda":
+        event = torch.cuda.Event()
+        event.record()
+        return event
+    torch.accelerator.synchronize(device)
+    return None

@@ -93,3 +93,29 @@ def _ragged(table: pa.Table, name: str, min_piece: int | None = None) -> _Ragged
 def _merge(pending: Pieces) -> tuple[int, int, np.ndarray]:
     vals = np.concatenate([v for *_, v in pending]) if len(pending) > 1 else pending[0][2]
     return pending[0][0], pending[-1][1], vals
+
+
+def _response_stream(col: _Ragged, name: str, resp_len: np.ndarray,
+                     fill: float) -> Pieces | float:
+    """A response-aligned column as one value per response token; null rows -> ``fill``.
+
+    Returns the scalar ``fill`` itself when every row is null (callers then skip the scatter).
+    """
+    has = np.ones(len(resp_len), bool) if col.valid is None else col.valid
+    bad = has & (col.lengths != resp_len)
+    if bad.any():
+        raise BatchFormatError(f"column {name!r}: length differs from response_ids in "
+                               f"{_rows(bad)}")
+    if col.valid is None:
+        return col.pieces
+    if not col.valid.any():
+        return fill
+    out = []
+    for r0, r1, vals in col.pieces:
+        ok, rl = col.valid[r0:r1], resp_len[r0:r1]
+        if not ok.all():
+            full = np.full(int(rl.sum()), fill, dtype=vals.dtype)
+            full[np.repeat(ok, rl)] = vals
+            vals = full
+        out.append((r0, r1, vals))
+    return out

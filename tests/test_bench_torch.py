@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from jobs.cli import app
 
 FIELDS = {"batch_size", "layout", "tokens", "shape", "output_bytes", "ours_ms", "memcpy_ms",
-          "ours_over_memcpy", "meets_goal"}
+          "ours_over_memcpy", "meets_goal", "pooled_ms", "memcpy_warm_ms",
+          "pooled_over_memcpy_warm", "pooled_meets_goal"}
 
 
 def test_bench_torch_writes_every_figure_for_each_size_and_layout(tmp_path: Path) -> None:
@@ -26,6 +27,8 @@ def test_bench_torch_writes_every_figure_for_each_size_and_layout(tmp_path: Path
         assert FIELDS <= set(r)
         assert r["ours_ms"] > 0 and r["memcpy_ms"] > 0
         assert r["ours_over_memcpy"] == r["ours_ms"] / r["memcpy_ms"]
+        assert r["pooled_ms"] > 0 and r["memcpy_warm_ms"] > 0
+        assert r["pooled_over_memcpy_warm"] == r["pooled_ms"] / r["memcpy_warm_ms"]
     assert report["goals"] == {"padded": {"batch_size": 1024, "max_over_memcpy": 1.3},
                                "packed": {"max_over_memcpy": 1.5}}
     assert "Batch -> torch" in result.output
