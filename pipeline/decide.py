@@ -17,6 +17,7 @@ from pipeline.rules import RuleUse
 from pipeline.store import PartitionState
 
 _GROUP_SPAN = "group_span"
+_HIT = "__hit"
 
 
 @dataclass
@@ -59,28 +60,34 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
     rows = part.candidates.to_examine(max(horizons) if horizons else None)
     if not rows:
         return Eviction()
-    frame = declared.with_params(candidates.frame(rows), _params(uses, step))
+    params = {declared.param_column(k): pl.lit(v) for k, v in _params(uses, step).items()}
+    frame = candidates.frame(rows).with_columns(**params, step=pl.lit(step))
     span_expr = declared.compiled_items("provenance")[_GROUP_SPAN]
-    exprs = [u.rule.expr.alias(u.name) for u in uses]
+    exprs = [u.rule.expr.fill_null(False).alias(u.name) for u in uses]
     check = rules.get("missing_metric")
     if filter_metric is not None:
         exprs.append(check.expr.alias(check.name))
-    out = frame.with_columns(step=pl.lit(step)).select(
+    # one evaluation for every rule; the few rows that fired are picked and ordered in Python
+    # (each further polars call would cost ~80 us, more than the rows themselves)
+    out = frame.select(
         "uid", "global_steps", "term_seq", span_expr.alias(_GROUP_SPAN),
-        *{u.rule.value for u in uses if u.rule.value}, *exprs)
+        *{u.rule.value for u in uses if u.rule.value}, *exprs,
+        pl.any_horizontal([u.rule.expr.fill_null(False) for u in uses]).alias(_HIT))
     if filter_metric is not None:
         _raise_missing(out, part.partition, filter_metric)
-    hit = out.filter(pl.any_horizontal([u.name for u in uses]).fill_null(False))
-    if hit.height == 0:
+    col = {c: out.get_column(c).to_list() for c in out.columns}
+    hit = sorted((i for i, h in enumerate(col[_HIT]) if h),
+                 key=lambda i: (col["global_steps"][i], col["term_seq"][i]))
+    if not hit:
         return Eviction()
-    hit = hit.sort("global_steps", "term_seq")
-    ev = Eviction(uids=hit["uid"].to_list(), group_spans=hit[_GROUP_SPAN].to_list())
-    credits = [0] * hit.height
+    ev = Eviction(uids=[col["uid"][i] for i in hit],
+                  group_spans=[col[_GROUP_SPAN][i] for i in hit])
+    credits = [0] * len(hit)
     for u in uses:
-        fired = hit[u.name].fill_null(False).to_list()
+        fired = [col[u.name][i] for i in hit]
         ev.reasons[u.name] = fired
         if u.rule.value:
-            ev.values[u.name] = hit[u.rule.value].to_list()
+            ev.values[u.name] = [col[u.rule.value][i] for i in hit]
         credits = [max(c, u.rule.credit) if f else c for c, f in zip(credits, fired)]
     ev.credits = credits
     return ev
@@ -88,9 +95,10 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
 
 def group_spans(step: int, dispatch_steps: list[int]) -> list[int]:
     """The declared group span (sql/metrics/provenance.sql) of groups dispatched at these steps."""
-    frame = pl.DataFrame({"global_steps": dispatch_steps}, schema={"global_steps": pl.Int64})
+    frame = pl.DataFrame({"global_steps": dispatch_steps, "step": [step] * len(dispatch_steps)},
+                         schema={"global_steps": pl.Int64, "step": pl.Int64})
     expr = declared.compiled_items("provenance")[_GROUP_SPAN]
-    return frame.with_columns(step=pl.lit(step, pl.Int64)).select(expr)[:, 0].to_list()
+    return frame.select(expr).to_series().to_list()
 
 
 def _raise_missing(out: pl.DataFrame, partition: str, metric: str) -> None:

@@ -38,6 +38,8 @@ def _unstamped(schema: pa.Schema) -> pa.Schema | None:
 
 
 _HEADS = {name: _unstamped(schema) for name, schema in LAKE_TABLES.items()}
+_COLUMNS = {name: [(f.name, f.type) for f in schema if f.name not in ("seq", "ts")]
+            for name, schema in LAKE_TABLES.items()}
 
 
 class Journal:
@@ -72,7 +74,8 @@ class Journal:
         if self.lake is None and table in _HISTORY_ONLY:
             self.next_seq += len(rows)
             return None
-        schema = LAKE_TABLES[table]
-        fields = [f for f in schema if f.name not in ("seq", "ts")]
-        data = {f.name: pa.array([r.get(f.name) for r in rows], type=f.type) for f in fields}
+        # names and types read once per table: `Field.name` is a property that builds a new str
+        # on every call, which cost ~100 us per 64 rows when read inside the per-row loop
+        data = {name: pa.array([r.get(name) for r in rows], type=typ)
+                for name, typ in _COLUMNS[table]}
         return self.record(table, pa.table(data))

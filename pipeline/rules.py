@@ -50,7 +50,8 @@ class Rule:
         """The dispatch step below which time can newly make this rule fire (None: never)."""
         if self.horizon_expr is None:
             return None
-        frame = declared.with_params(pl.DataFrame({"_": [0]}), params)
+        # one row of parameter columns, built directly: one polars evaluation, not two
+        frame = pl.DataFrame({declared.param_column(k): [v] for k, v in params.items()})
         return int(frame.select(self.horizon_expr).item())
 
 

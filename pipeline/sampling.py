@@ -150,6 +150,10 @@ def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: 
 def _warn_future(rows: pl.DataFrame, ctx: PollContext) -> None:
     """Rows whose newest version is not older than the training step are flagged, not changed
     (verl computes its metrics over them as they are); audit `no_future_versions` lists them."""
+    # the common case (no such row) is told by series operations, without a polars plan (~10
+    # against ~110 us); a null never counts, as in the filter
+    if not (~rows.get_column("is_padding") & (rows.get_column("staleness") < 0)).any():
+        return
     future = rows.filter(~pl.col("is_padding") & (pl.col("staleness") < 0))
     if future.height:
         log.warning("sample(step=%d, %s): %d trained row(s) carry a weight version from the "
