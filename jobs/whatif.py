@@ -57,7 +57,7 @@ def main(
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
     """
     from pipeline.errors import ReplayLakeError
-    from pipeline.whatif import recorded, recorded_settings, replay
+    from pipeline.whatif import future_summary, recorded, recorded_settings, replay
     try:
         settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                     "filter_groups_metric": filter_metric, "max_response_length":
@@ -86,6 +86,9 @@ def main(
     typer.echo(f"identical batches: {same} of {len(rec.batches)}; unfilled steps: "
                f"{result.unfilled or 'none'}; refills the record could not serve: "
                f"{result.refill_shortfall}")
+    summary = future_summary(result, len(rec.batches))
+    if summary is not None:
+        typer.echo(summary)
 
 
 def _fmt(v: object) -> str:

@@ -110,14 +110,20 @@ def _consistent(tables: dict[str, pa.Table], first: str) -> dict[str, pa.Table]:
             t.filter(pc.less_equal(t.column("seq"), cut)) for n, t in tables.items()}
 
 
-def read_lake(lake_dir: str | os.PathLike) -> dict[str, pa.Table]:
-    """Every lake table as a pyarrow Table (empty, with its schema, when absent), all cut at one
-    `seq` so that they form a consistent prefix even while a buffer appends."""
+def read_lake(lake_dir: str | os.PathLike,
+              tables: tuple[str, ...] = BASE_TABLES) -> dict[str, pa.Table]:
+    """Lake tables (every one by default) as pyarrow Tables (empty, with its schema, when
+    absent), all cut at one `seq` so that they form a consistent prefix even while a buffer
+    appends. Name only the tables you need: `trajectories` carries the token payload."""
     root = Path(lake_dir)
     if not root.is_dir():
         raise LakeError(f"no lake directory at {root}")
-    tables = {name: _dedupe(read_table(root, name)) for name in BASE_TABLES}
-    return _consistent(tables, BASE_TABLES[0])
+    unknown = [t for t in tables if t not in BASE_TABLES]
+    if unknown or not tables:
+        raise ConfigError(f"read_lake(tables={tables!r}): name lake tables among "
+                          f"{', '.join(BASE_TABLES)}")
+    read = {name: _dedupe(read_table(root, name)) for name in tables}
+    return _consistent(read, tables[0])
 
 
 def register(con: duckdb.DuckDBPyConnection,

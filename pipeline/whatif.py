@@ -22,11 +22,26 @@ decisions depend on. Not replayable: re-issues after a restart (`reissued` event
 API has no call for them) and refills issued by a `refill_fn` that registered groups other than
 right after its refill decision while other producers registered too (the pool attribution
 assumes the `count` registrations that follow the decision belong to it).
+
+What the replay cannot make real: rollouts keep the weight versions they were recorded with. When
+other settings evict more, the feed reaches rollouts the recorded run generated later, with newer
+weights, and a sample call can train rows whose newest version is not older than its step. The
+live buffer warns about such rows on every call; the replay counts them per step instead
+(`Outcome.future_rows`) and leaves the summary to its caller.
+
+Memory: the feed reads the recorded tables once, puts every run of consecutive trajectory rows
+in one call (not row by row: each call costs the buffer, its journal and the replay's lake a
+record batch), and the replay buffer holds only what its own decisions keep; the recorded batches
+of the replay are read back from its decision log alone, not its payload.
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +68,7 @@ class Outcome:
     unfilled: list[int] = field(default_factory=list)           # steps whose batch never filled
     refill_shortfall: int = 0
     lake: Path | None = None
+    future_rows: dict[int, int] = field(default_factory=dict)   # step -> rows newer than it
 
 
 def recorded_settings(lake: Path) -> dict[str, Any]:
@@ -130,8 +146,7 @@ class _Feed:
         """The replay's refill_fn: hand out the next n recorded refill groups."""
         for key in self.pool[:n]:
             self.drawn.add(key)
-            for item in self.held.pop(key, []):
-                self._apply(item)
+            self._apply_all(self.held.pop(key, []))
         self.shortfall = getattr(self, "shortfall", 0) + max(n - len(self.pool), 0)
         del self.pool[:n]
 
@@ -146,22 +161,45 @@ class _Feed:
     def advance(self, until: int | None) -> bool:
         """Feed every row with seq < until (None: all). Returns whether anything was left."""
         start = self.pos
+        due: list[tuple] = []
         while self.pos < len(self.items) and (until is None or self.items[self.pos][0] < until):
             item = self.items[self.pos]
             key = self._key(item)
             if key in self.refill_groups and key not in self.drawn:
                 self.held.setdefault(key, []).append(item)
             else:
-                self._apply(item)
+                due.append(item)
             self.pos += 1
+        self._apply_all(due)
         return self.pos > start
+
+    def _apply_all(self, items: list[tuple]) -> None:
+        """Apply ``items`` in order, each run of consecutive trajectory rows as one `put`.
+
+        Nothing polls between two rows of a run (polls happen only between feed steps), and no
+        recorded row can be refused (a group accepts rows until its terminal event, which comes
+        after them), so one call leaves the buffer as the rows one by one would."""
+        run: list[int] = []
+        for item in items:
+            if item[1] == "traj":
+                run.append(item[2])
+                continue
+            self._put(run)
+            run = []
+            self._apply(item)
+        self._put(run)
+
+    def _put(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        first = rows[0]
+        contiguous = rows[-1] - first + 1 == len(rows)
+        self.buf.put(self.traj.slice(first, len(rows)) if contiguous else self.traj.take(rows))
 
     def _apply(self, item: tuple) -> None:
         _, kind, ref = item
         buf = self.buf
-        if kind == "traj":
-            buf.put(self.traj.slice(ref, 1))
-        elif kind == "release":
+        if kind == "release":
             b = self.batch_of.get(ref)
             if b is not None:
                 buf.release(b)
@@ -200,20 +238,27 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     buf = make(lake=out / "lake", refill_fn=lambda n: holder["feed"].refill(n),
                poll_interval=0.001, **kwargs)
     result = Outcome(lake=out / "lake")
-    with buf:
+    with buf, _future_warnings_held():
         feed = holder["feed"] = _Feed(buf, tables)
+        del tables["trajectories"], tables["group_events"]   # the feed holds what it needs
         points = sorted(s for c in calls for s in c["points"].values())
         for c in calls:
             ahead = [s for s in points if s > feed_seq(feed)]
-
+            # the first poll's feed step is taken before the call, so that the call finds its
+            # partition's groups registered as the recorded call did (a validation partition
+            # otherwise looks unknown to the buffer's typo check when the call starts)
+            first = [feed.advance(ahead.pop(0) if ahead else None)]
             idle, idle_drawn = [0], [len(feed.drawn)]
 
             def before_poll(ahead: list[int] = ahead, idle: list[int] = idle,
-                            idle_drawn: list[int] = idle_drawn) -> None:
+                            idle_drawn: list[int] = idle_drawn, first: list = first) -> None:
                 # the replay is synchronous: a poll with nothing new to feed (and no refill
                 # drawn since the last one) sees exactly the state the last poll saw
                 drawn = len(feed.drawn)
-                fed = feed.advance(ahead.pop(0) if ahead else None)
+                if first:
+                    fed = first.pop()
+                else:
+                    fed = feed.advance(ahead.pop(0) if ahead else None)
                 if not fed and not ahead:
                     fed = feed.advance(None)
                 idle[0] = 0 if fed or drawn != idle_drawn[0] else idle[0] + 1
@@ -229,11 +274,58 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
                 continue
             feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b
             result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
+            future = _future_rows(b.table)
+            if future:
+                result.future_rows[c["step"]] = result.future_rows.get(c["step"], 0) + future
         feed.advance(None)
         result.refill_shortfall = getattr(feed, "shortfall", 0)
     # the batches as the replay's own decision log orders them (as `recorded` reads a lake)
     result.batches = recorded(result.lake).batches
     return result
+
+
+def _future_rows(table: pa.Table) -> int:
+    """Trained rows of a batch whose newest weight version is not older than its step (the
+    rows the live buffer warns about)."""
+    future = pc.and_(pc.invert(table["is_padding"]), pc.less(table["staleness"], 0))
+    return pc.sum(future.cast(pa.int64())).as_py() or 0
+
+
+class _HoldFutureWarnings(logging.Filter):
+    """Drops the buffer's per-call "weight version from the future" warnings raised on one
+    thread (the replay's): there they are an artefact of replaying recorded versions, counted
+    in `Outcome.future_rows` instead."""
+
+    def __init__(self, thread: int):
+        super().__init__()
+        self.thread = thread
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread == self.thread and record.funcName == "_warn_future")
+
+
+@contextmanager
+def _future_warnings_held() -> Iterator[None]:
+    log = logging.getLogger("replaylake")
+    hold = _HoldFutureWarnings(threading.get_ident())
+    log.addFilter(hold)
+    try:
+        yield
+    finally:
+        log.removeFilter(hold)
+
+
+def future_summary(outcome: Outcome, calls: int) -> str | None:
+    """One line on the steps that trained rows from the future, None when none did."""
+    steps = sorted(outcome.future_rows)
+    if not steps:
+        return None
+    rows = sum(outcome.future_rows.values())
+    return (f"weight versions from the future: {len(steps)} of {calls} sample calls (steps "
+            f"{steps[0]} to {steps[-1]}) trained {rows:,} row(s) whose newest weight version is "
+            "not older than the step. The replay keeps each rollout's recorded version; with "
+            "these settings it reached rollouts the recorded run generated later with newer "
+            "weights, so their staleness reads lower (below zero) than a real run would have had")
 
 
 def feed_seq(feed: _Feed) -> int:
@@ -251,5 +343,5 @@ def _recorded_batch_id(tables: dict[str, pa.Table], call: dict) -> int:
 def recorded(lake: str | os.PathLike) -> Outcome:
     """What the recorded run handed out, in the same shape as a replay's outcome."""
     from pipeline.analysis import read_lake
-    calls = _calls(read_lake(Path(lake))["decisions"])
+    calls = _calls(read_lake(Path(lake), tables=("decisions",))["decisions"])
     return Outcome(batches=[c["uids"] for c in calls], lake=Path(lake))
