@@ -34,7 +34,6 @@ import os
 import threading
 import time
 import uuid
-import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -50,13 +49,12 @@ from pipeline.lake_files import (
     WINDOW_COLUMN,
     call_key,
     fsync_dir,
-    pack_record,
     segment_files,
-    sum_path,
     window_of,
 )
 from pipeline.lake_lock import LakeLock
 from pipeline.lake_read import committed_calls, highest_seq, read_segment, read_table
+from pipeline.lake_stream import Stream
 from schemas import LAKE_TABLES
 
 __all__ = ["LakeWriter", "read_table", "read_segment", "segment_files", "committed_calls",
@@ -64,90 +62,6 @@ __all__ = ["LakeWriter", "read_table", "read_segment", "segment_files", "committ
 
 ROLL_BYTES = 64 << 20        # a segment is finished once it holds this many bytes ...
 ROLL_SECONDS = 600.0         # ... or has been open this long (a 15-minute compaction finds it)
-
-
-class _Capture:
-    """A sink that keeps what the Arrow stream writer emits, so one write lands as one unit."""
-
-    closed = False
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-
-    def write(self, data: bytes) -> int:
-        self.chunks.append(data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def take(self) -> list[bytes]:
-        out, self.chunks = self.chunks, []
-        return out
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-class _Stream:
-    """One open append-only stream and its checksum file."""
-
-    def __init__(self, path: Path, schema: pa.Schema, point: str, fsync: bool):
-        self.path, self.point, self.fsync = path, point, fsync
-        # the checksum file first: a stream without one is damage, never a crash's leftover.
-        # File objects (unbuffered), so a writer dropped without close() still closes them.
-        self.sums = open(sum_path(path), "xb", buffering=0)
-        try:
-            self.data = open(path, "xb", buffering=0)
-        except OSError:
-            self.sums.close()
-            raise
-        self.size = 0
-        self.opened_at = time.monotonic()
-        self.sink = _Capture()
-        self.writer = pa.ipc.new_stream(self.sink, schema)
-
-    def write(self, chunks: list[bytes]) -> None:
-        """Write then record; with fsync, each is on disk before the next step."""
-        data = b"".join(chunks)
-        p, fd, sum_fd = self.point, self.data.fileno(), self.sums.fileno()
-        lake_kill.torn(p + ".data_torn", fd, data)
-        _write_all(fd, data)
-        lake_kill.hit(p + ".data_written")
-        if self.fsync:
-            os.fsync(fd)
-            lake_kill.hit(p + ".data_synced")
-        self.size += len(data)
-        record = pack_record(self.size, zlib.crc32(data))
-        lake_kill.torn(p + ".sum_torn", sum_fd, record)
-        _write_all(sum_fd, record)
-        lake_kill.hit(p + ".sum_written")
-        if self.fsync:
-            os.fsync(sum_fd)
-            lake_kill.hit(p + ".sum_synced")
-
-    def append(self, batch: pa.RecordBatch, meta: dict[bytes, bytes] | None) -> None:
-        self.writer.write_batch(batch, custom_metadata=meta)
-        self.write(self.sink.take())
-
-    def finish(self) -> None:
-        """Write the end-of-stream marker and close."""
-        try:
-            self.writer.close()
-            self.write(self.sink.take())
-        finally:
-            self.abandon()
-
-    def abandon(self) -> None:
-        """Close both files (idempotent)."""
-        for f in (self.data, self.sums):
-            try:
-                f.close()
-            except OSError:
-                pass
 
 
 class LakeWriter:
@@ -162,7 +76,7 @@ class LakeWriter:
         self.roll_bytes = roll_bytes
         self.roll_seconds = roll_seconds
         self.tag = uuid.uuid4().hex[:12]
-        self._streams: dict[tuple[str, str, int], _Stream] = {}
+        self._streams: dict[tuple[str, str, int], Stream] = {}
         self._lock = threading.Lock()
         self._opened = 0
         lake_kill.arm()
@@ -253,13 +167,13 @@ class LakeWriter:
         row = {f.name: [record.get(f.name)] for f in LOG_SCHEMA}
         self._streams[key].append(pa.record_batch(row, schema=LOG_SCHEMA), None)
 
-    def _create(self, d: Path, name: str, schema: pa.Schema, point: str) -> _Stream:
+    def _create(self, d: Path, name: str, schema: pa.Schema, point: str) -> Stream:
         """A new stream in ``d``; with fsync, its name (and any new directory) made durable."""
         new_dirs = [p for p in (d, *d.parents) if not p.exists()]
         d.mkdir(parents=True, exist_ok=True)
         if new_dirs:
             lake_kill.hit(point + ".mkdir")
-        stream = _Stream(d / name, schema, point, self.fsync)
+        stream = Stream(d / name, schema, point, self.fsync)
         lake_kill.hit(point + ".create")
         if self.fsync:
             for p in [d, *(q.parent for q in new_dirs)]:
@@ -267,7 +181,7 @@ class LakeWriter:
             lake_kill.hit(point + ".dir_synced")
         return stream
 
-    def _stream(self, table: str, partition: str, win: int, first_seq: int) -> _Stream:
+    def _stream(self, table: str, partition: str, win: int, first_seq: int) -> Stream:
         key = (table, partition, win)
         if key not in self._streams:
             d = self.root / table / f"partition={partition}" / f"window={win:06d}"

@@ -15,7 +15,6 @@ import os
 import shutil
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from pipeline.lake_files import (
     LOG_SCHEMA,
     QUARANTINE_DIR,
     SUM_SUFFIX,
-    pack_record,
+    record_for,
     replace_durably,
     sum_path,
     table_of,
@@ -152,8 +151,8 @@ def _good_writes(path: Path) -> tuple[list[tuple[int, bytes]], int]:
         if rec is None:                 # its end is unknown, so the next write's start is too
             lost, start = lost + 1, -1
             continue
-        end, crc = rec
-        if 0 <= start < end <= len(data) and zlib.crc32(data[start:end]) == crc:
+        end = rec.end
+        if 0 <= start < end <= len(data) and rec.matches(data[start:end]):
             good.append((start, data[start:end]))
         else:
             lost += 1
@@ -227,7 +226,7 @@ def _write_stream(path: Path, writes: list[bytes]) -> None:
     sums, end = [], 0
     for w in writes:
         end += len(w)
-        sums.append(pack_record(end, zlib.crc32(w)))
+        sums.append(record_for(end, w))
     for target, data in ((sum_path(path), b"".join(sums)), (path, b"".join(writes))):
         tmp = target.with_name(target.name + ".tmp")
         tmp.write_bytes(data)

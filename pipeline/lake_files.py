@@ -2,8 +2,11 @@
 
 Every append-only file (a table segment or a writer's log) is an Arrow IPC stream `X.arrow` with a
 checksum file `X.arrow.crc` beside it. The checksum file holds one fixed-size record per write to
-the stream: the stream's length after that write and the CRC-32 of the bytes the write added, plus
-the record's own CRC. A write counts (was acknowledged) once its record is in the checksum file,
+the stream: the stream's length after that write and the checksum of the bytes the write added,
+plus the record's own CRC-32. Which checksum is in the record's top byte of the length: 0 for a
+CRC-32 (zlib's; every lake written before CRC-32C came in), 1 for a CRC-32C (hardware-accelerated,
+~7 us instead of ~29 us per 86 KB write). A write counts (was acknowledged) once its record is in
+the checksum file,
 so the bytes of a stream past its last record are a torn tail, and every byte before it can be
 verified: that is what tells a torn tail (ignored) from damage anywhere else (refused).
 
@@ -18,7 +21,9 @@ import os
 import struct
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
+import google_crc32c
 import pyarrow as pa
 
 from pipeline import lake_kill
@@ -47,9 +52,28 @@ LOG_SCHEMA = pa.schema([
     pa.field("parts", pa.int32()),          # commit: how many record batches the call wrote
 ])
 
-_RECORD = struct.Struct("<QI")              # stream length after the write, CRC-32 of its bytes
-_FULL = struct.Struct("<QII")               # ... + the CRC-32 of those 12 bytes
+_RECORD = struct.Struct("<QI")              # (algorithm << 56 | stream length after the write),
+_FULL = struct.Struct("<QII")               # checksum of its bytes; + the CRC-32 of those 12 bytes
 RECORD_SIZE = _FULL.size
+
+CRC32, CRC32C = 0, 1                        # the checksum algorithms a record can name
+_ALGO_SHIFT = 56
+_END_MASK = (1 << _ALGO_SHIFT) - 1
+# CRC-32C only where the package has its compiled (hardware) code: its pure-Python fallback would
+# cost milliseconds per write. Readers verify either algorithm either way.
+WRITE_ALGORITHM = CRC32C if google_crc32c.implementation == "c" else CRC32
+
+
+class Record(NamedTuple):
+    """One checksum record: where the write ends in the stream, its checksum, which algorithm."""
+
+    end: int
+    crc: int
+    algorithm: int = CRC32
+
+    def matches(self, data: bytes | pa.Buffer) -> bool:
+        """Whether ``data`` (the bytes of the write this record covers) is intact."""
+        return checksum(data, self.algorithm) == self.crc
 
 
 def window_of(step: int, window: int = DEFAULT_WINDOW) -> int:
@@ -67,19 +91,35 @@ def sum_path(path: Path) -> Path:
     return path.with_name(path.name + SUM_SUFFIX)
 
 
-def pack_record(end: int, data_crc: int) -> bytes:
-    head = _RECORD.pack(end, data_crc)
+def checksum(data: bytes | pa.Buffer, algorithm: int = WRITE_ALGORITHM) -> int:
+    """The checksum of the bytes one write added to a stream, by ``algorithm``."""
+    if algorithm == CRC32C:
+        return google_crc32c.value(data)
+    return zlib.crc32(data)
+
+
+def pack_record(end: int, data_crc: int, algorithm: int = CRC32) -> bytes:
+    """One checksum record (``algorithm`` CRC32: byte for byte the format before CRC-32C)."""
+    head = _RECORD.pack(algorithm << _ALGO_SHIFT | end, data_crc)
     return head + struct.pack("<I", zlib.crc32(head))
 
 
-def unpack_records(raw: bytes) -> list[tuple[int, int] | None]:
-    """(end, crc) of every complete record; None for a record whose own CRC does not match.
-    A partial record at the end (a torn write of the checksum file) is not returned."""
-    out: list[tuple[int, int] | None] = []
+def record_for(end: int, data: bytes | pa.Buffer) -> bytes:
+    """The checksum record of a write of ``data`` that ends the stream at ``end``."""
+    return pack_record(end, checksum(data, WRITE_ALGORITHM), WRITE_ALGORITHM)
+
+
+def unpack_records(raw: bytes) -> list[Record | None]:
+    """Every complete record; None for a record whose own CRC does not match or that names an
+    unknown algorithm. A partial record at the end (a torn write of the checksum file) is not
+    returned."""
+    out: list[Record | None] = []
     for i in range(len(raw) // RECORD_SIZE):
-        end, crc, own = _FULL.unpack_from(raw, i * RECORD_SIZE)
+        head, crc, own = _FULL.unpack_from(raw, i * RECORD_SIZE)
         ok = zlib.crc32(raw[i * RECORD_SIZE:i * RECORD_SIZE + _RECORD.size]) == own
-        out.append((end, crc) if ok else None)
+        algorithm = head >> _ALGO_SHIFT
+        ok = ok and algorithm in (CRC32, CRC32C)
+        out.append(Record(head & _END_MASK, crc, algorithm) if ok else None)
     return out
 
 

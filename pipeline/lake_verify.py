@@ -17,7 +17,6 @@ lets the error end what it was doing, so nothing read from a damaged stream is e
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.errors import LakeDamageError
-from pipeline.lake_files import RECORD_SIZE, sum_path, unpack_records
+from pipeline.lake_files import RECORD_SIZE, Record, sum_path, unpack_records
 
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"     # the Arrow end-of-stream marker
 
@@ -41,8 +40,8 @@ class Verified:
     closed: bool = False                             # ends with the end-of-stream marker
 
 
-def _records(path: Path) -> list[tuple[int, int]] | None:
-    """(end, crc) of every acknowledged write; None when neither the stream nor anything
+def _records(path: Path) -> list[Record] | None:
+    """The record of every acknowledged write; None when neither the stream nor anything
     acknowledged of it exists (a crash between creating the checksum file and the stream)."""
     sums = sum_path(path)
     try:
@@ -51,9 +50,9 @@ def _records(path: Path) -> list[tuple[int, int]] | None:
         if not path.exists():
             raise LakeDamageError(path, 0, "the file is missing") from None
         raise LakeDamageError(path, 0, f"its checksum file {sums.name} is missing") from None
-    out: list[tuple[int, int]] = []
+    out: list[Record] = []
     for i, rec in enumerate(unpack_records(raw)):
-        if rec is None or (out and rec[0] <= out[-1][0]):
+        if rec is None or (out and rec.end <= out[-1].end):
             raise LakeDamageError(sums, i * RECORD_SIZE, "a checksum record is damaged")
         out.append(rec)
     return out
@@ -66,7 +65,7 @@ class _Writes:
     def __init__(self, path: Path):
         self.path = path
         self.records = _records(path)
-        self.end = self.records[-1][0] if self.records else 0
+        self.end = self.records[-1].end if self.records else 0
         self.file = None
         self.file_size = 0
         self.next = 0              # the next write to load
@@ -93,10 +92,11 @@ class _Writes:
         """Read and check the next write; False at the end of the acknowledged bytes."""
         if self.file is None or self.next >= len(self.records):
             return False
-        start = self.records[self.next - 1][0] if self.next else 0
-        stop, crc = self.records[self.next]
+        start = self.records[self.next - 1].end if self.next else 0
+        rec = self.records[self.next]
+        stop = rec.end
         data = self._read(stop - start)
-        if len(data) < stop - start or zlib.crc32(data) != crc:
+        if len(data) < stop - start or not rec.matches(data):
             raise LakeDamageError(self.path, start, f"checksum mismatch in bytes {start}..{stop}")
         self.start, self.buf, self.last = start, data, data
         self.next += 1
@@ -146,7 +146,7 @@ class _Writes:
             self.file.close()
 
     def verified(self) -> Verified:
-        return Verified(self.path, self.end, [e for e, _ in self.records],
+        return Verified(self.path, self.end, [r.end for r in self.records],
                         max(self.file_size - self.end, 0),
                         self.end >= len(_EOS) and self.last.endswith(_EOS))
 
