@@ -56,7 +56,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from pipeline import to_torch_rows
@@ -64,6 +63,7 @@ from pipeline.to_torch_pool import TensorPool
 from pipeline.to_torch_ragged import (
     BatchFormatError,
     Pieces,
+    _merged,
     _Ragged,
     _ragged,
     _response_stream,
@@ -226,16 +226,6 @@ def _packed(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
     return tensors
 
 
-def _row_copy(table: pa.Table, layout: str) -> bool:
-    """Row-copy writer or mask writer, from the row lengths alone (offsets, no values read)."""
-    n = np.zeros(table.num_rows, np.int64)
-    for name in ("prompt_ids", "response_ids"):
-        col = table.column(name)
-        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            n += pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
-    return to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()), int(n.max(initial=0)))
-
-
 def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
                    pin_memory: bool = False, pad_token_id: int = 0,
                    pool: TensorPool | None = None) -> dict[str, torch.Tensor]:
@@ -262,9 +252,12 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
         warnings.warn("pin_memory=True but no accelerator is available: returning ordinary "
                       "(pageable) host memory", stacklevel=2)
         pin = False
-    row_copy = _row_copy(table, layout)
+    prompt, resp = _ragged(table, "prompt_ids", 0), _ragged(table, "response_ids", 0)
+    n = prompt.lengths + resp.lengths     # the writer follows from the row lengths alone
+    row_copy = to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()),
+                                          int(n.max(initial=0)))
     merge = 0 if row_copy else None     # the row-copy writer takes chunks as they are
-    prompt, resp = _ragged(table, "prompt_ids", merge), _ragged(table, "response_ids", merge)
+    prompt, resp = _merged(prompt, merge), _merged(resp, merge)
     mask = _response_stream(_ragged(table, "response_mask", merge), "response_mask",
                             resp.lengths, 1)
     logp = _response_stream(_ragged(table, "rollout_log_probs", merge), "rollout_log_probs",

@@ -30,6 +30,7 @@ that must outlive its give-back.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,10 +92,13 @@ class TensorPool:
 
         The buffer stays pending until ``lend`` (the call returned it) or ``abandon`` (it failed).
         """
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        fits = [b for b in self._idle if b.pinned == pinned and b.capacity >= nbytes]
-        if fits:
-            buf = min(fits, key=lambda b: b.capacity)
+        nbytes = math.prod(shape) * dtype.itemsize
+        buf = None
+        for b in self._idle:                    # the smallest idle buffer that fits
+            if b.pinned == pinned and b.capacity >= nbytes and (
+                    buf is None or b.capacity < buf.capacity):
+                buf = b
+        if buf is not None:
             self._idle.remove(buf)
             if buf.ready is not None:
                 buf.ready.synchronize()         # copies still reading it from an earlier call
@@ -102,7 +106,7 @@ class TensorPool:
         else:
             capacity = max(_ROUND, -(-int(nbytes * HEADROOM) // _ROUND) * _ROUND)
             self._make_room(capacity)
-            buf = _Buffer(torch.empty(capacity, dtype=torch.uint8, pin_memory=pinned), pinned)
+            buf = _Buffer(_allocate(capacity, pinned), pinned)
         self._loaned[buf.raw.untyped_storage().data_ptr()] = buf
         self._pending.append(buf)
         return buf.raw[:nbytes].view(dtype).view(shape)
@@ -173,3 +177,12 @@ class TensorPool:
             dropped = self._idle.pop(0)
             if dropped.ready is not None:
                 dropped.ready.synchronize()
+
+
+def _allocate(capacity: int, pinned: bool) -> torch.Tensor:
+    """A uint8 buffer: page-locked by torch when pinned; otherwise numpy's, which asks the kernel
+    for huge pages on large arrays (where enabled), as the tensors of a call without a pool get
+    -- writes through 4 KiB pages measured ~15% slower here."""
+    if pinned:
+        return torch.empty(capacity, dtype=torch.uint8, pin_memory=True)
+    return torch.from_numpy(np.empty(capacity, np.uint8))

@@ -63,31 +63,79 @@ def _ragged(table: pa.Table, name: str, min_piece: int | None = None) -> _Ragged
         valid = col.is_valid().to_numpy(zero_copy_only=False)
         if name not in _NULLABLE:
             raise BatchFormatError(f"column {name!r} is null in {_rows(~valid)}; it must not be")
-    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    lengths = pc.list_value_length(col)
+    if valid is not None:
+        lengths = pc.fill_null(lengths, 0)
+    lengths = lengths.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    pieces: Pieces = []
+    row = 0
+    fixed = _fixed_width(col.type)
+    for chunk in col.chunks:
+        seg = _plain_chunk(chunk, *fixed) if fixed else None
+        if seg is None:
+            seg = _any_chunk(chunk, name)
+        pieces.append((row, row + len(chunk), seg))
+        row += len(chunk)
+    return _merged(_Ragged(lengths, valid, pieces), min_piece)
+
+
+def _merged(col: _Ragged, min_piece: int | None = None) -> _Ragged:
+    """``col`` with consecutive pieces merged (copied) into pieces of at least ``min_piece``
+    values (default ``MIN_PIECE_VALUES``; 0 keeps the pieces as they are)."""
     min_piece = MIN_PIECE_VALUES if min_piece is None else min_piece
+    if min_piece == 0 or len(col.pieces) <= 1:
+        return col
     pieces: Pieces = []
     pending: Pieces = []
-    row = held = 0
-    for chunk in col.chunks:
-        off = np.asarray(chunk.offsets)
-        lo, hi = int(off[0]), int(off[-1])
-        child = chunk.values
-        if child.null_count:        # nulls somewhere in the child buffer: are any ours?
-            child, lo, hi = child.slice(lo, hi - lo), 0, hi - lo
-            if child.null_count:
-                raise BatchFormatError(f"column {name!r} holds null items inside its lists")
-        seg = child.to_numpy(zero_copy_only=False)[lo:hi]
-        if chunk.null_count:
-            seg = seg[np.repeat(chunk.is_valid().to_numpy(zero_copy_only=False), np.diff(off))]
-        pending.append((row, row + len(chunk), seg))
-        row += len(chunk)
-        held += len(seg)
+    held = 0
+    for piece in col.pieces:
+        pending.append(piece)
+        held += len(piece[2])
         if held >= min_piece:
             pieces.append(_merge(pending))
             pending, held = [], 0
     if pending:
         pieces.append(_merge(pending))
-    return _Ragged(lengths.astype(np.int64), valid, pieces)
+    return _Ragged(col.lengths, col.valid, pieces)
+
+
+def _fixed_width(list_type: pa.DataType) -> tuple[np.dtype, np.dtype] | None:
+    """(offsets dtype, values dtype) when a chunk's buffers can be read directly: numbers."""
+    vt = list_type.value_type
+    if not (pa.types.is_integer(vt) or pa.types.is_floating(vt)):
+        return None
+    return (np.dtype(np.int64 if pa.types.is_large_list(list_type) else np.int32),
+            np.dtype(vt.to_pandas_dtype()))
+
+
+def _plain_chunk(chunk: pa.Array, off_dtype: np.dtype, val_dtype: np.dtype) -> np.ndarray | None:
+    """The values of a chunk's rows straight from its buffers (~2x cheaper than the array API,
+    which matters with one chunk per producer put), or None when a null or an empty chunk needs
+    ``_any_chunk``."""
+    bufs = chunk.buffers()          # validity, offsets, the child's validity, the child's values
+    n = len(chunk)
+    if n == 0 or chunk.null_count or bufs[2] is not None or bufs[3] is None:
+        return None
+    size = off_dtype.itemsize
+    lo = int(np.frombuffer(bufs[1], off_dtype, 1, chunk.offset * size)[0])
+    hi = int(np.frombuffer(bufs[1], off_dtype, 1, (chunk.offset + n) * size)[0])
+    return np.frombuffer(bufs[3], val_dtype, hi - lo,
+                         (chunk.values.offset + lo) * val_dtype.itemsize)
+
+
+def _any_chunk(chunk: pa.Array, name: str) -> np.ndarray:
+    """The values of a chunk's valid rows through the array API (nulls anywhere)."""
+    off = np.asarray(chunk.offsets)
+    lo, hi = off[0], off[-1]
+    child = chunk.values
+    if child.null_count:        # nulls somewhere in the child buffer: are any ours?
+        child, lo, hi = child.slice(lo, hi - lo), 0, hi - lo
+        if child.null_count:
+            raise BatchFormatError(f"column {name!r} holds null items inside its lists")
+    seg = child.to_numpy(zero_copy_only=False)[lo:hi]
+    if chunk.null_count:
+        seg = seg[np.repeat(chunk.is_valid().to_numpy(zero_copy_only=False), np.diff(off))]
+    return seg
 
 
 def _merge(pending: Pieces) -> tuple[int, int, np.ndarray]:

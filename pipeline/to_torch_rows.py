@@ -34,22 +34,39 @@ def use_row_copy(layout: str, rows: int, tokens: int, padded_length: int) -> boo
     return span >= ROW_COPY_MIN_TOKENS
 
 
-def row_views(stream: Pieces | float, lengths: np.ndarray, dtype: Any) -> list[np.ndarray]:
-    """One view per row of a token stream (``lengths[i]`` values for row i); a scalar stream
-    (a null column's fill value) gives views of one constant template of ``dtype``."""
-    if not isinstance(stream, list):
-        return _runs(stream, dtype, lengths)
-    out: list[np.ndarray] = []
-    for r0, r1, vals in stream:
-        ends = np.cumsum(lengths[r0:r1]).tolist()
-        out += [vals[a:b] for a, b in zip([0, *ends[:-1]], ends)]
-    return out
+class RowSlices:
+    """Per-row slices for one array of row lengths, built once per call and shared by every
+    stream with those lengths (response ids, loss mask and log-probs share the response lengths;
+    their pieces follow the same chunks), so each view costs one ``vals[slice]`` and no more."""
 
+    def __init__(self, lengths: np.ndarray):
+        self.lengths = lengths
+        self._prefix: list[slice] | None = None
+        self._local: dict[tuple[int, int], list[slice]] = {}
 
-def _runs(value: float, dtype: Any, lengths: np.ndarray) -> list[np.ndarray]:
-    sizes = lengths.tolist()
-    template = np.full(max(sizes, default=0), value, dtype)
-    return [template[:k] for k in sizes]
+    def views(self, stream: Pieces | float, dtype: Any) -> list[np.ndarray]:
+        """One view per row of a token stream (``lengths[i]`` values for row i); a scalar
+        stream (a null column's fill value) gives views of one constant template of ``dtype``."""
+        if not isinstance(stream, list):
+            return self.runs(stream, dtype)
+        out: list[np.ndarray] = []
+        for r0, r1, vals in stream:
+            local = self._local.get((r0, r1))
+            if local is None:
+                ends = np.cumsum(self.lengths[r0:r1]).tolist()
+                local = self._local[r0, r1] = list(map(slice, [0, *ends[:-1]], ends))
+            out += map(vals.__getitem__, local)
+        return out
+
+    def runs(self, value: float, dtype: Any) -> list[np.ndarray]:
+        """Row i's run of ``lengths[i]`` copies of ``value`` (views of one template)."""
+        return self.prefixes(np.full(int(self.lengths.max(initial=0)), value, dtype))
+
+    def prefixes(self, template: np.ndarray) -> list[np.ndarray]:
+        """Row i's view ``template[:lengths[i]]`` (the template is at least as long as a row)."""
+        if self._prefix is None:
+            self._prefix = list(map(slice, self.lengths.tolist()))
+        return list(map(template.__getitem__, self._prefix))
 
 
 def _fill(out: np.ndarray, *per_row: list[np.ndarray]) -> None:
@@ -67,15 +84,15 @@ def write_padded(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
     n = p + r
     L = out["input_ids"].shape[1]
     R = out["responses"].shape[1]
-    pv, rv = row_views(prompt, p, i64), row_views(resp, r, i64)
-    mv, lv = row_views(mask, r, i64), row_views(logp, r, f32)
-    tail_l, tail_r = L - n, R - r
-    _fill(out["input_ids"], pv, rv, _runs(pad, i64, tail_l))
-    _fill(out["response_mask"], _runs(0, i64, p), mv, _runs(0, i64, tail_l))
-    _fill(out["rollout_log_probs"], _runs(0, f32, p), lv, _runs(0, f32, tail_l))
-    _fill(out["responses"], rv, _runs(pad, i64, tail_r))
-    _fill(out["responses_mask"], mv, _runs(0, i64, tail_r))
-    _fill(out["responses_log_probs"], lv, _runs(0, f32, tail_r))
+    ps, rs, tl, tr = RowSlices(p), RowSlices(r), RowSlices(L - n), RowSlices(R - r)
+    pv, rv = ps.views(prompt, i64), rs.views(resp, i64)
+    mv, lv = rs.views(mask, i64), rs.views(logp, f32)
+    _fill(out["input_ids"], pv, rv, tl.runs(pad, i64))
+    _fill(out["response_mask"], ps.runs(0, i64), mv, tl.runs(0, i64))
+    _fill(out["rollout_log_probs"], ps.runs(0, f32), lv, tl.runs(0, f32))
+    _fill(out["responses"], rv, tr.runs(pad, i64))
+    _fill(out["responses_mask"], mv, tr.runs(0, i64))
+    _fill(out["responses_log_probs"], lv, tr.runs(0, f32))
     pos = np.arange(L)
     np.less(pos, n[:, None], out=out["attention_mask"])           # every element written
     np.multiply(pos, out["attention_mask"], out=out["position_ids"])
@@ -85,9 +102,9 @@ def write_packed(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
                  resp: Pieces, mask: Pieces | float, logp: Pieces | float) -> None:
     """The token tensors of the packed layout (1-D buffers of T tokens)."""
     i64, f32 = np.int64, np.float32
-    _fill(out["input_ids"], row_views(prompt, p, i64), row_views(resp, r, i64))
-    _fill(out["response_mask"], _runs(0, i64, p), row_views(mask, r, i64))
-    _fill(out["rollout_log_probs"], _runs(0, f32, p), row_views(logp, r, f32))
+    ps, rs = RowSlices(p), RowSlices(r)
+    _fill(out["input_ids"], ps.views(prompt, i64), rs.views(resp, i64))
+    _fill(out["response_mask"], ps.runs(0, i64), rs.views(mask, i64))
+    _fill(out["rollout_log_probs"], ps.runs(0, f32), rs.views(logp, f32))
     n = p + r
-    positions = np.arange(int(n.max(initial=0)), dtype=i64)
-    _fill(out["position_ids"], [positions[:k] for k in n.tolist()])
+    _fill(out["position_ids"], RowSlices(n).prefixes(np.arange(int(n.max(initial=0)), dtype=i64)))
