@@ -116,9 +116,8 @@ def _plain_chunk(chunk: pa.Array, off_dtype: np.dtype, val_dtype: np.dtype) -> n
     n = len(chunk)
     if n == 0 or chunk.null_count or bufs[2] is not None or bufs[3] is None:
         return None
-    size = off_dtype.itemsize
-    lo = int(np.frombuffer(bufs[1], off_dtype, 1, chunk.offset * size)[0])
-    hi = int(np.frombuffer(bufs[1], off_dtype, 1, (chunk.offset + n) * size)[0])
+    off = np.frombuffer(bufs[1], off_dtype, n + 1, chunk.offset * off_dtype.itemsize)
+    lo, hi = int(off[0]), int(off[-1])
     return np.frombuffer(bufs[3], val_dtype, hi - lo,
                          (chunk.values.offset + lo) * val_dtype.itemsize)
 

@@ -53,10 +53,23 @@ class RowSlices:
         for r0, r1, vals in stream:
             local = self._local.get((r0, r1))
             if local is None:
-                ends = np.cumsum(self.lengths[r0:r1]).tolist()
-                local = self._local[r0, r1] = list(map(slice, [0, *ends[:-1]], ends))
+                local = self._slices(stream)[r0, r1]
             out += map(vals.__getitem__, local)
         return out
+
+    def _slices(self, stream: Pieces) -> dict[tuple[int, int], list[slice]]:
+        """Every row's slice within its piece, for all pieces of ``stream`` in a few numpy calls
+        (one cumsum, not one per piece)."""
+        ends = np.zeros(len(self.lengths) + 1, np.int64)
+        np.cumsum(self.lengths, out=ends[1:])      # ends[i] = where row i starts in the stream
+        first = np.array([r0 for r0, _, _ in stream], np.int64)
+        rows = np.array([r1 - r0 for r0, r1, _ in stream], np.int64)
+        local_ends = ends[1:] - np.repeat(ends[first], rows)
+        stop = local_ends.tolist()
+        start = (local_ends - self.lengths).tolist()
+        for r0, r1, _ in stream:
+            self._local[r0, r1] = list(map(slice, start[r0:r1], stop[r0:r1]))
+        return self._local
 
     def runs(self, value: float, dtype: Any) -> list[np.ndarray]:
         """Row i's run of ``lengths[i]`` copies of ``value`` (views of one template)."""
