@@ -71,11 +71,16 @@ def with_provenance(payload: pa.Table, rows: pl.DataFrame, group_status: dict[st
     uids = rows.get_column("uid").to_list()
     made = {"status": pa.array([group_status[u] for u in uids], pa.string()),
             "times_sampled": pa.array(np.ones(n, dtype=np.int32))}
-    extra = [made[f.name] if f.name in made else rows.get_column(f.name).to_arrow().cast(f.type)
+    extra = [made[f.name] if f.name in made else _as(rows.get_column(f.name).to_arrow(), f.type)
              for f in BATCH_PROVENANCE]
     return pa.Table.from_arrays([*payload.columns, *extra],
                                 schema=pa.schema([*payload.schema, *BATCH_PROVENANCE],
                                                  metadata=payload.schema.metadata))
+
+
+def _as(array: pa.Array, typ: pa.DataType) -> pa.Array:
+    """``array`` as ``typ``; most columns already are (a no-op cast still costs ~4 us)."""
+    return array if array.type == typ else array.cast(typ)
 
 
 @dataclass

@@ -60,8 +60,8 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
     rows = part.candidates.to_examine(max(horizons) if horizons else None)
     if not rows:
         return Eviction()
-    params = {declared.param_column(k): pl.lit(v) for k, v in _params(uses, step).items()}
-    frame = candidates.frame(rows).with_columns(**params, step=pl.lit(step))
+    frame = declared.with_params(candidates.frame(rows), _params(uses, step))
+    frame = frame.hstack([pl.Series("step", [step], pl.Int64).new_from_index(0, frame.height)])
     span_expr = declared.compiled_items("provenance")[_GROUP_SPAN]
     exprs = [u.rule.expr.fill_null(False).alias(u.name) for u in uses]
     check = rules.get("missing_metric")

@@ -50,8 +50,7 @@ class Rule:
         """The dispatch step below which time can newly make this rule fire (None: never)."""
         if self.horizon_expr is None:
             return None
-        # one row of parameter columns, built directly: one polars evaluation, not two
-        frame = pl.DataFrame({declared.param_column(k): [v] for k, v in params.items()})
+        frame = declared.with_params(pl.DataFrame({"_": [0]}), params)
         return int(frame.select(self.horizon_expr).item())
 
 
