@@ -24,6 +24,8 @@ _STEP_COLUMN = {"selection_bias": "dispatch_step"}
 _LAST_STEP = 2**62
 SMOOTH_FROM = 60        # from this many steps on, figure lines are smoothed and heatmaps binned
 HEATMAP_COLUMNS = 60
+# derived views several of the report's queries read: computed once per report (see `gather`)
+SHARED_VIEWS = ("groups", "provenance")
 
 
 class ReportError(ReplayLakeError, ValueError):
@@ -80,6 +82,18 @@ def _window_text(steps: tuple[int | None, int | None]) -> str:
         f"{'' if hi is None else hi}"
 
 
+def materialise(con: Any, views: tuple[str, ...]) -> None:
+    """Compute ``views`` once into temporary tables of the same name, which every later query
+    of this connection (and the views built on them) reads instead of recomputing the view.
+
+    The report's queries share `groups` (headline, selection bias) and `provenance` (headline,
+    per-step staleness, trained distribution, selection bias), each a scan and join over the
+    whole lake; a temporary table lives in the connection's memory and goes with it."""
+    db = con.sql("select current_database()").fetchall()[0][0]
+    for view in views:
+        con.execute(f'create or replace temp table {view} as select * from "{db}".main.{view}')
+
+
 def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (None, None),
            partitions: list[str] | None = None,
            progress: Callable[[str], None] | None = None) -> ReportData:
@@ -100,6 +114,7 @@ def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (N
         con = connect(root, filter_metric=metric)
     except ConfigError:
         con = connect(root)
+    materialise(con, SHARED_VIEWS)
     lo, hi = steps
     results: dict[str, Rows] = {}
     for name in QUERIES:

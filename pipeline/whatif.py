@@ -174,47 +174,66 @@ class _Feed:
         return self.pos > start
 
     def _apply_all(self, items: list[tuple]) -> None:
-        """Apply ``items`` in order, each run of consecutive trajectory rows as one `put`.
+        """Apply ``items`` in order, each run of consecutive rows of one kind (trajectories,
+        registrations, status changes) as one call.
 
         Nothing polls between two rows of a run (polls happen only between feed steps), and no
-        recorded row can be refused (a group accepts rows until its terminal event, which comes
-        after them), so one call leaves the buffer as the rows one by one would."""
-        run: list[int] = []
+        recorded trajectory or registration can be refused (a group accepts rows until its
+        terminal event, which comes after them), so one call leaves the buffer as the rows one
+        by one would; a status run that is refused is applied row by row. Row-by-row calls
+        would cost the buffer, its journal and the replay's lake one record batch per row."""
+        run: list[tuple] = []
+        run_kind, run_keys = None, set()
         for item in items:
-            if item[1] == "traj":
-                run.append(item[2])
-                continue
-            self._put(run)
-            run = []
-            self._apply(item)
-        self._put(run)
+            kind = self._kind(item)
+            # a group's rows of one put may repeat its key; one status call takes a group once
+            key = self._key(item) if kind == "status" else None
+            if kind != run_kind or kind == "release" or key in run_keys:
+                self._apply_run(run_kind, run)
+                run, run_kind, run_keys = [], kind, set()
+            run.append(item)
+            if key is not None:
+                run_keys.add(key)
+        self._apply_run(run_kind, run)
 
-    def _put(self, rows: list[int]) -> None:
-        if not rows:
+    def _kind(self, item: tuple) -> str:
+        if item[1] != "event":
+            return item[1]
+        return "register" if self.events[item[2]]["event"] == "registered" else "status"
+
+    def _apply_run(self, kind: str | None, run: list[tuple]) -> None:
+        if not run:
             return
-        first = rows[0]
-        contiguous = rows[-1] - first + 1 == len(rows)
-        self.buf.put(self.traj.slice(first, len(rows)) if contiguous else self.traj.take(rows))
-
-    def _apply(self, item: tuple) -> None:
-        _, kind, ref = item
         buf = self.buf
-        if kind == "release":
-            b = self.batch_of.get(ref)
+        if kind == "traj":
+            rows = [ref for _, _, ref in run]
+            first = rows[0]
+            contiguous = rows[-1] - first + 1 == len(rows)
+            buf.put(self.traj.slice(first, len(rows)) if contiguous else self.traj.take(rows))
+        elif kind == "release":
+            b = self.batch_of.get(run[0][2])
             if b is not None:
                 buf.release(b)
+        elif kind == "register":
+            ev = [self.events[ref] for _, _, ref in run]
+            buf.register({"partition": [e["partition"] for e in ev],
+                          "uid": [e["uid"] for e in ev],
+                          "global_steps": [e["global_steps"] for e in ev],
+                          "n": [e["n"] for e in ev],
+                          "prompt_id": [e.get("prompt_id") for e in ev]})
         else:
-            e = self.events[ref]
-            if e["event"] == "registered":
-                buf.register(partition=e["partition"], uids=[e["uid"]],
-                             global_steps=e["global_steps"], n=e["n"],
-                             prompt_ids=[e.get("prompt_id")])
-            else:
-                try:
-                    buf.update_status(partition=e["partition"], uids=[e["uid"]],
-                                      status=e["event"])
-                except ReplayLakeError:
-                    pass   # a status for a group this replay evicted already (what-if only)
+            ev = [self.events[ref] for _, _, ref in run]
+            try:
+                buf.update_status({"partition": [e["partition"] for e in ev],
+                                   "uid": [e["uid"] for e in ev],
+                                   "status": [e["event"] for e in ev]})
+            except ReplayLakeError:
+                for e in ev:   # all-or-nothing: nothing of the run was applied
+                    try:
+                        buf.update_status(partition=e["partition"], uids=[e["uid"]],
+                                          status=e["event"])
+                    except ReplayLakeError:
+                        pass   # a status for a group this replay evicted already (what-if)
 
 
 def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,

@@ -189,3 +189,18 @@ def test_the_demo_lake_reports_through_the_installed_command_line(tmp_path: Path
     assert "wrote" in proc.stdout and "6 figures" in proc.stdout
     images = _pngs((tmp_path / "demo.html").read_text(encoding="utf-8"))
     assert len(images) == len(FIGURES) and all(i[..., :3].std() > 0.05 for i in images)
+
+
+def test_the_shared_views_are_computed_once_into_temporary_tables_with_the_same_rows() -> None:
+    from pipeline.report_data import QUERIES, SHARED_VIEWS, materialise
+    from sql import loader
+    lake = shared_run("async").lake
+    plain, shared = connect(lake), connect(lake)
+    materialise(shared, SHARED_VIEWS)
+    temp = {r[0] for r in shared.sql(
+        "select table_name from duckdb_tables() where temporary").fetchall()}
+    assert set(SHARED_VIEWS) <= temp
+    params = {"report_headline": {"first_step": -1, "last_step": 2**62}}
+    for name in QUERIES:
+        want = loader.run(plain, name, **params.get(name, {})).to_pylist()
+        assert want and loader.run(shared, name, **params.get(name, {})).to_pylist() == want
