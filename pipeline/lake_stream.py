@@ -3,10 +3,10 @@
 Why the stream assembles its own IPC messages: an Arrow stream writer hands its bytes to a Python
 sink one Arrow buffer at a time (a callback each, ~30 us per 16-trajectory batch), and they must
 be joined again so one write lands as one unit. The stream format is a schema message, record
-batch messages and an end-of-stream marker; Arrow serialises each of them into one C++ buffer
-(`Schema.serialize`, `RecordBatch.serialize`) byte for byte as its stream writer would, so the
-files are unchanged. A batch that carries custom metadata (the parts of a multi-partition call)
-goes through a throwaway stream writer on a C++ sink instead, since `serialize` cannot attach it.
+batch messages and an end-of-stream marker; `RecordBatch.serialize` makes a batch's message in one
+C++ buffer byte for byte as the stream writer would, so the files are unchanged. A segment's first
+write (schema and batch) and a batch that carries custom metadata (the parts of a multi-partition
+call; `serialize` cannot attach it) go through a throwaway stream writer on a C++ sink instead.
 """
 from __future__ import annotations
 
@@ -28,16 +28,27 @@ def _write_all(fd: int, data: bytes | pa.Buffer) -> None:
         view = view[os.write(fd, view):]
 
 
-def batch_message(schema_bytes: pa.Buffer, schema: pa.Schema, batch: pa.RecordBatch,
-                  meta: dict[bytes, bytes] | None) -> pa.Buffer:
-    """The IPC message of ``batch`` as a stream writer would write it after the schema."""
-    if meta is None:
-        return batch.serialize()
-    sink = pa.BufferOutputStream()
+def encode(schema: pa.Schema, schema_bytes: pa.Buffer, batch: pa.RecordBatch,
+           meta: dict[bytes, bytes] | None, with_schema: bool) -> pa.Buffer:
+    """The bytes one append writes: ``batch``'s message as Arrow's stream writer writes it,
+    after the schema message when the stream is new. Always one buffer, filled by C++."""
+    if meta is None and not with_schema:
+        return batch.serialize()                # the common case, exactly sized
+    if meta is None:    # a segment's first write: schema and batch straight into one buffer
+        out = pa.allocate_buffer(schema_bytes.size + pa.ipc.get_record_batch_size(batch)
+                                 + len(EOS))
+        sink = pa.FixedSizeBufferWriter(out)
+    else:               # custom metadata changes the message's size: a sink that grows
+        sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_batch(batch, custom_metadata=meta)
-    out = sink.getvalue()
-    return out.slice(schema_bytes.size, out.size - schema_bytes.size - len(EOS))
+    if meta is None:
+        end = sink.tell()
+    else:
+        out = sink.getvalue()
+        end = out.size
+    start = 0 if with_schema else schema_bytes.size
+    return out.slice(start, end - len(EOS) - start)
 
 
 class Stream:
@@ -80,22 +91,16 @@ class Stream:
             os.fsync(sum_fd)
             lake_kill.hit(p + ".sum_synced")
 
-    def _with_schema(self, message: pa.Buffer | bytes) -> pa.Buffer | bytes:
-        if self.started:
-            return message
-        self.started = True
-        return b"".join((self.schema_bytes, message))
-
     def append(self, batch: pa.RecordBatch, meta: dict[bytes, bytes] | None) -> None:
         if batch.schema != self.schema:
             raise pa.ArrowInvalid(f"lake stream {self.path}: a batch of another schema")
-        message = batch_message(self.schema_bytes, self.schema, batch, meta)
-        self.write(self._with_schema(message))
+        self.write(encode(self.schema, self.schema_bytes, batch, meta, not self.started))
+        self.started = True
 
     def finish(self) -> None:
         """Write the end-of-stream marker and close."""
         try:
-            self.write(self._with_schema(EOS))
+            self.write(EOS if self.started else b"".join((self.schema_bytes, EOS)))
         finally:
             self.abandon()
 
