@@ -57,7 +57,8 @@ def main(
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
     """
     from pipeline.errors import ReplayLakeError
-    from pipeline.whatif import future_summary, recorded, recorded_settings, replay
+    from pipeline.whatif import recorded, recorded_settings, replay
+    from pipeline.whatif_future import future_summary
     try:
         settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                     "filter_groups_metric": filter_metric, "max_response_length":

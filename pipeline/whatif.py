@@ -27,7 +27,7 @@ What the replay cannot make real: rollouts keep the weight versions they were re
 other settings evict more, the feed reaches rollouts the recorded run generated later, with newer
 weights, and a sample call can train rows whose newest version is not older than its step. The
 live buffer warns about such rows on every call; the replay counts them per step instead
-(`Outcome.future_rows`) and leaves the summary to its caller.
+(`Outcome.future_rows`, see pipeline.whatif_future) and leaves the summary to its caller.
 
 Memory: the feed reads the recorded tables once, puts every run of consecutive trajectory rows
 in one call (not row by row: each call costs the buffer, its journal and the replay's lake a
@@ -36,13 +36,8 @@ of the replay are read back from its decision log alone, not its payload.
 """
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import ConfigError, LakeError, ReplayLakeError
+from pipeline.whatif_future import Outcome, future_rows, future_warnings_held
 from schemas import TRAJECTORIES_INPUT
 
 SAMPLE_TIMEOUT_S = 600.0   # a safety net only: an unfillable call ends when the feed runs dry
@@ -58,17 +54,6 @@ IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch
 
 class _Unfillable(Exception):
     """The recorded run has nothing more to feed and the replay's batch is still short."""
-
-
-@dataclass
-class Outcome:
-    """What one run (recorded or replayed) handed out and evicted."""
-
-    batches: list[list[str]] = field(default_factory=list)      # uids per sample call, in order
-    unfilled: list[int] = field(default_factory=list)           # steps whose batch never filled
-    refill_shortfall: int = 0
-    lake: Path | None = None
-    future_rows: dict[int, int] = field(default_factory=dict)   # step -> rows newer than it
 
 
 def recorded_settings(lake: Path) -> dict[str, Any]:
@@ -257,7 +242,7 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     buf = make(lake=out / "lake", refill_fn=lambda n: holder["feed"].refill(n),
                poll_interval=0.001, **kwargs)
     result = Outcome(lake=out / "lake")
-    with buf, _future_warnings_held():
+    with buf, future_warnings_held():
         feed = holder["feed"] = _Feed(buf, tables)
         del tables["trajectories"], tables["group_events"]   # the feed holds what it needs
         points = sorted(s for c in calls for s in c["points"].values())
@@ -293,7 +278,7 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
                 continue
             feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b
             result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
-            future = _future_rows(b.table)
+            future = future_rows(b.table)
             if future:
                 result.future_rows[c["step"]] = result.future_rows.get(c["step"], 0) + future
         feed.advance(None)
@@ -301,50 +286,6 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     # the batches as the replay's own decision log orders them (as `recorded` reads a lake)
     result.batches = recorded(result.lake).batches
     return result
-
-
-def _future_rows(table: pa.Table) -> int:
-    """Trained rows of a batch whose newest weight version is not older than its step (the
-    rows the live buffer warns about)."""
-    future = pc.and_(pc.invert(table["is_padding"]), pc.less(table["staleness"], 0))
-    return pc.sum(future.cast(pa.int64())).as_py() or 0
-
-
-class _HoldFutureWarnings(logging.Filter):
-    """Drops the buffer's per-call "weight version from the future" warnings raised on one
-    thread (the replay's): there they are an artefact of replaying recorded versions, counted
-    in `Outcome.future_rows` instead."""
-
-    def __init__(self, thread: int):
-        super().__init__()
-        self.thread = thread
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.thread == self.thread and record.funcName == "_warn_future")
-
-
-@contextmanager
-def _future_warnings_held() -> Iterator[None]:
-    log = logging.getLogger("replaylake")
-    hold = _HoldFutureWarnings(threading.get_ident())
-    log.addFilter(hold)
-    try:
-        yield
-    finally:
-        log.removeFilter(hold)
-
-
-def future_summary(outcome: Outcome, calls: int) -> str | None:
-    """One line on the steps that trained rows from the future, None when none did."""
-    steps = sorted(outcome.future_rows)
-    if not steps:
-        return None
-    rows = sum(outcome.future_rows.values())
-    return (f"weight versions from the future: {len(steps)} of {calls} sample calls (steps "
-            f"{steps[0]} to {steps[-1]}) trained {rows:,} row(s) whose newest weight version is "
-            "not older than the step. The replay keeps each rollout's recorded version; with "
-            "these settings it reached rollouts the recorded run generated later with newer "
-            "weights, so their staleness reads lower (below zero) than a real run would have had")
 
 
 def feed_seq(feed: _Feed) -> int:
