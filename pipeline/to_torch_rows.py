@@ -100,12 +100,14 @@ def write_padded(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
     ps, rs, tl, tr = RowSlices(p), RowSlices(r), RowSlices(L - n), RowSlices(R - r)
     pv, rv = ps.views(prompt, i64), rs.views(resp, i64)
     mv, lv = rs.views(mask, i64), rs.views(logp, f32)
+    # zero runs as int8 views, shared by the int64 and float32 tensors (cast while copied)
+    zp, zl, zr = ps.runs(0, np.int8), tl.runs(0, np.int8), tr.runs(0, np.int8)
     _fill(out["input_ids"], pv, rv, tl.runs(pad, i64))
-    _fill(out["response_mask"], ps.runs(0, i64), mv, tl.runs(0, i64))
-    _fill(out["rollout_log_probs"], ps.runs(0, f32), lv, tl.runs(0, f32))
+    _fill(out["response_mask"], zp, mv, zl)
+    _fill(out["rollout_log_probs"], zp, lv, zl)
     _fill(out["responses"], rv, tr.runs(pad, i64))
-    _fill(out["responses_mask"], mv, tr.runs(0, i64))
-    _fill(out["responses_log_probs"], lv, tr.runs(0, f32))
+    _fill(out["responses_mask"], mv, zr)
+    _fill(out["responses_log_probs"], lv, zr)
     pos = np.arange(L)
     np.less(pos, n[:, None], out=out["attention_mask"])           # every element written
     np.multiply(pos, out["attention_mask"], out=out["position_ids"])
@@ -117,7 +119,8 @@ def write_packed(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
     i64, f32 = np.int64, np.float32
     ps, rs = RowSlices(p), RowSlices(r)
     _fill(out["input_ids"], ps.views(prompt, i64), rs.views(resp, i64))
-    _fill(out["response_mask"], ps.runs(0, i64), rs.views(mask, i64))
-    _fill(out["rollout_log_probs"], ps.runs(0, f32), rs.views(logp, f32))
+    zeros = ps.runs(0, np.int8)         # shared by the int64 and float32 tensors
+    _fill(out["response_mask"], zeros, rs.views(mask, i64))
+    _fill(out["rollout_log_probs"], zeros, rs.views(logp, f32))
     n = p + r
     _fill(out["position_ids"], RowSlices(n).prefixes(np.arange(int(n.max(initial=0)), dtype=i64)))
