@@ -12,7 +12,11 @@ within every repeat (a noisy neighbour slows all alike):
 - ``memcpy warm``: the same copy into arrays allocated once and kept.
 
 Each is judged against the reference that faces the same destination: fresh against fresh,
-pooled against warm. Whether "fresh" memory faults pages in depends on the allocator's state:
+pooled against warm. Before every timed run a scratch buffer larger than the last-level cache
+is written (``EVICT_BYTES``, untimed), so each run starts with none of its sources or
+destinations cached, as after a training step; without it, a fresh run's memory -- just freed
+by the run before, which had written it -- was still cached at B=256 (22 MB), and a ratio
+depended on which run came first. Whether "fresh" memory faults pages in depends on the allocator's state:
 glibc serves arrays under its adaptive mmap threshold (at most 32 MiB) from recycled heap memory
 once an earlier free raised the threshold, and trims or maps afresh otherwise. A reference that
 copies into one array of the summed size (as this benchmark once did) gets a different policy
@@ -77,7 +81,12 @@ def synthetic_batch(batch_size: int, prompt_range: tuple[int, int],
                              for i in range(0, batch_size, rows_per_chunk)])
 
 
-def _timed_ms(fn: Callable[[], Any]) -> float:
+EVICT_BYTES = 128 << 20
+
+
+def _timed_ms(fn: Callable[[], Any], scratch: np.ndarray | None = None) -> float:
+    if scratch is not None:
+        scratch.fill(1)                 # evict the caches (untimed)
     t0 = time.perf_counter()
     out = fn()
     elapsed = time.perf_counter() - t0
@@ -127,9 +136,10 @@ def measure(table: pa.Table, layout: str, repeats: int) -> dict[str, Any]:
         "pooled": pooled,
         "memcpy_warm": partial(_copy_into, warm, src)}
     times: dict[str, list[float]] = {k: [] for k in runs}
+    scratch = np.empty(EVICT_BYTES, np.uint8)
     for _ in range(repeats):
         for name, fn in runs.items():
-            times[name].append(_timed_ms(fn))
+            times[name].append(_timed_ms(fn, scratch))
     med = {k: float(np.median(v)) for k, v in times.items()}
     mins = {f"{k}_ms": float(np.min(v)) for k, v in times.items()}
     res = {"batch_size": table.num_rows, "layout": layout,
