@@ -64,6 +64,16 @@ ROLL_BYTES = 64 << 20        # a segment is finished once it holds this many byt
 ROLL_SECONDS = 600.0         # ... or has been open this long (a 15-minute compaction finds it)
 
 
+_FEW_ROWS = 32     # up to this many rows, Python finds a call's partitions faster than Arrow
+
+
+def _lowest(steps: pa.ChunkedArray) -> int:
+    """The lowest step of a part (numpy when the column allows it without a copy)."""
+    if steps.null_count == 0 and steps.num_chunks == 1:
+        return int(steps.chunk(0).to_numpy().min())
+    return pc.min(steps).as_py()
+
+
 class LakeWriter:
     """Appends conformed rows to the lake; thread-safe; holds the lake's one-writer lock."""
 
@@ -149,13 +159,15 @@ class LakeWriter:
                 self._log({"kind": "removed", "path": p})
 
     def _split(self, table: str, rows: pa.Table):
-        """One (partition, window) part per partition; the window is that of its oldest row."""
+        """One (partition, window) part per partition; the window is that of its oldest row.
+        A small call's partitions are found in Python and its lowest step with numpy: a compute
+        kernel's dispatch costs more than a 16-row put's whole scan (48 -> 28 us per put)."""
         col = rows.column("partition")
-        parts = pc.unique(col).to_pylist()
+        parts = (list(dict.fromkeys(col.to_pylist())) if rows.num_rows <= _FEW_ROWS
+                 else pc.unique(col).to_pylist())
         for p in parts:
             part = rows if len(parts) == 1 else rows.filter(pc.equal(col, p))
-            steps = part.column(WINDOW_COLUMN[table])
-            yield (p, window_of(pc.min(steps).as_py(), self.window)), part
+            yield (p, window_of(_lowest(part.column(WINDOW_COLUMN[table])), self.window)), part
 
     def _log(self, record: dict) -> None:
         key = (LOG_DIR, "", 0)

@@ -154,3 +154,22 @@ def test_damage_in_a_lake_written_with_crc32_records_is_still_refused_and_salvag
 
 def test_a_checksum_record_naming_an_unknown_algorithm_is_a_damaged_record():
     assert unpack_records(pack_record(100, 7, algorithm=9)) == [None]
+
+
+@pytest.mark.parametrize("rows", [6, 100])      # a few rows, and more than the Python path takes
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_each_partition_of_a_call_goes_to_the_window_of_its_oldest_step(tmp_path, rows, chunks):
+    t = metrics(["b" if i % 3 else "a" for i in range(rows)], 0)
+    steps = [rows * 400 + 100 - 400 * i for i in range(rows)]  # older and older: windows apart
+    t = t.set_column(t.schema.get_field_index("step"), "step", pa.array(steps, pa.int64()))
+    t = pa.concat_tables([t.slice(0, rows // 2), t.slice(rows // 2)]) if chunks == 2 else t
+    assert t.column("step").num_chunks == chunks
+    writer = LakeWriter(tmp_path, window=1000)
+    writer.append("metrics", t)
+    writer.close()
+    lowest = {p: min(s for q, s in zip(t["partition"].to_pylist(), steps) if q == p)
+              for p in ("a", "b")}
+    dirs = sorted(p.parent.relative_to(tmp_path / "metrics").as_posix()
+                  for p in segment_files(tmp_path, "metrics"))
+    assert dirs == [f"partition={p}/window={lowest[p] // 1000:06d}" for p in ("a", "b")]
+    assert read_table(tmp_path, "metrics")["seq"].to_pylist() == list(range(rows))
