@@ -85,6 +85,18 @@ def test_a_buffer_on_loan_is_never_handed_out_again_until_given_back(layout: str
     assert_same_tensors(c, naive_to_torch(t1, layout))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zero_rows_empty_rows_and_one_row_give_the_same_tensors_as_without_a_pool(
+        layout: str) -> None:
+    pool = TensorPool()
+    for rows in ([], [row([], []), row([], [])], [row([1], [2, 3], [1, 0], [-1.0, -2.0])]):
+        table = batch_table(rows)
+        out = batch_to_torch(table, layout=layout, pool=pool)
+        assert_same_tensors(out, batch_to_torch(table, layout=layout))
+        pool.give_back(out)
+    assert pool.loaned_bytes == 0
+
+
 def test_giving_back_twice_a_view_or_a_stale_tensor_is_refused() -> None:
     pool = TensorPool()
     table = long_rows(10, 6)
