@@ -103,7 +103,7 @@ def test_giving_back_twice_a_view_or_a_stale_tensor_is_refused() -> None:
     out = batch_to_torch(table, layout="packed", pool=pool)
     with pytest.raises(PoolError, match="did not hand out"):
         pool.give_back([out["input_ids"].squeeze(0)])
-    pool.give_back(out)
+    pool.give_back([*out.values(), out["input_ids"]])     # the same tensor twice in one call
     with pytest.raises(PoolError, match="given back twice"):
         pool.give_back(out)
     again = batch_to_torch(table, layout="packed", pool=pool)
