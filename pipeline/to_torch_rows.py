@@ -85,7 +85,10 @@ class RowSlices:
 def _fill(out: np.ndarray, *per_row: list[np.ndarray]) -> None:
     """Write ``out`` (C-contiguous) as row 0's runs, then row 1's, ...; each argument holds one
     run per row (e.g. prompts, responses, padding)."""
-    seq = [v for runs in zip(*per_row) for v in runs]
+    k = len(per_row)
+    seq: list[Any] = [None] * (k * len(per_row[0]))
+    for i, runs in enumerate(per_row):          # interleaved by slice assignment, in C
+        seq[i::k] = runs
     if seq:
         np.concatenate(seq, out=out.reshape(-1), casting="same_kind")
 
