@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.adapters import verl_options as vo
-from pipeline.adapters.verl_keys import clear
+from pipeline.adapters.verl_keys import batch_meta, clear
 from pipeline.adapters.verl_mirror import PartitionMirror
 from pipeline.buffer import ReplayBuffer as CoreBuffer
 from pipeline.errors import EmptyBatchError
@@ -141,7 +141,6 @@ class ReplayBuffer:
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         """Whole groups, oldest dispatch first (ties: arrival of the terminal status),
         after this preset's evictions and refills; returns (KVBatchMeta, verl's metric dict)."""
-        from transfer_queue import KVBatchMeta
         with self._lock:
             m = self._mirror(partition_id)
             try:
@@ -153,8 +152,7 @@ class ReplayBuffer:
                 raise EmptyBatchError(f"{_VERL_EMPTY}{hint} ({exc})") from exc
             self.last_batch = batch
             keys = m.batch_keys(batch.batch_id, batch.table.num_rows)
-            meta = KVBatchMeta(partition_id=partition_id, keys=keys,
-                               tags=[m.listing.get(k, {}) for k in keys])
+            meta = batch_meta(partition_id, keys, [m.listing.get(k, {}) for k in keys])
             return meta, verl_metrics(batch.eviction_metrics, batch.filtered_reward_counts)
 
     def close(self) -> None:

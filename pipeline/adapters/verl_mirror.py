@@ -255,14 +255,12 @@ class PartitionMirror:
         if kind == PROMPT:
             self.watch.pop(k, None)
             return
-        parsed = parse_key(k)
-        if parsed is not None:
-            keys = self.by_uid.get(parsed[0])
-            if keys is not None:
-                if k in keys:
-                    keys.remove(k)
-                if not keys:
-                    del self.by_uid[parsed[0]]
+        uid = k.partition("_")[0]     # parse_key's uid; a key it rejects is in no list
+        keys = self.by_uid.get(uid)
+        if keys is not None and k in keys:
+            keys.remove(k)
+            if not keys:
+                del self.by_uid[uid]
 
     # --- core -> TransferQueue (called from the core's listener, under its lock) --------------
     def on_remove(self, uids: list[str]) -> list[str]:

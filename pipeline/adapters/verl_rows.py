@@ -66,23 +66,27 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
 
 def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int],
            rm_rows: list, extra_rows: list, tokens: dict[str, list]) -> pa.Table:
-    cols: dict[str, list] = {c: [] for c in (
-        "uid", "session_id", "index", "min_global_steps", "max_global_steps", "reward",
-        "reward_info", "is_padding", "versions_inferred")}
-    for i in keep:
-        _, (uid, s, x), gs = todo[i]
-        extra = vf.extra_of(extra_rows[i])
-        lo, hi, inferred = vf.versions_of(tags[i], extra, gs)
-        reward = vf.reward_of(rm_rows[i])
-        cols["uid"].append(uid)
-        cols["session_id"].append(s)
-        cols["index"].append(x)
-        cols["min_global_steps"].append(lo)
-        cols["max_global_steps"].append(hi)
-        cols["reward"].append(0.0 if reward is None else reward)   # no rm_scores written yet
-        cols["reward_info"].append(vf.reward_info_of(extra))
-        cols["is_padding"].append(bool(tags[i].get("is_padding", False)))
-        cols["versions_inferred"].append(inferred)
+    uid, session, index, lo, hi, reward, info, padding, inferred = ([] for _ in range(9))
+    versions_of, extra_of, reward_of = vf.versions_of, vf.extra_of, vf.reward_of
+    for i in keep:     # one pass, locals only: this loop runs once per new trajectory
+        _, (u, s, x), gs = todo[i]
+        tag, extra, rm = tags[i], extra_rows[i], rm_rows[i]
+        if extra is not None:
+            extra = extra_of(extra)
+        v = versions_of(tag, extra, gs)
+        r = None if rm is None else reward_of(rm)
+        uid.append(u)
+        session.append(s)
+        index.append(x)
+        lo.append(v[0])
+        hi.append(v[1])
+        inferred.append(v[2])
+        reward.append(0.0 if r is None else r)              # no rm_scores written yet
+        info.append(None if extra is None else vf.reward_info_of(extra))
+        padding.append(bool(tag.get("is_padding", False)))
+    cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
+            "max_global_steps": hi, "reward": reward, "reward_info": info,
+            "is_padding": padding, "versions_inferred": inferred}
     n = len(keep)
     data: dict[str, pa.Array] = {f.name: pa.array(cols[f.name], type=f.type)
                                  for f in TRAJECTORIES_INPUT if f.name in cols}
