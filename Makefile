@@ -43,7 +43,7 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0
 	$(VLLM_VENV)/bin/python -m pip install -q pyarrow==26.0.1 polars==2.1.0 duckdb==2.0.1 \
-		pytest==9.2.0 hypothesis==6.170.17
+		google-crc32c==1.9.0 pytest==9.2.0 hypothesis==6.170.17
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
