@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         LakeDamageError,
         LakeError,
         MissingMetricError,
+        PoolError,
         PresetKeywordError,
         RefillLimitError,
         ReplayLakeError,
@@ -33,15 +34,17 @@ if TYPE_CHECKING:
     from pipeline.metrics import METRICS, StepAggregator
     from pipeline.sampling import Ready
     from pipeline.store import GroupView
+    from pipeline.to_torch_pool import TensorPool
 
 # public name -> the submodule that defines it
 _HOMES: dict[str, str] = {
     "Batch": "batch", "ReplayBuffer": "buffer", "BufferConfig": "config",
     "async_config": "config", "sync_config": "config", "METRICS": "metrics",
     "StepAggregator": "metrics", "Ready": "sampling", "GroupView": "store",
+    "TensorPool": "to_torch_pool",
     **dict.fromkeys([
         "BufferFullError", "ConfigError", "EmptyBatchError", "IngestError", "InvariantError",
-        "LakeDamageError", "LakeError", "MissingMetricError", "PresetKeywordError",
+        "LakeDamageError", "LakeError", "MissingMetricError", "PoolError", "PresetKeywordError",
         "RefillLimitError", "ReplayLakeError", "SampleTimeout", "UnknownBatchError",
         "UnknownGroupError", "UnknownMetricError"], "errors"),
 }
@@ -49,9 +52,9 @@ _HOMES: dict[str, str] = {
 __all__ = [
     "METRICS", "Batch", "BufferConfig", "BufferFullError", "ConfigError", "EmptyBatchError",
     "GroupView", "IngestError", "InvariantError", "LakeDamageError", "LakeError",
-    "MissingMetricError", "PresetKeywordError", "Ready", "RefillLimitError", "ReplayBuffer",
-    "ReplayLakeError", "SampleTimeout", "StepAggregator", "UnknownBatchError",
-    "UnknownGroupError", "UnknownMetricError", "async_config", "sync_config",
+    "MissingMetricError", "PoolError", "PresetKeywordError", "Ready", "RefillLimitError",
+    "ReplayBuffer", "ReplayLakeError", "SampleTimeout", "StepAggregator", "TensorPool",
+    "UnknownBatchError", "UnknownGroupError", "UnknownMetricError", "async_config", "sync_config",
 ]
 
 

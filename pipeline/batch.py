@@ -118,8 +118,10 @@ class Batch:
         return pl.from_arrow(self.table)
 
     def to_torch(self, layout: str = "padded", device: Any = None, pin_memory: bool = False,
-                 pad_token_id: int = 0) -> dict[str, Any]:
-        """Tensors for the trainer (see pipeline/to_torch.py; imports torch lazily)."""
+                 pad_token_id: int = 0, pool: Any = None) -> dict[str, Any]:
+        """Tensors for the trainer (see pipeline/to_torch.py; imports torch lazily). ``pool``: a
+        ``TensorPool`` whose reused buffers receive the token tensors (give them back with
+        ``pool.give_back`` when the step is done)."""
         from pipeline.to_torch import batch_to_torch
         return batch_to_torch(self.table, layout=layout, device=device, pin_memory=pin_memory,
-                              pad_token_id=pad_token_id)
+                              pad_token_id=pad_token_id, pool=pool)

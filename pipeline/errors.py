@@ -88,6 +88,11 @@ class UnknownMetricError(ReplayLakeError, _KeyErrorMessage):
     """A metric key that is not declared, or a mean merged without its weight."""
 
 
+class PoolError(ReplayLakeError, ValueError):
+    """A tensor given back to a TensorPool that it did not hand out, or that was already given
+    back; or a pool built with a bad limit."""
+
+
 class LakeError(ReplayLakeError, OSError):
     """The lake directory cannot be opened or written."""
 

@@ -38,16 +38,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.errors import ReplayLakeError
+from pipeline.errors import PoolError
 
 # A new buffer is this much larger than the tensor asking for it (rounded up to _ROUND bytes), so
 # the next batch's slightly longer rows still fit it.
 HEADROOM = 1.25
 _ROUND = 1 << 16
-
-
-class PoolError(ReplayLakeError, ValueError):
-    """A tensor given back that this pool did not hand out, or that was already given back."""
 
 
 @dataclass(eq=False)

@@ -22,6 +22,29 @@ def test_star_import_exports_every_name_it_lists():
     assert set(pipeline.__all__) <= set(ns)
 
 
+def test_the_tensor_pool_and_its_error_are_public_names():
+    from pipeline.to_torch_pool import TensorPool
+    assert pipeline.TensorPool is TensorPool
+    assert issubclass(pipeline.PoolError, pipeline.ReplayLakeError)
+    with pytest.raises(pipeline.PoolError, match="max_bytes"):
+        TensorPool(max_bytes=-1)
+
+
+def test_a_batch_writes_its_tensors_into_a_pool_and_gets_them_back():
+    import torch
+    buf = ReplayBuffer.sync()
+    add_group(buf, "g", 1, (0.0, 1.0, 1.0, 0.0))
+    batch = buf.sample(global_steps=1, partition="train", batch_size=1, timeout=5)
+    pool = pipeline.TensorPool()
+    pooled = batch.to_torch(layout="packed", pool=pool)
+    plain = batch.to_torch(layout="packed")
+    assert pooled.keys() == plain.keys()
+    assert all(torch.equal(pooled[k], plain[k]) for k in plain)
+    assert pool.loaned_bytes > 0
+    pool.give_back(pooled)
+    assert pool.loaned_bytes == 0
+
+
 def test_register_refuses_a_string_of_uids_and_an_empty_call():
     buf = ReplayBuffer.sync()
     with pytest.raises(ConfigError, match=r"uids=\['p0'\]"):
