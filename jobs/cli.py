@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command_from_info
@@ -118,7 +119,14 @@ def build(path: str) -> TyperCommand:
         # when that first line is the "Examples:" header, the examples would lose their indent
         doc = f"{summary}\n\n\n{rest}"
     info = CommandInfo(name=path.split()[-1], callback=func, help=doc)
-    return get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode="rich")
+    cmd = get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode="rich")
+    # a flag takes no value: without an empty metavar, help shows it a "<bool>" to type (the help
+    # option is made on first use and then kept, so it is made here once)
+    flags = [*cmd.params, cmd.get_help_option(click.Context(cmd))]
+    for param in flags:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return cmd
 
 
 class _Listed(TyperCommand):

@@ -53,6 +53,7 @@ def test_every_command_has_help_with_an_example_that_fits_80_columns(path):
         assert x in shown, f"{path}: example {x!r} is wrapped or missing in:\n{out}"
     too_long = [line for line in out.splitlines() if len(line) > WIDTH]
     assert not too_long, too_long
+    assert "<bool>" not in out, f"{path}: a flag shows a value to type:\n{out}"
 
 
 @pytest.mark.parametrize("path", sorted(cli.COMMANDS))
