@@ -3,6 +3,14 @@
 The reference re-implements verl 0.9.1's algorithm the straightforward way, in the same process:
 a dict of every group's tags, re-listed and re-sorted in full on every call. Each timed call first
 gets 16 freshly stale groups (added untimed) so both sides evict and select, as in a real run.
+
+Two ways of calling `sample` are timed, alternating in one process on the same buffer:
+- "after a count": `get_sampleable_count` runs first (timed apart, as the decision alone), so the
+  new groups' aggregates are already computed when `sample` starts;
+- "alone": nothing runs before `sample`, which pays for the new groups' aggregates itself (what a
+  caller that never counts pays).
+After each `sample` the buffer is topped up with as many in-window groups as it handed out (their
+aggregates computed untimed), so every timed call sees the stated buffer size and 16 new groups.
 """
 from __future__ import annotations
 
@@ -62,33 +70,44 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
     gs = rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=n_groups)
     _fill(buf, ref, uids, gs, rng)
     build_s = time.perf_counter() - t0
-    ours, ours_decide, theirs = [], [], []
+    ours, alone, ours_decide, theirs = [], [], [], []
+    top = 0
     for r in range(repeats):
-        stale = [f"s{r}_{i}" for i in range(STALE_PER_CALL)]
-        _fill(buf, ref, stale, np.full(STALE_PER_CALL, STEP - THRESHOLD - 1), rng)
-        t = time.perf_counter()
-        buf.get_sampleable_count(STEP, "train")   # aggregates + every rule, evicting nothing
-        ours_decide.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        batch = buf.sample(STEP, "train", BATCH)
-        ours.append(time.perf_counter() - t)
-        buf.release(batch)
-        t = time.perf_counter()
-        chosen = ref.sample(STEP, BATCH)
-        theirs.append(time.perf_counter() - t)
-        if len(chosen) != BATCH or batch.num_groups != BATCH:
-            raise RuntimeError("benchmark lost groups: both sides must select a full batch")
+        for counted in ((True, False) if r % 2 == 0 else (False, True)):
+            stale = [f"s{r}_{int(counted)}_{i}" for i in range(STALE_PER_CALL)]
+            _fill(buf, ref, stale, np.full(STALE_PER_CALL, STEP - THRESHOLD - 1), rng)
+            if counted:
+                t = time.perf_counter()
+                buf.get_sampleable_count(STEP, "train")   # aggregates + every rule, evicting nothing
+                ours_decide.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            batch = buf.sample(STEP, "train", BATCH)
+            (ours if counted else alone).append(time.perf_counter() - t)
+            buf.release(batch)
+            t = time.perf_counter()
+            chosen = ref.sample(STEP, BATCH)
+            theirs.append(time.perf_counter() - t)
+            if len(chosen) != BATCH or batch.num_groups != BATCH:
+                raise RuntimeError("benchmark lost groups: both sides must select a full batch")
+            # top up (untimed) to the stated size; the next call then sees only its 16 new groups
+            refill = [f"t{top + i}" for i in range(BATCH)]
+            top += BATCH
+            _fill(buf, ref, refill, rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=BATCH), rng)
+            buf.get_sampleable_count(STEP, "train")
     med = statistics.median
     return {"trajectories": n_traj, "groups": n_groups, "build_s": round(build_s, 2),
             "ours_decision_ms": med(ours_decide) * 1e3, "ours_sample_ms": med(ours) * 1e3,
+            "ours_sample_alone_ms": med(alone) * 1e3,
+            "ours_sample_alone_min_ms": min(alone) * 1e3, "ours_sample_min_ms": min(ours) * 1e3,
             "reference_ms": med(theirs) * 1e3,
             "speedup_decision": med(theirs) / med(ours_decide),
-            "speedup_sample": med(theirs) / med(ours)}
+            "speedup_sample": med(theirs) / med(ours),
+            "speedup_sample_alone": med(theirs) / med(alone)}
 
 
 def main(sizes: str = typer.Option("10000,40000,100000,1000000",
                                    help="buffered trajectories (4 per group), comma-separated"),
-         repeats: int = typer.Option(15, help="timed sample calls per size"),
+         repeats: int = typer.Option(15, help="timed sample calls per size and way of calling"),
          out: Path = typer.Option(Path("runs/bench/decide.json"), help="where to write results"),
          seed: int = 0) -> None:
     """Decision latency at several buffer sizes, ours vs the naive reference, same process.
@@ -104,13 +123,15 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
         with console.status(f"building a buffer of {n:,} trajectories ..."):
             results.append(run_size(n, repeats, rng))
     table = Table(title=f"sample decision, batch {BATCH}, {STALE_PER_CALL} stale evictions per call")
-    for col in ("trajectories", "groups", "ours decision ms (evaluate)", "ours full sample ms",
-                "reference ms", "speedup (decision)", "speedup (sample)"):
+    for col in ("trajectories", "groups", "ours decision ms (evaluate)",
+                "ours sample ms, after a count", "ours sample ms, alone", "reference ms",
+                "speedup (decision)", "speedup (sample after a count)", "speedup (sample alone)"):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(f"{r['trajectories']:,}", f"{r['groups']:,}", f"{r['ours_decision_ms']:.2f}",
-                      f"{r['ours_sample_ms']:.2f}", f"{r['reference_ms']:.2f}",
-                      f"{r['speedup_decision']:.1f}x", f"{r['speedup_sample']:.1f}x")
+                      f"{r['ours_sample_ms']:.2f}", f"{r['ours_sample_alone_ms']:.2f}",
+                      f"{r['reference_ms']:.2f}", f"{r['speedup_decision']:.1f}x",
+                      f"{r['speedup_sample']:.1f}x", f"{r['speedup_sample_alone']:.1f}x")
     console.print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"batch": BATCH, "results": results}, indent=2))
