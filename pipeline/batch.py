@@ -23,6 +23,8 @@ _VERSION = pl.element().struct.field("version")
 _META = ["partition", "uid", "seq", "min_global_steps", "max_global_steps", "is_padding",
          "version_spans"]
 _SPAN_COLUMNS = ["span_tokens", "span_version_sum", "span_version_min"]
+# the rows the off-policy metrics keep (that declaration's predicate), computed with the rest
+KEPT = "__off_policy_kept"
 
 
 def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict[str, int]
@@ -61,7 +63,8 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
                 _SPAN.list.eval(_N_TOKENS.cast(pl.Int64) * _VERSION).list.sum()),
             span_version_min=_SPAN.list.eval(_VERSION.filter(_N_TOKENS > 0)).list.min())
     items = declared.compiled_items(PROVENANCE)
-    return frame.with_columns(e.alias(k) for k, e in items.items())
+    return frame.with_columns(*(e.alias(k) for k, e in items.items()),
+                              declared.compiled_predicate("off_policy").alias(KEPT))
 
 
 def with_provenance(payload: pa.Table, rows: pl.DataFrame, group_status: dict[str, str]

@@ -48,6 +48,14 @@ def with_params(frame: pl.DataFrame, params: Mapping[str, Any]) -> pl.DataFrame:
                          for k, v in params.items()])
 
 
+def params_frame(params: Mapping[str, Any]) -> pl.DataFrame:
+    """A one-row frame of the parameter columns alone (for an expression over params only),
+    built from its series directly: no frame to widen, no evaluation."""
+    if not params:
+        return pl.DataFrame({"_": [0]})
+    return pl.DataFrame([pl.Series(param_column(k), [v]) for k, v in params.items()])
+
+
 def _body(q: Query) -> str:
     """The query text without its header comment lines."""
     return "\n".join(line for line in q.text.splitlines() if not line.startswith("--"))

@@ -50,8 +50,7 @@ class Rule:
         """The dispatch step below which time can newly make this rule fire (None: never)."""
         if self.horizon_expr is None:
             return None
-        frame = declared.with_params(pl.DataFrame({"_": [0]}), params)
-        return int(frame.select(self.horizon_expr).item())
+        return int(declared.params_frame(params).select(self.horizon_expr).item())
 
 
 def _rule(q: loader.Query) -> Rule:

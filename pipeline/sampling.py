@@ -162,12 +162,26 @@ def _warn_future(rows: pl.DataFrame, ctx: PollContext) -> None:
                     future.height, future["staleness"].min(), future["uid"].unique().to_list()[:5])
 
 
+def _spans(rows: pl.DataFrame, chosen: list[str], steps: dict[str, int], step: int
+           ) -> dict[str, int]:
+    """The group span of each chosen group: read from its rows' provenance (the same declared
+    formula over the same dispatch step), so only groups without any row need an evaluation."""
+    got = dict(zip(rows.get_column("uid").to_list(), rows.get_column("group_span").to_list()))
+    missing = [u for u in chosen if u not in got]
+    if missing:
+        got.update(zip(missing, decide.group_spans(step, [steps[u] for u in missing])))
+    return {u: got[u] for u in chosen}
+
+
 def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: PollContext,
             call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
     aggregates.complete(part)
     chosen = part.candidates.oldest(ctx.batch_size)
     steps = {u: part.groups[u].gs for u in chosen}
-    spans = dict(zip(chosen, decide.group_spans(ctx.step, list(steps.values()))))
+    payload = part.payload(chosen)
+    batch_id = state.next_batch
+    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
+    spans = _spans(rows, chosen, steps, ctx.step)
     bound = cfg.stale.bound()
     if bound is not None and not ctx.validation:
         over = [u for u in chosen if spans[u] > bound]
@@ -183,16 +197,13 @@ def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Po
                  "kind": "discard", "uid": u, "group_span": s, "count": 1}
                 for u, s in zip(surplus, surplus_spans)])
             acc.discarded += len(surplus)
-    payload = part.payload(chosen)
     if cfg.empty_batch_is_error and not ctx.validation and payload.num_rows == 0:
         hint = "" if cfg.uses("failure") else (
             "; set sync_refill_failed_groups=True (with refill_fn and gen_batch_size=1) to "
             "replace failure groups that produced no trajectory")
         raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "
                               f"{ctx.partition!r} hold no trajectory at all{hint}")
-    batch_id = state.next_batch
     status = {u: part.candidates.status(u) for u in chosen}
-    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
     state.commit("decisions", [
         {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
          "kind": "select", "uid": u, "group_span": spans[u], "batch_id": batch_id,
