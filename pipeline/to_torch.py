@@ -238,7 +238,8 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
     """
     if layout not in LAYOUTS:
         raise BatchFormatError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    names = set(table.column_names)
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise BatchFormatError(
             f"the table lacks column(s) {', '.join(missing)}; batch_to_torch needs a Batch table "

