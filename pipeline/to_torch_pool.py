@@ -52,6 +52,10 @@ class _Buffer:
     pinned: bool
     ready: Any = None                  # an event the copies reading this buffer record, or None
     handed: list[torch.Tensor] = field(default_factory=list)   # tensor objects out on loan
+    ptr: int = field(init=False)       # the storage's address: the key of the pool's loan table
+
+    def __post_init__(self) -> None:
+        self.ptr = self.raw.untyped_storage().data_ptr()
 
     @property
     def capacity(self) -> int:
@@ -103,7 +107,7 @@ class TensorPool:
             capacity = max(_ROUND, -(-int(nbytes * HEADROOM) // _ROUND) * _ROUND)
             self._make_room(capacity)
             buf = _Buffer(_allocate(capacity, pinned), pinned)
-        self._loaned[buf.raw.untyped_storage().data_ptr()] = buf
+        self._loaned[buf.ptr] = buf
         self._pending.append(buf)
         return buf.raw[:nbytes].view(dtype).view(shape)
 
@@ -112,8 +116,7 @@ class TensorPool:
         pending buffer none of them views goes back to idle."""
         pending, self._pending = self._pending, []
         for t in tensors.values():
-            buf = self._loaned.get(t.untyped_storage().data_ptr()) if t.device.type == "cpu" \
-                else None
+            buf = self._loaned.get(t.untyped_storage().data_ptr()) if t.is_cpu else None
             if buf is not None and any(b is buf for b in pending):
                 buf.handed.append(t)
         for buf in pending:
@@ -142,11 +145,10 @@ class TensorPool:
             seen.add(id(t))
             if not isinstance(t, torch.Tensor):
                 raise PoolError(f"give_back takes tensors, got {type(t).__name__}")
-            ptr = t.untyped_storage().data_ptr() if t.device.type == "cpu" else None
+            ptr = t.untyped_storage().data_ptr() if t.is_cpu else None
             buf = self._loaned.get(ptr) if ptr is not None else None
             if buf is None:
-                if ptr is not None and any(b.raw.untyped_storage().data_ptr() == ptr
-                                           for b in self._idle):
+                if ptr is not None and any(b.ptr == ptr for b in self._idle):
                     raise PoolError("a tensor given back twice: its buffer is already idle")
                 continue                         # not the pool's (a per-row tensor)
             if not any(h is t for h in buf.handed):
@@ -160,7 +162,7 @@ class TensorPool:
                 self._release(buf, ready)
 
     def _release(self, buf: _Buffer, ready: Any) -> None:
-        del self._loaned[buf.raw.untyped_storage().data_ptr()]
+        del self._loaned[buf.ptr]
         buf.ready = ready
         if self.max_bytes is not None and self.loaned_bytes + self.idle_bytes + buf.capacity \
                 > self.max_bytes:
