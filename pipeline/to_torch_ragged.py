@@ -1,7 +1,8 @@
 """Arrow list columns -> numpy, for the tensor builder: per-row lengths and value pieces.
 
-Read straight from each chunk's offsets and values buffers (no Python list, no loop over rows),
-keeping the pieces the Arrow chunks already are so a chunked batch is scattered without a copy.
+Read without a copy (no Python list, no loop over rows): a column without null rows through one
+``list_flatten`` call, otherwise from each chunk's offsets and values buffers, keeping the pieces
+the Arrow chunks already are so a chunked batch is scattered without a copy.
 Split out of pipeline/to_torch.py so this part stays free of torch.
 """
 from __future__ import annotations
@@ -53,7 +54,8 @@ def _ragged(table: pa.Table, name: str, min_piece: int | None = None) -> _Ragged
 
     Offsets of a sliced array do not start at 0 and the child buffer may hold values outside the
     slice, so each chunk contributes ``values[offsets[0]:offsets[-1]]`` (a view); a null slot may
-    own a (garbage) range, which is dropped.
+    own a (garbage) range, which is dropped. Numbers without null rows take ``_flat_pieces``
+    (Arrow resolves the offsets); the rest is read chunk by chunk.
     """
     col = table.column(name)
     if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
