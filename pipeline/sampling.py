@@ -147,6 +147,11 @@ def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: 
         for i, reason in ev.rows()])
 
 
+# the `replaylake_event` of that warning's log record, so a caller can tell it by structure (a
+# what-if replay holds it and counts the rows instead)
+FUTURE_VERSIONS = "future_versions"
+
+
 def _warn_future(rows: pl.DataFrame, ctx: PollContext) -> None:
     """Rows whose newest version is not older than the training step are flagged, not changed
     (verl computes its metrics over them as they are); audit `no_future_versions` lists them."""
@@ -159,7 +164,8 @@ def _warn_future(rows: pl.DataFrame, ctx: PollContext) -> None:
         log.warning("sample(step=%d, %s): %d trained row(s) carry a weight version from the "
                     "future (max_global_steps >= step; staleness down to %d), e.g. groups %s: "
                     "check how the rollout side tags versions", ctx.step, ctx.partition,
-                    future.height, future["staleness"].min(), future["uid"].unique().to_list()[:5])
+                    future.height, future["staleness"].min(), future["uid"].unique().to_list()[:5],
+                    extra={"replaylake_event": FUTURE_VERSIONS})
 
 
 def _spans(rows: pl.DataFrame, chosen: list[str], steps: dict[str, int], step: int

@@ -19,6 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.sampling import FUTURE_VERSIONS
+
 
 @dataclass
 class Outcome:
@@ -49,7 +51,8 @@ class _HoldFutureWarnings(logging.Filter):
         self.thread = thread
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.thread == self.thread and record.funcName == "_warn_future")
+        return not (record.thread == self.thread
+                    and getattr(record, "replaylake_event", None) == FUTURE_VERSIONS)
 
 
 @contextmanager
