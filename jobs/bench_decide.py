@@ -11,6 +11,8 @@ Two ways of calling `sample` are timed, alternating in one process on the same b
   caller that never counts pays).
 After each `sample` the buffer is topped up with as many in-window groups as it handed out (their
 aggregates computed untimed), so every timed call sees the stated buffer size and 16 new groups.
+The first rounds of each size warm the process up and are not counted (a training run calls
+`sample` thousands of times; its first calls are not what it spends its time on).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 BATCH, PER_GROUP, THRESHOLD, STEP, STALE_PER_CALL = 64, 4, 4, 100, 16
+WARMUP = 3       # rounds run before the timed ones, per size
 
 
 class ReferenceBuffer:
@@ -72,7 +75,7 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
     build_s = time.perf_counter() - t0
     ours, alone, ours_decide, theirs = [], [], [], []
     top = 0
-    for r in range(repeats):
+    for r in range(WARMUP + repeats):
         for counted in ((True, False) if r % 2 == 0 else (False, True)):
             stale = [f"s{r}_{int(counted)}_{i}" for i in range(STALE_PER_CALL)]
             _fill(buf, ref, stale, np.full(STALE_PER_CALL, STEP - THRESHOLD - 1), rng)
@@ -94,6 +97,9 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
             top += BATCH
             _fill(buf, ref, refill, rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=BATCH), rng)
             buf.get_sampleable_count(STEP, "train")
+    # the first rounds warm the process up (allocator, polars' caches): not counted
+    ours, alone, ours_decide = ours[WARMUP:], alone[WARMUP:], ours_decide[WARMUP:]
+    theirs = theirs[2 * WARMUP:]
     med = statistics.median
     return {"trajectories": n_traj, "groups": n_groups, "build_s": round(build_s, 2),
             "ours_decision_ms": med(ours_decide) * 1e3, "ours_sample_ms": med(ours) * 1e3,

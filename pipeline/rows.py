@@ -65,11 +65,26 @@ class TrajectoryRows:
             yield int(c), ids[which == c] - self._starts[c]
 
     def take(self, row_ids: list[int] | np.ndarray) -> pa.Table:
-        """The rows with these ids, in ascending id (= arrival) order."""
-        parts = [self._chunks[c].take(pa.array(local)) for c, local in self._locate(row_ids)]
-        if not parts:
+        """The rows with these ids, in ascending id (= arrival) order, in memory of their own (a
+        batch never keeps a stored chunk alive after its rows are released).
+
+        A group's rows usually arrive together, so the ids asked of a chunk are mostly one run:
+        those are sliced (no copy) and everything is copied once at the end by combining the
+        chunks, instead of a `take` per chunk, which costs ~8 us per column and chunk (~140 us
+        for a chunk of the trajectory table, however few rows)."""
+        located = list(self._locate(row_ids))
+        if not located:
             return TRAJECTORIES.empty_table()
-        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        if len(located) == 1:
+            c, local = located[0]
+            return self._chunks[c].take(pa.array(local))
+        parts = []
+        for c, local in located:
+            first, n = int(local[0]), len(local)
+            run = int(local[-1]) - first + 1 == n         # sorted and unique: one run
+            parts.append(self._chunks[c].slice(first, n) if run else
+                         self._chunks[c].take(pa.array(local)))
+        return pa.concat_tables(parts).combine_chunks()
 
     def chunks(self, row_ids: list[int] | np.ndarray) -> Iterator[tuple[pa.Table, np.ndarray]]:
         """(chunk, local row ids) holding ``row_ids``, in ascending id order (reads that need only
