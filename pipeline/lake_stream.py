@@ -75,21 +75,19 @@ class Stream:
 
     def write(self, data: bytes | pa.Buffer) -> None:
         """Write then record; with fsync, each is on disk before the next step."""
-        p, fd, sum_fd = self.point, self.data.fileno(), self.sums.fileno()
-        lake_kill.torn(p + ".data_torn", fd, data)
+        self._put(self.data.fileno(), data, "data")
+        self.size += len(data)
+        self._put(self.sums.fileno(), record_for(self.size, data), "sum")
+
+    def _put(self, fd: int, data: bytes | pa.Buffer, stage: str) -> None:
+        """One file's step of a write, with its kill points (`<point>.<stage>_torn|written|synced`)."""
+        p = f"{self.point}.{stage}"
+        lake_kill.torn(p + "_torn", fd, data)
         _write_all(fd, data)
-        lake_kill.hit(p + ".data_written")
+        lake_kill.hit(p + "_written")
         if self.fsync:
             os.fsync(fd)
-            lake_kill.hit(p + ".data_synced")
-        self.size += len(data)
-        record = record_for(self.size, data)
-        lake_kill.torn(p + ".sum_torn", sum_fd, record)
-        _write_all(sum_fd, record)
-        lake_kill.hit(p + ".sum_written")
-        if self.fsync:
-            os.fsync(sum_fd)
-            lake_kill.hit(p + ".sum_synced")
+            lake_kill.hit(p + "_synced")
 
     def append(self, batch: pa.RecordBatch, meta: dict[bytes, bytes] | None) -> None:
         if batch.schema != self.schema:
