@@ -86,8 +86,10 @@ def complete(part: PartitionState) -> None:
     names = list(items)
     if meta is not None:
         uids = list(pending)
-        out = meta.group_by(GROUP).agg(e.alias(k) for k, e in items.items())
-        agg = {uids[r[0]]: r[1:] for r in out.iter_rows()}
+        # maintain_order: the single-threaded grouping (~100 us for a poll's few groups, where
+        # the parallel hash grouping costs ~170 us); the order itself is not used
+        out = meta.group_by(GROUP, maintain_order=True).agg(e.alias(k) for k, e in items.items())
+        agg = {uids[r[0]]: r[1:] for r in out.rows()}
     empty = (0,) + tuple(None for _ in names[1:])
     empty = tuple(0 if k in ("n_traj", "metric_nulls") else v for k, v in zip(names, empty))
     n_at = names.index("n_traj")

