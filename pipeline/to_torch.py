@@ -8,9 +8,12 @@ prompt tokens, or all response tokens, one row after another):
 - long rows (the usual RL batch): one ``np.concatenate(..., out=)`` per tensor over per-row views
   -- each row's values, then its padding taken from a small constant template -- so every output
   byte is written exactly once, in order, with no zero-fill pass and no mask (measured: the packed
-  input ids of B=1024 x ~3.2k tokens in 3.0 ms vs 6.8-10 ms through boolean masks);
+  input ids of B=1024 x ~3.2k tokens in 3.0 ms vs 6.8-10 ms through boolean masks); the packed
+  layout of a batch without null lists takes pipeline/to_torch_packed.py (fewer calls per batch),
+  anything else pipeline/to_torch_rows.py;
 - short rows (below ``ROW_COPY_MIN_TOKENS`` tokens per row on average, where the ~0.2 us a view
-  costs in Python exceeds a mask pass): zeroed outputs and boolean masks built from the lengths.
+  costs in Python exceeds a mask pass): zeroed outputs and boolean masks built from the lengths
+  (pipeline/to_torch_masks.py).
 
 Layouts and tensors (B rows, L = max(prompt + response length), R = max response length,
 T = total tokens; per-row tensors are shared by both layouts):
@@ -52,13 +55,15 @@ to fault in; see pipeline/to_torch_pool.py).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from pipeline import to_torch_rows
+from pipeline import to_torch_masks, to_torch_packed, to_torch_rows
 from pipeline.to_torch_pool import TensorPool
 from pipeline.to_torch_ragged import (
     BatchFormatError,
@@ -115,23 +120,6 @@ def _small(values: np.ndarray, dtype: Any, pin: bool) -> torch.Tensor:
     return t.pin_memory() if pin else t
 
 
-def _put(a: np.ndarray, where: np.ndarray, stream: Pieces | float, bounds: np.ndarray) -> None:
-    """Write a token stream into ``a`` where ``where`` is set, piece by piece (a scalar stream:
-    that value everywhere ``where`` is set; 0 is already there).
-
-    ``bounds[i]`` is where row i starts along the first axis of ``a`` (rows of a padded tensor;
-    token offsets, i.e. cu_seqlens, of a packed one)."""
-    if not isinstance(stream, list):
-        if stream != 0:
-            np.copyto(a, np.asarray(stream, a.dtype), where=where)
-    elif len(stream) == 1:
-        a[where] = stream[0][2]
-    else:
-        for r0, r1, vals in stream:
-            span = slice(bounds[r0], bounds[r1])
-            a[span][where[span]] = vals
-
-
 def _can_pin() -> bool:
     acc = getattr(torch, "accelerator", None)
     return torch.cuda.is_available() or bool(acc is not None and acc.is_available())
@@ -164,32 +152,16 @@ def _padded(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
     out = outs.arrays
     if row_copy:
         to_torch_rows.write_padded(out, p, r, prompt.pieces, resp.pieces, mask, logp, pad)
-        return outs.tensors
-    pos = np.arange(L)
-    np.less(pos, n[:, None], out=out["attention_mask"])          # 1 on the real tokens
-    np.multiply(pos, out["attention_mask"], out=out["position_ids"])
-    in_prompt = pos < p[:, None]                                  # [B, L] bool
-    in_resp = pos < n[:, None]
-    np.logical_xor(in_resp, in_prompt, out=in_resp)   # the prompt is a prefix of the real tokens
-    resp_real = np.arange(R) < r[:, None]                         # [B, R] bool
-    rows = np.arange(B + 1)
-    if pad:
-        out["input_ids"].fill(pad)
-        out["responses"].fill(pad)
-    _put(out["input_ids"], in_prompt, prompt.pieces, rows)
-    _put(out["input_ids"], in_resp, resp.pieces, rows)
-    _put(out["response_mask"], in_resp, mask, rows)
-    _put(out["rollout_log_probs"], in_resp, logp, rows)
-    _put(out["responses"], resp_real, resp.pieces, rows)
-    _put(out["responses_mask"], resp_real, mask, rows)
-    _put(out["responses_log_probs"], resp_real, logp, rows)
+    else:
+        to_torch_masks.write_padded(out, p, r, prompt.pieces, resp.pieces, mask, logp, pad)
     return outs.tensors
 
 
-def _packed(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
-            logp: Pieces | float, row_copy: bool,
+def _packed(pin: bool, p: np.ndarray, r: np.ndarray, row_copy: bool,
+            write: Callable[[dict[str, np.ndarray], np.ndarray, np.ndarray], None],
             pool: TensorPool | None) -> dict[str, torch.Tensor]:
-    p, r = prompt.lengths, resp.lengths
+    """The packed tensors; ``write(arrays, n, cu)`` fills the token ones (row lengths ``n``,
+    their offsets ``cu``)."""
     n = p + r
     B, T = len(n), int(n.sum())
     if T >= 2**31:
@@ -204,25 +176,7 @@ def _packed(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
     out = outs.arrays
     tensors = {k: v[None] for k, v in outs.tensors.items()}
     tensors["cu_seqlens"] = _small(cu, np.int32, pin)
-    if row_copy:
-        to_torch_rows.write_packed(out, p, r, prompt.pieces, resp.pieces, mask, logp)
-        return tensors
-    # Runs of (prompt, response) per row: a run-length decode, which np.repeat does at memset speed.
-    is_prompt = np.repeat(np.tile(np.array([True, False]), B), np.stack([p, r], 1).ravel())
-    is_resp = ~is_prompt
-    _put(out["input_ids"], is_prompt, prompt.pieces, cu)
-    _put(out["input_ids"], is_resp, resp.pieces, cu)
-    # Positions: a running count of ones that jumps back to 0 at the start of every non-empty row.
-    posv = out["position_ids"]
-    posv.fill(1)
-    nonempty = n > 0
-    starts, lens = cu[:-1][nonempty], n[nonempty]
-    if T:
-        posv[starts[0]] = 0
-        posv[starts[1:]] = 1 - lens[:-1]
-        np.cumsum(posv, out=posv)
-    _put(out["response_mask"], is_resp, mask, cu)
-    _put(out["rollout_log_probs"], is_resp, logp, cu)
+    write(out, n, cu)
     return tensors
 
 
@@ -253,6 +207,13 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
         warnings.warn("pin_memory=True but no accelerator is available: returning ordinary "
                       "(pageable) host memory", stacklevel=2)
         pin = False
+    plain = to_torch_packed.read(table) if layout == "packed" else None
+    if plain is not None:             # the common batch, read straight from its buffers
+        n = plain.p + plain.r
+        if to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()), int(n.max())):
+            return _finish(table, pin, device, pool, plain.p, plain.r, partial(
+                _packed, pin, plain.p, plain.r, True,
+                lambda out, n, _: to_torch_packed.write(out, plain, n), pool))
     prompt, resp = _ragged(table, "prompt_ids", 0), _ragged(table, "response_ids", 0)
     n = prompt.lengths + resp.lengths     # the writer follows from the row lengths alone
     row_copy = to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()),
@@ -263,12 +224,28 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
                             resp.lengths, 1)
     logp = _response_stream(_ragged(table, "rollout_log_probs", merge), "rollout_log_probs",
                             resp.lengths, 0.0)
-    try:
-        if layout == "padded":
-            out = _padded(pin, prompt, resp, mask, logp, int(pad_token_id), row_copy, pool)
+    if layout == "padded":
+        build = partial(_padded, pin, prompt, resp, mask, logp, int(pad_token_id), row_copy, pool)
+    else:
+        p, r = prompt.lengths, resp.lengths
+        if row_copy:
+            def write(out: dict[str, np.ndarray], n: np.ndarray, cu: np.ndarray) -> None:
+                to_torch_rows.write_packed(out, p, r, prompt.pieces, resp.pieces, mask, logp)
         else:
-            out = _packed(pin, prompt, resp, mask, logp, row_copy, pool)
-        out.update(_per_row(table, pin, prompt.lengths, resp.lengths))
+            def write(out: dict[str, np.ndarray], n: np.ndarray, cu: np.ndarray) -> None:
+                to_torch_masks.write_packed(out, p, r, cu, prompt.pieces, resp.pieces, mask,
+                                            logp)
+        build = partial(_packed, pin, p, r, row_copy, write, pool)
+    return _finish(table, pin, device, pool, prompt.lengths, resp.lengths, build)
+
+
+def _finish(table: pa.Table, pin: bool, device: Any, pool: TensorPool | None, p: np.ndarray,
+            r: np.ndarray, build: Callable[[], dict[str, torch.Tensor]]
+            ) -> dict[str, torch.Tensor]:
+    """``build()``'s tensors and the per-row ones, lent from ``pool``, copied to ``device``."""
+    try:
+        out = build()
+        out.update(_per_row(table, pin, p, r))
     except BaseException:
         if pool is not None:
             pool.abandon()
