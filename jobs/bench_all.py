@@ -272,3 +272,7 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
     failed = [k for k, v in report["sections"].items() if "error" in v]
     if failed:
         raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    typer.run(main)

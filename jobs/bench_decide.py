@@ -144,3 +144,7 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"batch": BATCH, "results": results}, indent=2))
     console.print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

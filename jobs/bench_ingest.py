@@ -94,3 +94,7 @@ def main(puts: int = typer.Option(2000, help="16-trajectory batches per configur
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"puts": puts, "kb_per_put": avg_kb, "results": results}, indent=2))
     console.print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -171,3 +171,7 @@ def main(
     if any(res["audit_rows"].values()):
         typer.echo("error: an audit found violations", err=True)
         raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -140,3 +140,7 @@ def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories
     out.write_text(json.dumps({"prompt": prompt, "response": response, "results": results},
                               indent=2) + "\n")
     console.print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -179,3 +179,7 @@ def main(put_calls: int = typer.Option(200, help="timed put calls per path"),
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     console.print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

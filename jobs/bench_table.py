@@ -67,3 +67,7 @@ def main(report: Path = typer.Argument(Path("runs/bench/all.json"), help="bench 
     """
     write_doc(doc, render(json.loads(report.read_text())))
     typer.echo(f"table in {doc} regenerated from {report}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

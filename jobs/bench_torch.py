@@ -206,3 +206,7 @@ def main(
     console = Console(width=max(Console().width, 150))
     console.print(view)
     console.print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

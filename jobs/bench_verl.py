@@ -173,3 +173,7 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
     out.write_text(json.dumps({"batch": batch, "per_group": PER_GROUP, "results": results},
                               indent=2))
     console.print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

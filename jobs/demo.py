@@ -198,3 +198,7 @@ def main(
     except (ConfigError, RunDirError) as exc:
         typer.echo(f"replaylake demo: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -295,3 +295,7 @@ def main(
     rows = sum(p["rows"] for p in result["partitions"].values())
     typer.echo(f"exported {rows} rows in {len(result['shards'])} shard(s) "
                f"({result['written']} written, {result['skipped']} already complete) to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)
