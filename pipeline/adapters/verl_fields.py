@@ -121,6 +121,8 @@ def has_tag_versions(tag: dict[str, Any]) -> bool:
 
 
 def _is_int(v: Any) -> bool:
+    if type(v) is int:           # the usual tag value: no isinstance chain
+        return True
     if isinstance(v, bool) or v is None:
         return False
     if isinstance(v, (int, np.integer)):

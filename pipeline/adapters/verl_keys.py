@@ -20,15 +20,15 @@ def parse_key(key: str) -> tuple[str, int, int] | None:
     return uid, int(s), int(x)
 
 
-def check_prompts(core: Any, partition: str, new: list[str], listing: dict[str, dict]
-                  ) -> None:
+def check_prompts(partition: str, known: dict[str, Any], listing: dict[str, dict]) -> None:
     """Reject unusable new prompt keys before any state changes (verl would crash
-    with a KeyError on a missing `global_steps`, or mis-attribute a uid containing `_`)."""
+    with a KeyError on a missing `global_steps`, or mis-attribute a uid containing `_`).
+    ``known``: each new prompt key -> the core's lookup of it (None: never seen)."""
     problems = []
-    for k in new:
-        tag = listing[k]
-        if not tag.get("is_prompt", False) or core.lookup(partition, k) is not None:
+    for k, g in known.items():
+        if g is not None:
             continue
+        tag = listing[k]
         if "_" in k:
             problems.append(f"prompt key {k!r} contains '_': its trajectory keys "
                             "{uid}_{session}_{index} could not be told apart (verl's rule)")

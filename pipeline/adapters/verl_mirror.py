@@ -73,8 +73,7 @@ class PartitionMirror:
         self.listing = listing
         gone = self.kind.keys() - listing.keys() if len(self.kind) else ()
         vanished = [k for k in gone if self.kind[k] == PROMPT]
-        for k in gone:
-            self._forget_key(k)
+        self._forget(gone)
         if vanished:
             retired = self.core.retire(self.partition, vanished, reason="vanished")
             if retired:
@@ -119,13 +118,15 @@ class PartitionMirror:
         return out
 
     def _classify(self, new: list[str], listing: dict[str, dict]) -> tuple[list[str], int | None]:
-        check_prompts(self.core, self.partition, new, listing)
+        lookup, part = self.core.lookup, self.partition
+        known = {k: lookup(part, k) for k in new if listing[k].get("is_prompt", False)}
+        check_prompts(part, known, listing)
         registers: list[str] = []
         reissue: int | None = None
+        kind, waiting, by_uid = self.kind, self.waiting, self.by_uid
         for k in new:
-            tag = listing[k]
-            if tag.get("is_prompt", False):
-                g = self.core.lookup(self.partition, k)
+            if k in known:
+                tag, g = listing[k], known[k]
                 if g is None:
                     registers.append(k)
                     self.kind[k] = PROMPT
@@ -141,15 +142,15 @@ class PartitionMirror:
                 continue
             parsed = parse_key(k)
             if parsed is None:
-                g = self.core.lookup(self.partition, k)
+                g = lookup(part, k)
                 if g is not None and g.removed:
                     self._orphan(k, "key of a removed group re-created by a late tag write")
                 else:
                     self._ignore(k, "neither a prompt key nor {uid}_{session}_{index}")
                 continue
-            self.kind[k] = WAITING
-            self.waiting[k] = parsed
-            self.by_uid.setdefault(parsed[0], []).append(k)
+            kind[k] = WAITING
+            waiting[k] = parsed
+            by_uid.setdefault(parsed[0], []).append(k)
         return registers, reissue
 
     def _put_waiting(self, listing: dict[str, dict]) -> set[str]:
@@ -157,15 +158,16 @@ class PartitionMirror:
         whose terminal status must wait (a key with no data in storage yet)."""
         todo: list[tuple[str, tuple[str, int, int], Any]] = []
         groups: dict[str, Any] = {}               # one lookup per group, not per key
-        for k, parsed in list(self.waiting.items()):
+        waiting, lookup, part = self.waiting, self.core.lookup, self.partition
+        for k, parsed in list(waiting.items()):
             g = groups.get(parsed[0], groups)
             if g is groups:
-                g = groups[parsed[0]] = self.core.lookup(self.partition, parsed[0])
+                g = groups[parsed[0]] = lookup(part, parsed[0])
             if g is None:
                 continue                              # no prompt key yet: keep waiting
-            del self.waiting[k]
+            del waiting[k]
             if (parsed[1], parsed[2]) in g.keys or g.removed == "selected":
-                self._mark_mirrored(k)               # known from a restored lake
+                self._mark_mirrored((k,))            # known from a restored lake
                 continue
             if g.removed or g.status in _TERMINAL:   # late write: never joins a group
                 self._orphan(k, f"trajectory of a group that is {g.removed or g.status}")
@@ -183,8 +185,7 @@ class PartitionMirror:
             for k, parsed, _ in todo:               # nothing was accepted: try again next poll
                 self.waiting[k] = parsed
             raise
-        for i in kept:
-            self._mark_mirrored(todo[i][0])
+        self._mark_mirrored([todo[i][0] for i in kept])
         for i in late:                              # no data in storage yet: read it next poll
             self.waiting[todo[i][0]] = todo[i][1]
         return {todo[i][1][0] for i in late}
@@ -222,12 +223,15 @@ class PartitionMirror:
                 del self.batches[batch_id]
                 self.core.release(batch_id)
 
-
     # --- bookkeeping ---------------------------------------------------------------------------
-    def _mark_mirrored(self, k: str) -> None:
-        self.kind[k] = TRAJ
-        self.order[k] = self._arrivals
-        self._arrivals += 1
+    def _mark_mirrored(self, keys: Any) -> None:
+        """The keys are in the core now, numbered in arrival order (a batch lists them so)."""
+        kind, order, n = self.kind, self.order, self._arrivals
+        for k in keys:
+            kind[k] = TRAJ
+            order[k] = n
+            n += 1
+        self._arrivals = n
 
     def _orphan(self, k: str, why: str) -> None:
         self.kind[k] = IGNORED
@@ -239,8 +243,7 @@ class PartitionMirror:
         if self._orphans:
             keys, self._orphans = self._orphans, []
             clear(self.tq, self.partition, keys)
-            for k in keys:
-                self._forget_key(k)
+            self._forget(keys)
             self.orphans_cleared += len(keys)
 
     def _ignore(self, k: str, why: str) -> None:
@@ -248,19 +251,23 @@ class PartitionMirror:
         self.ignored_count += 1
         log.warning("verl adapter: ignoring key %r of partition %r (%s)", k, self.partition, why)
 
-    def _forget_key(self, k: str) -> None:
-        kind = self.kind.pop(k)
-        self.order.pop(k, None)
-        self.waiting.pop(k, None)
-        if kind == PROMPT:
-            self.watch.pop(k, None)
-            return
-        uid = k.partition("_")[0]     # parse_key's uid; a key it rejects is in no list
-        keys = self.by_uid.get(uid)
-        if keys is not None and k in keys:
-            keys.remove(k)
-            if not keys:
-                del self.by_uid[uid]
+    def _forget(self, gone: Any) -> None:
+        """Drop keys that left TransferQueue from every map (one loop, locals only: a poll
+        forgets the trainer's whole previous batch)."""
+        kind, order, waiting, watch, by_uid = (self.kind, self.order, self.waiting, self.watch,
+                                               self.by_uid)
+        for k in gone:
+            order.pop(k, None)
+            waiting.pop(k, None)
+            if kind.pop(k) == PROMPT:
+                watch.pop(k, None)
+                continue
+            uid = k.partition("_")[0]     # parse_key's uid; a key it rejects is in no list
+            keys = by_uid.get(uid)
+            if keys is not None and k in keys:
+                keys.remove(k)
+                if not keys:
+                    del by_uid[uid]
 
     # --- core -> TransferQueue (called from the core's listener, under its lock) --------------
     def on_remove(self, uids: list[str]) -> list[str]:

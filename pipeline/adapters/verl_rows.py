@@ -68,21 +68,28 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
            rm_rows: list, extra_rows: list, tokens: dict[str, list]) -> pa.Table:
     uid, session, index, lo, hi, reward, info, padding, inferred = ([] for _ in range(9))
     versions_of, extra_of, reward_of = vf.versions_of, vf.extra_of, vf.reward_of
+    reward_info_of = vf.reward_info_of
     for i in keep:     # one pass, locals only: this loop runs once per new trajectory
         _, (u, s, x), gs = todo[i]
         tag, extra, rm = tags[i], extra_rows[i], rm_rows[i]
-        if extra is not None:
-            extra = extra_of(extra)
-        v = versions_of(tag, extra, gs)
-        r = None if rm is None else reward_of(rm)
         uid.append(u)
         session.append(s)
         index.append(x)
-        lo.append(v[0])
-        hi.append(v[1])
-        inferred.append(v[2])
+        if extra is not None:
+            extra = extra_of(extra)
+        t_lo, t_hi = tag.get("min_global_steps"), tag.get("max_global_steps")
+        if type(t_lo) is int and type(t_hi) is int:      # the usual tag: what versions_of gives
+            lo.append(t_lo)
+            hi.append(t_hi)
+            inferred.append(False)
+        else:
+            v = versions_of(tag, extra, gs)
+            lo.append(v[0])
+            hi.append(v[1])
+            inferred.append(v[2])
+        r = None if rm is None else reward_of(rm)
         reward.append(0.0 if r is None else r)              # no rm_scores written yet
-        info.append(None if extra is None else vf.reward_info_of(extra))
+        info.append(None if extra is None else reward_info_of(extra))
         padding.append(bool(tag.get("is_padding", False)))
     cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
             "max_global_steps": hi, "reward": reward, "reward_info": info,
