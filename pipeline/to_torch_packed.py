@@ -20,10 +20,12 @@ numpy only (no torch): the caller hands in numpy views of its output tensors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+
+from pipeline import to_torch_segments
 
 _LISTS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
 _OFFSETS = np.dtype(np.int32)
@@ -35,13 +37,33 @@ _templates: dict[str, np.ndarray] = {}
 
 @dataclass
 class PlainLists:
-    """The four list columns of a common batch: per-row lengths and slices, per-chunk values."""
+    """The four list columns of a common batch: per-row lengths and offsets, per-chunk values."""
 
     p: np.ndarray                 # int64 [B] prompt lengths
     r: np.ndarray                 # int64 [B] response lengths
     bounds: list[int]             # row where each chunk ends
     values: list[list[np.ndarray]]        # per column, per chunk: the chunk's child values
-    slices: list[list[slice]]     # per column: row i's slice into its chunk's values
+    # per column: every chunk's k + 1 raw offsets, one chunk after another (the loss mask's and
+    # the log-probs' are the response ids' array itself when their buffers are equal)
+    offsets: list[np.ndarray]
+    sizes: list[int]              # rows per chunk
+    rows: np.ndarray              # bool: which steps of ``offsets`` are rows (not chunk joins)
+    _made: dict[tuple[str, int], object] = field(default_factory=dict)
+
+    def slices(self, column: int) -> list[slice]:
+        """Row i's slice into its chunk's values (the numpy writer's views)."""
+        return self._once("slices", column, lambda off: _slices(off, self.sizes))
+
+    def starts(self, column: int) -> np.ndarray:
+        """Row i's first value in its chunk's values, int64 (the compiled writer's runs)."""
+        return self._once("starts", column, lambda off: off[:-1][self.rows].astype(np.int64))
+
+    def _once(self, what: str, column: int, make):
+        off = self.offsets[column]
+        key = (what, id(off))           # columns sharing an offsets array share the result
+        if key not in self._made:
+            self._made[key] = make(off)
+        return self._made[key]
 
 
 def _column(col: pa.ChunkedArray) -> tuple[list[pa.Array], np.dtype] | None:
@@ -87,20 +109,20 @@ def read(table: pa.Table) -> PlainLists | None:
     first = np.cumsum([0, *(k + 1 for k in sizes)])
     keep = np.ones(int(first[-1]) - 1, bool)
     keep[first[1:-1] - 1] = False               # the step from one chunk's end to the next's start
-    lengths = np.diff(np.stack(offsets).astype(np.int64))[:, keep]
+    # (C order: the per-row arrays go to the compiled writer as flat buffers)
+    lengths = np.ascontiguousarray(np.diff(np.stack(offsets).astype(np.int64))[:, keep])
     r = lengths[1]
-    slices = [_slices(offsets[0], sizes), _slices(offsets[1], sizes)]
     resp = cols[1][0]
     for i in (2, 3):                # response-aligned: the response ids' lengths are required
         if all(c.offset == rc.offset and b[1].equals(rb[1])
                for c, b, rc, rb in zip(cols[i][0], bufs[i], resp, bufs[1])):
-            slices.append(slices[1])    # the same offsets (the usual case: one `take` cut both)
+            offsets.append(offsets[1])  # the same offsets (the usual case: one `take` cut both)
             continue
         off = _offsets(cols[i][0], bufs[i], sizes)
         if not np.array_equal(np.diff(off)[keep], r):
             return None                         # the general path names the rows
-        slices.append(_slices(off, sizes))
-    return PlainLists(lengths[0], r, np.cumsum(sizes).tolist(), values, slices)
+        offsets.append(off)
+    return PlainLists(lengths[0], r, np.cumsum(sizes).tolist(), values, offsets, sizes, keep)
 
 
 def _slices(off: np.ndarray, sizes: list[int]) -> list[slice]:
@@ -133,7 +155,7 @@ def template(kind: str, length: int) -> np.ndarray:
 
 
 def _views(lists: PlainLists, column: int) -> list[np.ndarray]:
-    vals, sl = lists.values[column], lists.slices[column]
+    vals, sl = lists.values[column], lists.slices(column)
     out: list[np.ndarray] = []
     lo = 0
     for v, hi in zip(vals, lists.bounds):
@@ -142,9 +164,17 @@ def _views(lists: PlainLists, column: int) -> list[np.ndarray]:
     return out
 
 
+_TARGETS = (np.int64, np.int64, np.int64, np.float32)     # each list column's tensor dtype
+
+
 def write(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray) -> None:
     """The packed token tensors (1-D buffers of T tokens; names as in pipeline/to_torch.py).
     ``n``: each row's prompt + response length."""
+    if to_torch_segments.compiled() and all(
+            to_torch_segments.converts(vals[0].dtype, target)
+            for vals, target in zip(lists.values, _TARGETS)):
+        _write_compiled(out, lists, n)
+        return
     seq: list[np.ndarray | None] = [None] * (2 * len(n))    # row 0's two runs, row 1's, ...
     seq[0::2] = _views(lists, 0)
     seq[1::2] = _views(lists, 1)
@@ -161,3 +191,18 @@ def write(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray) -> None:
     pos = template("positions", int(n.max()))
     np.concatenate([pos[s] for s in map(slice, n.tolist())], out=out["position_ids"],
                    casting="same_kind")
+
+
+def _write_compiled(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray) -> None:
+    """``write`` through the extension (pipeline/to_torch_segments.py): one C call per tensor
+    instead of a view per row and run."""
+    seg = to_torch_segments
+    at = np.cumsum(n)
+    at -= n                             # where each row starts
+    bounds = np.array(lists.bounds, np.int64)
+    p, r, v = lists.p, lists.r, lists.values
+    resp = [seg.copy(r, v[c], bounds, lists.starts(c)) for c in (1, 2, 3)]
+    seg.write_rows(out["input_ids"], at, [seg.copy(p, v[0], bounds, lists.starts(0)), resp[0]])
+    seg.write_rows(out["response_mask"], at, [seg.fill(p, 0, np.int64), resp[1]])
+    seg.write_rows(out["rollout_log_probs"], at, [seg.fill(p, 0, np.float32), resp[2]])
+    seg.write_rows(out["position_ids"], at, [seg.positions(n)])

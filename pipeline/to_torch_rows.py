@@ -7,7 +7,9 @@ token, ones for a null loss mask, 0..n-1 for positions) -- and one ``np.concaten
 out=tensor)`` writes the whole tensor in order, casting int32 / int8 to int64 on the way. Every
 output byte is written exactly once: no zero-fill pass, no boolean mask, so the output memory can
 come uninitialised. The Python cost is one view per run (~0.2 us), which is why the mask path of
-pipeline/to_torch.py stays for short rows (see ``ROW_COPY_MIN_TOKENS``).
+pipeline/to_torch.py stays for short rows (see ``ROW_COPY_MIN_TOKENS``). Where the compiled
+extension is available, the same runs are written by a few C calls instead
+(pipeline/to_torch_segments.py); these numpy writers are the fallback.
 
 numpy only (no torch): the caller hands in numpy views of its output tensors.
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import to_torch_segments
 from pipeline.to_torch_ragged import Pieces
 
 # Rows at least this long on average (packed) / padded to at least this length (padded) are
@@ -96,6 +99,8 @@ def _fill(out: np.ndarray, *per_row: list[np.ndarray]) -> None:
 def write_padded(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, prompt: Pieces,
                  resp: Pieces, mask: Pieces | float, logp: Pieces | float, pad: int) -> None:
     """The token tensors of the padded layout (names and shapes as in pipeline/to_torch.py)."""
+    if to_torch_segments.usable(prompt, resp, mask, logp):
+        return to_torch_segments.write_padded(out, p, r, prompt, resp, mask, logp, pad)
     i64, f32 = np.int64, np.float32
     n = p + r
     L = out["input_ids"].shape[1]
@@ -119,6 +124,8 @@ def write_padded(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
 def write_packed(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, prompt: Pieces,
                  resp: Pieces, mask: Pieces | float, logp: Pieces | float) -> None:
     """The token tensors of the packed layout (1-D buffers of T tokens)."""
+    if to_torch_segments.usable(prompt, resp, mask, logp):
+        return to_torch_segments.write_packed(out, p, r, prompt, resp, mask, logp)
     i64, f32 = np.int64, np.float32
     ps, rs = RowSlices(p), RowSlices(r)
     _fill(out["input_ids"], ps.views(prompt, i64), rs.views(resp, i64))

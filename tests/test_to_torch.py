@@ -22,6 +22,7 @@ from tests.support.torch_reference import (
     rechunk,
     row,
 )
+from tests.support.writer_paths import both_writers  # noqa: F401  (autouse: both writers)
 
 PADDED = {"input_ids": torch.int64, "attention_mask": torch.int64, "position_ids": torch.int64,
           "response_mask": torch.int64, "rollout_log_probs": torch.float32,

@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.to_torch import batch_to_torch
 from tests.support.torch_reference import assert_same_tensors, batch_table, naive_to_torch, row
+from tests.support.writer_paths import both_writers  # noqa: F401  (autouse: both writers)
 
 LAYOUTS = ["padded", "packed"]
 

@@ -20,6 +20,7 @@ from tests.support.torch_reference import (
     rechunk,
     row,
 )
+from tests.support.writer_paths import both_writers  # noqa: F401  (autouse: both writers)
 
 
 @st.composite

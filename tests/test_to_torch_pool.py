@@ -12,6 +12,7 @@ import torch
 from pipeline.to_torch import BatchFormatError, batch_to_torch
 from pipeline.to_torch_pool import PoolError, TensorPool
 from tests.support.torch_reference import assert_same_tensors, batch_table, naive_to_torch, row
+from tests.support.writer_paths import both_writers  # noqa: F401  (autouse: both writers)
 
 LAYOUTS = ["padded", "packed"]
 
