@@ -86,12 +86,7 @@ static const int64_t *get_index(PyObject *obj, Py_buffer *v, Py_ssize_t *n, cons
 /* Check that runs at[i] .. at[i] + len[i] (i in [lo, hi)) lie within ``size`` elements. */
 static int check_runs(const int64_t *at, const int64_t *len, Py_ssize_t lo, Py_ssize_t hi,
                       Py_ssize_t size, const char *what) {
-    for (Py_ssize_t i = lo; i < hi; i++) {
-        if (len[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "row %zd has a negative length (%lld)", i,
-                         (long long)len[i]);
-            return -1;
-        }
+    for (Py_ssize_t i = lo; i < hi; i++) {   /* lengths: checked non-negative beforehand */
         if (at[i] < 0 || at[i] > size || len[i] > size - at[i]) {
             PyErr_Format(PyExc_IndexError,
                          "row %zd: %s elements [%lld, %lld + %lld) outside its %zd elements", i,

@@ -10,7 +10,9 @@ prompt tokens, or all response tokens, one row after another):
   byte is written exactly once, in order, with no zero-fill pass and no mask (measured: the packed
   input ids of B=1024 x ~3.2k tokens in 3.0 ms vs 6.8-10 ms through boolean masks); the packed
   layout of a batch without null lists takes pipeline/to_torch_packed.py (fewer calls per batch),
-  anything else pipeline/to_torch_rows.py;
+  anything else pipeline/to_torch_rows.py; both hand each tensor to one call of a compiled
+  extension instead, where it is built (pipeline/to_torch_segments.py: same bytes, no per-row
+  Python);
 - short rows (below ``ROW_COPY_MIN_TOKENS`` tokens per row on average, where the ~0.2 us a view
   costs in Python exceeds a mask pass): zeroed outputs and boolean masks built from the lengths
   (pipeline/to_torch_masks.py).

@@ -16,6 +16,9 @@ rebasing per chunk), the loss mask and log-probs reuse the response ids' slices 
 offsets buffers are equal (the usual case: one `take` cut all of them), and the zero and
 position runs are views of templates kept across calls.
 
+Where the compiled extension is built (pipeline/to_torch_segments.py), ``write`` hands each
+tensor to it in one call from the rows' raw offsets, and the per-row views are never made.
+
 numpy only (no torch): the caller hands in numpy views of its output tensors.
 """
 from __future__ import annotations
