@@ -8,7 +8,7 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: run test venv lint bench clean test-vllm
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml pipeline/_segments.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,wandb,verl]'
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 # `make run` needs only the core and wandb, not the test suite's verl stack: a fresh clone reaches
 # the demo in about half the install time.
-$(RUN_STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml pipeline/_segments.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[wandb]'

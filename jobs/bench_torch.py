@@ -50,9 +50,11 @@ GOALS = {"padded": {"batch_size": 1024, "max_over_memcpy": 1.3},
 
 def synthetic_batch(batch_size: int, prompt_range: tuple[int, int],
                     response_range: tuple[int, int], seed: int = 0,
-                    rows_per_chunk: int = 16) -> pa.Table:
-    """A Batch-shaped table with random lengths (inclusive ranges), in chunks of a few rows with
-    their own buffers, like the ones `sample` returns (one `take` per producer put)."""
+                    rows_per_chunk: int | None = None) -> pa.Table:
+    """A Batch-shaped table with random lengths (inclusive ranges). By default one chunk with its
+    own buffers, like the batch `sample` returns (its rows gathered from the stored chunks and
+    copied once); ``rows_per_chunk`` cuts it into chunks of that many rows, as a table
+    concatenated from several sources would be."""
     rng = np.random.default_rng(seed)
     p = rng.integers(prompt_range[0], prompt_range[1] + 1, batch_size)
     r = rng.integers(response_range[0], response_range[1] + 1, batch_size)
@@ -77,8 +79,9 @@ def synthetic_batch(batch_size: int, prompt_range: tuple[int, int],
         "staleness": 104 - mx,
         "is_padding": pa.array(np.zeros(batch_size, bool)),
     })
-    return pa.concat_tables([table.take(np.arange(i, min(i + rows_per_chunk, batch_size)))
-                             for i in range(0, batch_size, rows_per_chunk)])
+    step = rows_per_chunk or batch_size
+    return pa.concat_tables([table.take(np.arange(i, min(i + step, batch_size)))
+                             for i in range(0, batch_size, step)])
 
 
 EVICT_BYTES = 128 << 20

@@ -31,7 +31,7 @@ def _bits(tensors: dict) -> dict:
 @needs_extension
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_both_paths_write_the_same_bytes_on_a_sampled_batch(monkeypatch, layout: str) -> None:
-    table = synthetic_batch(40, (100, 400), (200, 900), seed=3)
+    table = synthetic_batch(40, (100, 400), (200, 900), seed=3, rows_per_chunk=16)
     out = {}
     for path, value in (("compiled", "0"), ("numpy", "1")):
         monkeypatch.setenv(seg.ENV_PURE_PYTHON, value)
@@ -53,7 +53,7 @@ def test_the_environment_variable_switches_the_compiled_path_off(monkeypatch, va
     else:
         monkeypatch.setenv(seg.ENV_PURE_PYTHON, value)
     assert seg.compiled() is compiled
-    table = synthetic_batch(4, (300, 300), (300, 300))
+    table = synthetic_batch(4, (300, 300), (300, 300), rows_per_chunk=16)
     with mock.patch.object(seg, "write_rows", wraps=seg.write_rows) as calls:
         batch_to_torch(table, layout="packed")
         batch_to_torch(table, layout="padded")
