@@ -32,6 +32,10 @@ class Metric:
     column: str | None = None   # off-policy metrics: the column of off_policy.sql
 
 
+# the smallest staleness of a batch's non-padding rows (below 0: a version from the future)
+STALENESS_MIN = "off_policy/trajectory_staleness/min"
+
+
 def _off_policy_keys() -> dict[str, Metric]:
     """`off_policy/<name>/<stat>` for every `<name>_<stat>` aggregate of off_policy.sql."""
     out: dict[str, Metric] = {}
