@@ -213,7 +213,10 @@ def memory_figures(s: Sizes) -> list[dict[str, Any]]:
     return out
 
 
-SECTIONS = (("ingest", ingest), ("to_torch", torch_figures), ("decide", decide_figures),
+# the decision path runs before to_torch: that section allocates and frees gigabytes of tensors,
+# and the first size timed right after it ran about twice as slow on both sides (ours and the
+# naive reference) while the allocator grew its heap back
+SECTIONS = (("ingest", ingest), ("decide", decide_figures), ("to_torch", torch_figures),
             ("verl", verl_figures), ("memory", memory_figures))
 
 
