@@ -1,11 +1,21 @@
-"""Stamps rows with arrival sequence numbers and time, and writes them to the lake (if any)."""
+"""Stamps rows with arrival sequence numbers and time, and writes them to the lake (if any).
+
+Rows come as an Arrow table, as a few Python dicts (`Journal.record_rows`), or built column by
+column with `by_column`: a poll writes its decisions as a few dozen rows that share most of their
+values (partition, step, call, poll, kind, batch), and one Arrow array per varying column plus a
+repeated scalar per shared one costs about half of the same rows as dicts (~40 against ~90 us for
+a 64-row selection).
+"""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.errors import InvariantError
 from pipeline.lake import LakeWriter
 from schemas import LAKE_TABLES
 
@@ -79,3 +89,25 @@ class Journal:
         data = {name: pa.array([r.get(name) for r in rows], type=typ)
                 for name, typ in _COLUMNS[table]}
         return self.record(table, pa.table(data))
+
+
+def by_column(table: str, n: int, values: Mapping[str, Any]) -> pa.Table:
+    """``n`` rows of lake table ``table`` (all its columns but seq and ts) from ``values``: a
+    Python list holds one value per row, any other value is shared by every row, and a column
+    not named (or None) is null. A shared value of a list-typed column is written ``[v] * n``."""
+    head = _HEADS[table]
+    unknown = set(values) - set(head.names)
+    if unknown:
+        raise InvariantError(f"table {table!r} has no column(s) {sorted(unknown)}")
+    arrays = []
+    for f in head:
+        v = values.get(f.name)
+        if isinstance(v, list):
+            if len(v) != n:
+                raise InvariantError(f"column {f.name!r}: {len(v)} values for {n} rows")
+            arrays.append(pa.array(v, f.type))
+        elif v is None:
+            arrays.append(pa.nulls(n, f.type))
+        else:
+            arrays.append(pa.repeat(pa.scalar(v, f.type), n))
+    return pa.Table.from_arrays(arrays, schema=head)

@@ -19,7 +19,7 @@ from pipeline import aggregates, decide
 from pipeline.batch import Batch, batch_rows, with_provenance
 from pipeline.config import BufferConfig
 from pipeline.errors import EmptyBatchError, InvariantError, SampleTimeout
-from pipeline.journal_columns import by_column
+from pipeline.journal import by_column
 from pipeline.metrics import STALENESS_MIN, CallMetrics, EvictionMetrics, off_policy_metrics
 from pipeline.partitions import metric_prefix
 from pipeline.policies.context import CallState, PollContext, PollOutcome

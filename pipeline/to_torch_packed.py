@@ -200,12 +200,7 @@ def _write_compiled(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray
     """``write`` through the extension (pipeline/to_torch_segments.py): one C call per tensor
     instead of a view per row and run."""
     seg = to_torch_segments
-    at = np.cumsum(n)
-    at -= n                             # where each row starts
     bounds = np.array(lists.bounds, np.int64)
     p, r, v = lists.p, lists.r, lists.values
-    resp = [seg.copy(r, v[c], bounds, lists.starts(c)) for c in (1, 2, 3)]
-    seg.write_rows(out["input_ids"], at, [seg.copy(p, v[0], bounds, lists.starts(0)), resp[0]])
-    seg.write_rows(out["response_mask"], at, [seg.fill(p, 0, np.int64), resp[1]])
-    seg.write_rows(out["rollout_log_probs"], at, [seg.fill(p, 0, np.float32), resp[2]])
-    seg.write_rows(out["position_ids"], at, [seg.positions(n)])
+    seg.write_packed_parts(out, p, n, seg.copy(p, v[0], bounds, lists.starts(0)),
+                           *(seg.copy(r, v[c], bounds, lists.starts(c)) for c in (1, 2, 3)))

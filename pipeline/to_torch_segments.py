@@ -152,11 +152,18 @@ def write_packed(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
                  resp: Pieces, mask: Pieces | float, logp: Pieces | float) -> None:
     """``to_torch_rows.write_packed``'s tensors (1-D, T tokens), written by the extension."""
     i64, f32 = np.int64, np.float32
-    n = p + r
+    parts = _Parts()
+    write_packed_parts(out, p, p + r, parts.run(prompt, p, i64), parts.run(resp, r, i64),
+                       parts.run(mask, r, i64), parts.run(logp, r, f32))
+
+
+def write_packed_parts(out: dict[str, np.ndarray], p: np.ndarray, n: np.ndarray, prompt: tuple,
+                       resp: tuple, mask: tuple, logp: tuple) -> None:
+    """The packed token tensors from the parts writing each stream's rows (``n``: each row's
+    prompt + response length), one C call per tensor."""
     at = np.cumsum(n)
     at -= n                                 # where each row starts
-    parts = _Parts()
-    write_rows(out["input_ids"], at, [parts.run(prompt, p, i64), parts.run(resp, r, i64)])
-    write_rows(out["response_mask"], at, [fill(p, 0, i64), parts.run(mask, r, i64)])
-    write_rows(out["rollout_log_probs"], at, [fill(p, 0, f32), parts.run(logp, r, f32)])
+    write_rows(out["input_ids"], at, [prompt, resp])
+    write_rows(out["response_mask"], at, [fill(p, 0, np.int64), mask])
+    write_rows(out["rollout_log_probs"], at, [fill(p, 0, np.float32), logp])
     write_rows(out["position_ids"], at, [positions(n)])

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import declared
 from pipeline.errors import InvariantError
-from pipeline.journal_columns import by_column
+from pipeline.journal import by_column
 from sql.loader import SqlError
 
 
