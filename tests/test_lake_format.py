@@ -24,7 +24,7 @@ from pipeline.lake_files import (
     unpack_records,
 )
 from pipeline.lake_read import LakeDamageError
-from pipeline.lake_stream import Stream
+from pipeline.lake_stream import WRITE_PIECE, Stream
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
 from tests.support.lake import add_group, lake_history
@@ -82,6 +82,24 @@ def test_a_stream_refuses_a_batch_of_another_schema_and_stays_readable(tmp_path)
         stream.append(pa.record_batch({"x": [1]}), None)
     stream.finish()
     assert [b.num_rows for b, _ in batches(tmp_path / "m.arrow")] == [1]
+
+
+def test_a_write_larger_than_one_piece_lands_whole_under_one_checksum_record(tmp_path):
+    # a batch of several MiB goes out in WRITE_PIECE-sized os.write calls; the file must hold the
+    # same bytes Arrow writes, and the write must count as one record (one unit for recovery)
+    schema = pa.schema([pa.field("blob", pa.large_binary())])
+    big = pa.record_batch([pa.array([bytes(range(256)) * 4096 * 3, b"tail"], pa.large_binary())],
+                          schema=schema)
+    assert big.nbytes > 2 * WRITE_PIECE + 1
+    path = tmp_path / "big.arrow"
+    stream = Stream(path, schema, "big", fsync=False)
+    stream.append(big, None)
+    stream.append(big.slice(1), None)
+    stream.finish()
+    assert path.read_bytes() == rewritten_by_arrow(path)
+    ends = [r.end for r in unpack_records(sum_path(path).read_bytes())]
+    assert len(ends) == 3 and ends[-1] == path.stat().st_size        # two appends and the EOS
+    assert [b.num_rows for b, _ in batches(path)] == [2, 1]
 
 
 def as_written_before_crc32c(root: Path) -> int:
