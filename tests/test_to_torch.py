@@ -17,7 +17,7 @@ from pipeline.to_torch import BatchFormatError, batch_to_torch
 from tests.support.torch_reference import (
     assert_same_tensors,
     batch_table,
-    embedded,
+    drawn_shape,
     naive_to_torch,
     rechunk,
     row,
@@ -65,13 +65,8 @@ def batch_rows(draw: st.DrawFn, min_rows: int = 1, max_rows: int = 10) -> list[d
 def batch_tables(draw: st.DrawFn) -> pa.Table:
     """The same kind of rows as one chunk, as chunks with their own buffers, or as a slice."""
     rows = draw(batch_rows())
-    table = batch_table(rows)
-    shape = draw(st.sampled_from(["one chunk", "chunks", "slice", "slice of chunks"]))
-    if shape in ("slice", "slice of chunks"):
-        table = embedded(table, draw(batch_rows(0, 3)), draw(batch_rows(0, 3)))
-    if shape in ("chunks", "slice of chunks"):
-        table = rechunk(table, draw(st.lists(st.integers(0, len(rows)), max_size=4)))
-    return table
+    return drawn_shape(draw, batch_table(rows), batch_rows(0, 3),
+                       st.lists(st.integers(0, len(rows)), max_size=4))
 
 
 # Both writers on the same tables: ROW_COPY_MIN_TOKENS=0 sends every non-empty batch through the

@@ -15,7 +15,7 @@ from pipeline.to_torch import BatchFormatError, batch_to_torch
 from tests.support.torch_reference import (
     assert_same_tensors,
     batch_table,
-    embedded,
+    drawn_shape,
     naive_to_torch,
     rechunk,
     row,
@@ -52,13 +52,9 @@ def _shifted(table: pa.Table, name: str, extra: int) -> pa.Table:
 @st.composite
 def full_tables(draw: st.DrawFn) -> pa.Table:
     rows = draw(full_rows())
-    table = batch_table(rows)
-    shape = draw(st.sampled_from(["one chunk", "chunks", "slice", "slice of chunks"]))
-    if shape in ("slice", "slice of chunks"):
-        table = embedded(table, draw(full_rows(0, 3)), draw(full_rows(0, 3)))
-    if shape in ("chunks", "slice of chunks"):
-        table = rechunk(table, draw(st.lists(st.integers(1, len(rows) - 1), max_size=4)
-                                    if len(rows) > 1 else st.just([])))
+    table = drawn_shape(draw, batch_table(rows), full_rows(0, 3),
+                        st.lists(st.integers(1, len(rows) - 1), max_size=4)
+                        if len(rows) > 1 else st.just([]))
     for name in draw(st.sets(st.sampled_from(["response_mask", "rollout_log_probs"]))):
         table = _shifted(table, name, draw(st.integers(1, 3)))
     return table

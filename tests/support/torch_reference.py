@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from hypothesis import strategies as st
 from torch.nn.utils.rnn import pad_sequence
 
 from pipeline import ReplayBuffer
@@ -63,6 +64,21 @@ def embedded(table: pa.Table, before: list[dict[str, Any]], after: list[dict[str
     """``table``'s rows, read back as a slice of [before + rows + after] (one chunk)."""
     whole = batch_table(before + table.to_pylist() + after).combine_chunks()
     return whole.slice(len(before), table.num_rows)
+
+
+SHAPES = ("one chunk", "chunks", "slice", "slice of chunks")
+
+
+def drawn_shape(draw: Any, table: pa.Table, extra_rows: Any, cuts: Any) -> pa.Table:
+    """``table`` as a hypothesis test draws it: one chunk, chunks with their own buffers (chunk
+    boundaries from the strategy ``cuts``), a slice of a longer table (rows before and after from
+    the strategy ``extra_rows``), or a slice of chunks."""
+    shape = draw(st.sampled_from(SHAPES))
+    if shape in ("slice", "slice of chunks"):
+        table = embedded(table, draw(extra_rows), draw(extra_rows))
+    if shape in ("chunks", "slice of chunks"):
+        table = rechunk(table, draw(cuts))
+    return table
 
 
 def assert_same_tensors(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
