@@ -11,8 +11,16 @@ cannot be scanned in place: only replaylake's reader knows which of their bytes 
 (checksum file), which batches belong to an uncommitted multi-partition call, and where a torn
 tail starts. So each live segment is read once through that reader (`lake_read.batches`, the very
 rules every reader applies) and its committed batches are streamed, one at a time, to an
-uncompressed Arrow IPC file in a scratch directory, which the dataset then scans lazily (memory
-mapped). The scratch directory lives as long as the scan.
+uncompressed Arrow IPC file in a scratch directory, which the dataset then scans lazily, memory
+mapped. The scratch directory lives as long as the scan.
+
+Why memory mapped: over a plain file, pyarrow's IPC reader (26.0.1, checked) answers a scan that
+projects some of the columns by reading every record batch's metadata ahead on its I/O threads,
+whose completions point at the reader. A scan abandoned before its end (a `LIMIT`, a reader
+dropped after one batch) frees the reader while those reads are in flight, and the process dies
+with a segmentation fault when they complete. A memory-mapped file is zero-copy: the reader takes
+its whole-file path and every read completes at once, on the calling thread. Pages a query touches
+are the file's own (the kernel can drop them), and a file is unmapped when its scan ends.
 
 The snapshot is cut at one seq for every table, exactly as `analysis._consistent` does for
 in-memory tables (computed from the `seq` column alone), so a scan taken while a buffer writes is
@@ -29,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.errors import LakeError
@@ -122,12 +131,17 @@ def _old_parquet_copy(path: Path, table: str, out: Path) -> Path:
     return out
 
 
+# the scratch IPC files are scanned memory mapped (see the module doc: never on I/O threads)
+_MAPPED = pafs.LocalFileSystem(use_mmap=True)
+
+
 def _dataset(schema: pa.Schema, parquet: list[Path], ipc: list[Path]) -> ds.Dataset:
     parts = []
     if parquet:
         parts.append(ds.dataset([str(p) for p in parquet], format="parquet", schema=schema))
     if ipc:
-        parts.append(ds.dataset([str(p) for p in ipc], format="ipc", schema=schema))
+        parts.append(ds.dataset([str(p) for p in ipc], format="ipc", schema=schema,
+                                filesystem=_MAPPED))
     if not parts:
         return ds.dataset(schema.empty_table())
     return parts[0] if len(parts) == 1 else ds.dataset(parts)
