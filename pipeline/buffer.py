@@ -28,7 +28,7 @@ from pipeline.buffer_reads import BufferReads
 from pipeline.config import BufferConfig, async_config, sync_config
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
 from pipeline.ingest import validate_groups, validate_status, validate_trajectories
-from pipeline.journal import Journal
+from pipeline.journal import Journal, by_column
 from pipeline.lake import LakeWriter
 from pipeline.policies.context import PollContext
 from pipeline.presets import preset_kwargs
@@ -276,10 +276,12 @@ class ReplayBuffer(BufferReads):
         with self._state.cond:
             for pid, part in self._state.parts.items():
                 if batch_id in part.batches:
-                    self._state.commit("decisions", [
-                        {"partition": pid, "step": part.batch_step[batch_id], "call_id": -1,
-                         "poll": 0, "kind": "release", "uid": u, "batch_id": batch_id,
-                         "count": 1} for u in part.batches[batch_id]])
+                    uids = part.batches[batch_id]
+                    nulls = [None] * len(uids)   # laid out as rows of None (not `pa.nulls`)
+                    self._state.commit("decisions", by_column("decisions", len(uids), {
+                        "partition": pid, "step": part.batch_step[batch_id], "call_id": -1,
+                        "poll": 0, "kind": "release", "uid": list(uids), "reason": nulls,
+                        "batch_id": batch_id, "count": 1, "replaces": nulls}))
                     return
         raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or "
                                 "already released)")

@@ -92,12 +92,47 @@ class TrajectoryRows:
         for c, local in self._locate(row_ids):
             yield self._chunks[c], local
 
-    def drop(self, row_ids: list[int]) -> None:
-        """Forget rows (released or evicted); frees whole chunks once they hold no live row."""
+    def drop(self, row_ids: range | list[int]) -> None:
+        """Forget rows (released or evicted); frees whole chunks once they hold no live row.
+
+        A group's row ids are usually a `range` (its rows arrived in one put): that is taken a
+        chunk's run at a time (one bisect per chunk touched, not one per row: a release of 64
+        groups of 4 spent ~0.1 ms bisecting row by row)."""
+        if type(row_ids) is range and row_ids.step == 1:
+            self._drop_run(row_ids.start, row_ids.stop)
+            return
         for r in row_ids:
-            c = bisect.bisect_right(self._starts, r) - 1
-            self._live[c] -= 1
-            if self._live[c] == 0:
-                if self._nbytes[c] is not None:
-                    self._sized_bytes -= self._nbytes[c]
-                self._chunks[c] = None
+            self._take_live(bisect.bisect_right(self._starts, r) - 1, 1)
+
+    def drop_all(self, row_ids: list[range | list[int]]) -> None:
+        """`drop` of several groups' rows at once: adjoining ranges (groups that arrived in one
+        put) are merged into one run first, so a released batch costs a bisect per chunk."""
+        start = stop = 0
+        for ids in row_ids:
+            if type(ids) is range and ids.step == 1:
+                if ids.start == stop:
+                    stop = ids.stop
+                    continue
+                self._drop_run(start, stop)
+                start, stop = ids.start, ids.stop
+            else:
+                self.drop(ids)
+        self._drop_run(start, stop)
+
+    def _drop_run(self, r: int, stop: int) -> None:
+        starts = self._starts
+        while r < stop:
+            c = bisect.bisect_right(starts, r) - 1
+            k = (min(stop, starts[c + 1]) if c + 1 < len(starts) else stop) - r
+            self._take_live(c, k)
+            r += k
+
+    def _take_live(self, c: int, k: int) -> None:
+        """``k`` rows of chunk ``c`` are no longer live; the chunk is freed when its count
+        reaches zero (from above, as ``k`` single drops would)."""
+        before = self._live[c]
+        self._live[c] = before - k
+        if before > 0 >= before - k:
+            if self._nbytes[c] is not None:
+                self._sized_bytes -= self._nbytes[c]
+            self._chunks[c] = None

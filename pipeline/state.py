@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +18,8 @@ import pyarrow.compute as pc
 
 from pipeline.journal import Journal
 from pipeline.store import PartitionState
+
+_DECISION_RUN = itemgetter(0, 1, 3, 4)   # rows of one effect: partition, kind, batch_id, step
 
 Listener = Callable[[str, str, list[str], "int | None"], None]
 
@@ -96,8 +99,7 @@ class BufferState:
         calls = [c for c in cols[5] if c is not None and c >= 0]
         if calls:
             self.next_call = max(self.next_call, max(calls) + 1)
-        for (p, kind, batch_id, step), grp in groupby(
-                zip(*cols), key=lambda r: (r[0], r[1], r[3], r[4])):
+        for (p, kind, batch_id, step), grp in groupby(zip(*cols), key=_DECISION_RUN):
             part = self.part(p)
             uids = list(dict.fromkeys(r[2] for r in grp))   # 2 reasons -> 2 rows, 1 removal
             if batch_id is not None:

@@ -175,9 +175,8 @@ class PartitionState:
     def apply_released(self, batch_id: int) -> list[str]:
         self.batch_step.pop(batch_id, None)
         uids = self.batches.pop(batch_id, [])
-        for u in uids:
-            g = self.groups.pop(u)
-            self.rows.drop(g.rows)
+        groups = self.groups
+        self.rows.drop_all([groups.pop(u).rows for u in uids])
         return uids
 
     def lookup(self, uid: str) -> Group | GroupView | None:
