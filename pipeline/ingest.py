@@ -218,6 +218,8 @@ def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
     """Per-token columns must match the response length ``n_resp``; version spans must cover it."""
     out = []
     for name in ("response_mask", "rollout_log_probs"):
+        if table.column(name).null_count == table.num_rows:
+            continue                  # all null (unknown): no length to compare
         n = _list_lengths(table, name)
         if (n == n_resp).all():
             continue
@@ -249,8 +251,27 @@ def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
     return out
 
 
+def _fresh_groups_only(cols: list[list], lookup: Callable[[str, str], Any]) -> bool:
+    """True when `_group_problems` cannot find anything: no (partition, uid, session, index)
+    twice, and every group named is in flight with no trajectory stored yet and an ``n`` (if
+    any) above every session id. The usual put -- a group's sessions sent together -- is then
+    checked per group, not per row (the row walk was ~0.15 ms of a 256-row put)."""
+    if len(set(zip(*cols))) != len(cols[0]):
+        return False
+    least_n = None
+    for p, u in dict.fromkeys(zip(cols[0], cols[1])):
+        g = lookup(p, u)
+        if g is None or g.removed or g.status not in ("pending", "running") or g.keys:
+            return False
+        if g.n is not None and (least_n is None or g.n < least_n):
+            least_n = g.n
+    return least_n is None or max(cols[2], default=0) < least_n
+
+
 def _group_problems(cols: list[list], lookup: Callable[[str, str], Any]) -> list[Problem]:
     """Checks against the live groups, over the (partition, uid, session_id, index) lists."""
+    if _fresh_groups_only(cols, lookup):
+        return []
     out: list[Problem] = []
     unknown, closed, dup, dup_store, out_of_n = [], [], [], [], []
     seen: set = set()

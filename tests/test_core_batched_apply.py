@@ -114,3 +114,61 @@ def test_release_rows_in_the_lake_are_laid_out_as_rows_built_from_dicts(tmp_path
             if f.name not in ("seq", "ts"):
                 want = pa.array([r.get(f.name) for r in rows], f.type)
                 assert _buffers(got.column(f.name)) == _buffers(want), f.name
+
+
+def _reference(rows: list[tuple[str, int, int, int]]) -> dict:
+    """Groups filled one row at a time with `Group.add` (row id, session, index)."""
+    from pipeline.store import Group
+    out: dict[str, Group] = {}
+    for u, r, s, x in rows:
+        out.setdefault(u, Group(u, 0, None)).add(r, s, x)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_put_records_each_groups_rows_and_keys_as_row_by_row_adds_do(seed: int) -> None:
+    from pipeline.store import PartitionState
+    rnd = random.Random(seed)
+    part = PartitionState("train", None)
+    uids = [f"u{i}" for i in range(6)]
+    for u in uids:
+        part.apply_registered(u, 0, None)
+    done: list[tuple[str, int, int, int]] = []
+    next_row = 0
+    for _ in range(4):                    # several puts: groups continue, interleave, grow past 32
+        order = [u for u in rnd.sample(uids, 4) for _ in range(rnd.randint(1, 12))]
+        if rnd.random() < 0.5:
+            rnd.shuffle(order)
+        sessions = [rnd.randint(0, 40) for _ in order]
+        index = [rnd.choice([0, 0, 1, 70]) for _ in order]
+        table = _groups(order, 1, seed)
+        table = table.set_column(table.schema.get_field_index("session_id"), "session_id",
+                                 pa.array(sessions, pa.int32()))
+        table = table.set_column(table.schema.get_field_index("index"), "index",
+                                 pa.array(index, pa.int32()))
+        part.apply_trajectories(table)
+        done += [(u, next_row + i, s, x) for i, (u, s, x) in enumerate(zip(order, sessions, index))]
+        next_row += len(order)
+        want = _reference(done)
+        for u, g in want.items():
+            got = part.groups[u]
+            assert type(got.rows) is type(g.rows) and list(got.rows) == list(g.rows)
+            assert type(got.keys) is type(g.keys) and set(got.keys) == set(g.keys)
+            if type(g.keys) is tuple:
+                assert got.keys == g.keys                       # same order too
+
+
+def test_put_checks_every_groups_session_count_whatever_the_others_allow() -> None:
+    buf = ReplayBuffer.async_()
+    buf.register({"partition": ["train"] * 2, "uid": ["a", "b"], "global_steps": [1, 1],
+                  "n": [2, 8]})
+    ok = _groups(["a", "b"], 2, 0)
+    buf.put(ok)                                                # a: 0, 1 of 2; b: 0, 1 of 8
+    more = _groups(["b"], 4, 1).slice(2, 2)                    # b: sessions 2, 3 (of 8)
+    assert buf.put(more) == 2
+    buf.register(partition="train", uids=["c", "d"], global_steps=1, n=None)
+    buf.register(partition="train", uids=["e"], global_steps=1, n=3)
+    bad = _groups(["c", "e", "d"], 4, 2)                       # e gets a session 3 (of 3)
+    with pytest.raises(Exception, match=r"rows? 7: session_id >= the group's n"):
+        buf.put(bad)
+    assert buf.lookup("train", "c").keys == frozenset()       # nothing of the call accepted
