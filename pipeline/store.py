@@ -7,7 +7,9 @@ on a lake gives back the same buffer.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 import numpy as np
 import pyarrow as pa
@@ -49,14 +51,26 @@ class Group:
 
     def add(self, row: int, session: int, index: int) -> None:
         """Record one stored trajectory of this group."""
+        self.add_run(row, row + 1, (_pair(session, index),))
+
+    def add_run(self, start: int, stop: int, keys: Sequence[tuple[int, int]]) -> None:
+        """Record the stored trajectories ``start..stop-1`` of this group, whose (session,
+        index) keys are ``keys`` (shared pairs), in order: what `add` does row by row."""
         rows = self.rows
-        if type(rows) is range and (not rows or rows.stop == row):
-            self.rows = range(rows.start if rows else row, row + 1)
+        if type(rows) is range and (not rows or rows.stop == start):
+            self.rows = range(rows.start if rows else start, stop)
         else:
             if type(rows) is range:
                 rows = self.rows = list(rows)
-            rows.append(row)
-        key, keys = _pair(session, index), self.keys
+            rows.extend(range(start, stop))
+        if self.keys == () and len(keys) <= _SMALL and len(set(keys)) == len(keys):
+            self.keys = tuple(keys)          # a new group's sessions, all at once
+            return
+        for key in keys:
+            self._add_key(key)
+
+    def _add_key(self, key: tuple[int, int]) -> None:
+        keys = self.keys
         if type(keys) is tuple:
             if key in keys:
                 return
@@ -148,11 +162,17 @@ class PartitionState:
         self._fly(uid, gs)
 
     def apply_trajectories(self, rows: pa.Table) -> None:
-        groups = self.groups
-        for r, u, s, x in zip(self.rows.append(rows), rows.column("uid").to_pylist(),
-                              rows.column("session_id").to_pylist(),
-                              rows.column("index").to_pylist()):
-            groups[u].add(r, s, x)
+        """Store the rows; each run of one group's rows is recorded at once (a put sends a
+        group's sessions together: 64 runs for 256 rows, not 256 calls)."""
+        groups, pairs = self.groups, _PAIRS
+        first = self.rows.append(rows).start
+        keys = [pairs.setdefault(k, k) if k[0] < 1024 and k[1] < 64 else k for k in
+                zip(rows.column("session_id").to_pylist(), rows.column("index").to_pylist())]
+        at = 0
+        for u, run in groupby(rows.column("uid").to_pylist()):
+            n = len(list(run))
+            groups[u].add_run(first + at, first + at + n, keys[at:at + n])
+            at += n
 
     # --- the consumer ------------------------------------------------------------------------
     def apply_removed(self, uids: list[str], how: str, batch_id: int | None = None,
