@@ -24,6 +24,11 @@ _DECISION_RUN = itemgetter(0, 1, 3, 4)   # rows of one effect: partition, kind, 
 Listener = Callable[[str, str, list[str], "int | None"], None]
 
 
+def _pylist(col: pa.ChunkedArray) -> list:
+    """A column's values (an all-null one, e.g. `n` of the shorthand, without converting)."""
+    return [None] * len(col) if col.null_count == len(col) else col.to_pylist()
+
+
 class BufferState:
     """Lock, partitions and journal of one buffer (see the module docstring)."""
 
@@ -46,7 +51,10 @@ class BufferState:
 
     def lookup(self, partition: str, uid: str) -> Any:
         p = self.parts.get(partition)
-        return p.lookup(uid) if p is not None else None
+        if p is None:
+            return None
+        g = p.groups.get(uid)       # a live group: `PartitionState.lookup` without its call
+        return g if g is not None else p.lookup(uid)
 
     def new_call(self) -> int:
         with self.cond:
@@ -76,16 +84,24 @@ class BufferState:
         # metric rows are history only
 
     def _apply_group_events(self, rows: pa.Table) -> None:
-        cols = [rows.column(c).to_pylist() for c in
-                ("partition", "uid", "event", "global_steps", "n", "seq", "prompt_id")]
-        for p, u, ev, gs, n, seq, prompt_id in zip(*cols):
+        """Row by row in order, handed to the partition a run of one partition and event at a
+        time (a poll registers, then finishes, ~64 groups: one call each, not 64)."""
+        uid, steps, ns, seqs, prompt_ids = (_pylist(rows.column(c)) for c in
+                                            ("uid", "global_steps", "n", "seq", "prompt_id"))
+        at = 0
+        for (p, ev), run in groupby(zip(rows.column("partition").to_pylist(),
+                                        rows.column("event").to_pylist())):
+            end = at + len(list(run))
             part = self.part(p)
             if ev == "registered":
-                part.apply_registered(u, gs, n, prompt_id)
+                part.apply_registered_many(uid[at:end], steps[at:end], ns[at:end],
+                                           prompt_ids[at:end])
             elif ev == "reissued":
-                part.apply_reissued(u, gs)
+                for u, gs in zip(uid[at:end], steps[at:end]):
+                    part.apply_reissued(u, gs)
             else:
-                part.apply_status(u, ev, seq)
+                part.apply_status_many(uid[at:end], ev, seqs[at:end])
+            at = end
 
     def _apply_trajectories(self, rows: pa.Table) -> None:
         parts = rows.column("partition").unique().to_pylist()
