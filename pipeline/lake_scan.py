@@ -10,9 +10,9 @@ Compacted Parquet files (`replaylake compact`) are scanned where they lie. Live 
 cannot be scanned in place: only replaylake's reader knows which of their bytes were acknowledged
 (checksum file), which batches belong to an uncommitted multi-partition call, and where a torn
 tail starts. So each live segment is read once through that reader (`lake_read.batches`, the very
-rules every reader applies) and its committed batches are streamed, one at a time, to an
-uncompressed Arrow IPC file in a scratch directory, which the dataset then scans lazily, memory
-mapped. The scratch directory lives as long as the scan.
+rules every reader applies) and its committed batches are streamed, gathered into record batches
+of about `SCRATCH_BATCH_BYTES`, to an uncompressed Arrow IPC file in a scratch directory, which
+the dataset then scans lazily, memory mapped. The scratch directory lives as long as the scan.
 
 Why memory mapped: over a plain file, pyarrow's IPC reader (26.0.1, checked) answers a scan that
 projects some of the columns by reading every record batch's metadata ahead on its I/O threads,
@@ -20,7 +20,7 @@ whose completions point at the reader. A scan abandoned before its end (a `LIMIT
 dropped after one batch) frees the reader while those reads are in flight, and the process dies
 with a segmentation fault when they complete. A memory-mapped file is zero-copy: the reader takes
 its whole-file path and every read completes at once, on the calling thread. Pages a query touches
-are the file's own (the kernel can drop them), and a file is unmapped when its scan ends.
+are the file's own (the kernel can drop them), mapped until the scan ends.
 
 The snapshot is cut at one seq for every table, exactly as `analysis._consistent` does for
 in-memory tables (computed from the `seq` column alone), so a scan taken while a buffer writes is
@@ -92,12 +92,22 @@ def cut_seq(seqs: dict[str, np.ndarray], first: str) -> int | None:
     return start + int(gaps[0]) - 1
 
 
+# A scratch file's record batches gather a segment's writes up to about this many bytes: the
+# segment holds one batch per write (often a few rows), and a scan of a mapped file maps the pages
+# around every batch it reads (the kernel's fault-around), so few large batches keep a metadata
+# query's mapped pages a small fraction of the file. Holds at most this much before writing it.
+SCRATCH_BATCH_BYTES = 8 << 20
+
+
 def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path) -> Path | None:
-    """Stream the committed batches of a live segment into ``out``; the file to scan (the
-    segment's Parquet copy if it was compacted since it was listed), None if nothing counts."""
+    """Stream the committed batches of a live segment into ``out`` (in batches of about
+    SCRATCH_BATCH_BYTES); the file to scan (the segment's Parquet copy if it was compacted since
+    it was listed), None if nothing counts."""
     table = table_of(path)
     schema = LAKE_TABLES[table]
     rows = 0
+    pending: list[pa.RecordBatch] = []
+    size = 0
     try:
         with pa.ipc.new_file(out, schema) as w:
             for batch, meta in batches(path):
@@ -106,8 +116,14 @@ def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path) -> Path |
                     continue
                 if batch.schema != schema:
                     batch = upgrade_batch(table, batch)
-                w.write_batch(batch)
+                pending.append(batch)
+                size += batch.nbytes
                 rows += batch.num_rows
+                if size >= SCRATCH_BATCH_BYTES:
+                    w.write_batch(pa.concat_batches(pending))
+                    pending, size = [], 0
+            if pending:
+                w.write_batch(pa.concat_batches(pending))
     except LakeDamageError:
         out.unlink(missing_ok=True)
         if compacted_path(path).exists():

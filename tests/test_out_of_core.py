@@ -9,9 +9,10 @@ import sys
 import threading
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from pipeline import ReplayBuffer
+from pipeline import ReplayBuffer, lake_scan
 from pipeline.analysis import connect
 from pipeline.compact import compact
 from tests.support.lake import ROOT, python_env, write_script
@@ -120,12 +121,15 @@ def test_queries_during_a_compaction_give_the_answers_they_gave_before(tmp_path)
 
 
 # A query that stops before the end of its scan (a LIMIT, a reader dropped after one batch),
-# many times over live segments of many record batches: over plain files pyarrow's IPC reader
+# many times over a scratch file of many record batches: over plain files pyarrow's IPC reader
 # crashed the process here (segmentation fault, pyarrow 26.0.1), so the child must exit cleanly.
 STOP_EARLY = """
     import sys
+    from pipeline import lake_scan
     from pipeline.analysis import connect
     from pipeline.lake_scan import scan_lake
+
+    lake_scan.SCRATCH_BATCH_BYTES = 1    # keep the segment's 2,000 batches apart in the scratch file
 
     scan = scan_lake(sys.argv[1])
     events = scan.tables["group_events"]
@@ -150,3 +154,30 @@ def test_queries_that_stop_early_do_not_crash_the_process(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     assert out.stdout.split() == ["1", "2000"]
+
+
+@pytest.mark.parametrize("gather", [1, 3000, None], ids=["write by write", "some", "default"])
+def test_scratch_files_gather_writes_into_few_batches_with_the_same_rows(tmp_path, monkeypatch,
+                                                                         gather):
+    lake = tmp_path / "lake"
+    with ReplayBuffer.sync(lake=lake) as buf:
+        for i in range(500):
+            buf.register(partition="train", uids=[f"g{i:03d}"], global_steps=i % 7, n=2)
+    if gather is not None:
+        monkeypatch.setattr(lake_scan, "SCRATCH_BATCH_BYTES", gather)
+    scan = lake_scan.scan_lake(lake)
+    try:
+        files = sorted(scan.scratch.glob("group_events-*.arrow"))
+        batches = sum(pa.ipc.open_file(f).num_record_batches for f in files)
+        got = scan.tables["group_events"].to_table(columns=["seq", "uid", "global_steps"])
+    finally:
+        scan.close()
+    assert got.column("uid").to_pylist() == [f"g{i:03d}" for i in range(500)]
+    assert got.column("global_steps").to_pylist() == [i % 7 for i in range(500)]
+    assert got.column("seq").to_pylist() == sorted(got.column("seq").to_pylist())
+    if gather == 1:
+        assert batches == 500                    # one batch per write
+    elif gather == 3000:
+        assert len(files) < batches < 500        # a few writes per batch
+    else:
+        assert batches == len(files)             # the default 8 MiB: one batch per file here
