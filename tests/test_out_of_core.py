@@ -127,11 +127,10 @@ STOP_EARLY = """
     import sys
     from pipeline import lake_scan
     from pipeline.analysis import connect
-    from pipeline.lake_scan import scan_lake
 
     lake_scan.SCRATCH_BATCH_BYTES = 1    # keep the segment's 2,000 batches apart in the scratch file
 
-    scan = scan_lake(sys.argv[1])
+    scan = lake_scan.scan_lake(sys.argv[1])
     events = scan.tables["group_events"]
     for _ in range(300):
         reader = events.scanner(columns=["uid"]).to_reader()
