@@ -47,11 +47,15 @@ class Sizes:
     verl_batch: int
     verl_repeats: int
     memory_sizes: tuple[int, ...]
+    verl_step_s: float      # the trainer step between calls of the background-mirror phase
+    verl_lag_s: float       # that phase's mirror_max_lag
 
 
 FULL = Sizes(2000, 8, 256, 16384, 3, (256, 1024), (128, 1024), (1024, 4096), 7,
-             (10_000, 100_000, 1_000_000), 15, (100, 10_000), 64, 5, (100_000, 1_000_000))
-QUICK = Sizes(40, 2, 16, 1024, 1, (16,), (4, 32), (8, 64), 2, (2_000,), 3, (40,), 8, 1, (2_000,))
+             (10_000, 100_000, 1_000_000), 15, (100, 10_000), 64, 5, (100_000, 1_000_000),
+             1.0, 1.0)
+QUICK = Sizes(40, 2, 16, 1024, 1, (16,), (4, 32), (8, 64), 2, (2_000,), 3, (40,), 8, 1, (2_000,),
+              0.2, 0.2)
 
 
 def _figure(path: str, value: float, unit: str, reference: str, ref_value: float,
@@ -204,7 +208,8 @@ def verl_figures(s: Sizes) -> list[dict[str, Any]]:
     out, fresh = [], [0]
     try:
         for n in s.verl_sizes:
-            r = run_size(tq, n, s.verl_batch, s.verl_repeats, fresh)
+            r = run_size(tq, n, s.verl_batch, s.verl_repeats, fresh, s.verl_step_s,
+                         s.verl_lag_s)
             med = {k: v["median_ms"] for k, v in r["impls"].items()}
             goal = 1.5 if n >= 10_000 else 1.0
             for mode, key, ratio in (("decisions", "ours", r["verl_over_ours"]),
@@ -212,8 +217,31 @@ def verl_figures(s: Sizes) -> list[dict[str, Any]]:
                 out.append(_figure(f"verl adapter sample, {n:,} groups, {mode} mirror",
                                    med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
                                    "x verl's speed", f">= {goal}x verl", ratio >= goal))
+            out.extend(_stepped_figures(r, n, goal))
     finally:
         _stop(tq, started)
+    return out
+
+
+def _stepped_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, Any]]:
+    """The background-mirror phase: `sample` after a trainer step, against verl timed the same
+    way, and what the mirroring costs the process during the step (verl's CPU beside it)."""
+    st, step, lag = r["stepped"], r["step_s"], r["lag_s"]
+    verl = st["verl"]
+    out = []
+    for mode, key in (("decisions", "ours_bg"), ("rewards", "ours_rewards_bg")):
+        ours = st[key]
+        ratio = verl["median_ms"] / ours["median_ms"]
+        where = (f"{n:,} groups, {mode} mirror, background (mirror_max_lag={lag:g} s, "
+                 f"{step:g} s step, view used by {ours['calls_on_background_view']} of "
+                 f"{ours['timed_calls']} calls)")
+        out.append(_figure(f"verl adapter sample after a step, {where}", ours["median_ms"], "ms",
+                           "verl 0.9.1 ms, same steps", verl["median_ms"], ratio,
+                           "x verl's speed", f">= {goal}x verl", ratio >= goal))
+        out.append(_figure(f"process CPU during each step, {n:,} groups, {mode} mirror, "
+                           f"background (verl's: {verl['step_cpu_ms']:.0f} ms)",
+                           ours["step_cpu_ms"], "ms", "step ms", step * 1e3,
+                           ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None))
     return out
 
 

@@ -8,6 +8,14 @@ buffer size stays constant and every call has new data to take in, as in a run. 
 verl's buffer; ours reading only what decisions need (`mirror_fields=decisions`, the default
 without a lake); ours also mirroring every reward for the lake (`rewards`); and both with DAPO
 (`filter_groups_metric="reward"`, which makes each read `rm_scores` of new groups).
+
+A second phase plays a trainer step between calls: after the untimed clear and writes, the
+benchmark sleeps `step_s` seconds (the trainer training) before the timed call. It times verl
+again under those conditions, and ours with the background mirror (`mirror_max_lag=lag_s`), in
+both mirror modes. For each it also reports the process's CPU time during the step (the
+background thread's listings and reads, and TransferQueue's client thread serving them; the
+controller's own process is not counted, for either side) and how many timed calls found the
+background view fresh enough to skip their listing.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ from rich.table import Table
 
 PART, STEP, PER_GROUP, CHUNK = "train", 10, 4, 500
 IMPLS = ("verl", "ours", "ours_rewards", "verl_dapo", "ours_dapo")
+STEP_IMPLS = ("verl", "ours_bg", "ours_rewards_bg")   # with a trainer step between calls
 
 
 def _stop(tq: Any, started: bool) -> None:
@@ -82,7 +91,7 @@ def _write_groups(tq: Any, uids: list[str]) -> None:
         tq.kv_batch_put(keys=part, partition_id=PART, tags=[{"status": "finished"} for _ in part])
 
 
-def _make(impl: str) -> Any:
+def _make(impl: str, lag_s: float | None = None) -> Any:
     kw: dict[str, Any] = dict(trainer_mode="colocate_async", trainer_config={},
                               max_off_policy_threshold=8, max_off_policy_strategy="drop",
                               sampler_kwargs={}, poll_interval=0.05, refill_fn=lambda n: n)
@@ -92,17 +101,25 @@ def _make(impl: str) -> Any:
         from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
         return ReplayBufferAsync(**kw)
     from pipeline.adapters.verl import ReplayBufferAsync as Ours
-    return Ours(**kw, mirror_fields="rewards" if impl == "ours_rewards" else "decisions")
+    return Ours(**kw, mirror_fields="rewards" if impl.startswith("ours_rewards") else "decisions",
+                mirror_max_lag=lag_s if impl.endswith("_bg") else None)
 
 
-def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int]) -> dict:
-    buf = _make(impl)
-    times, last = [], None
-    for _ in range(repeats + 1):
+def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int],
+              step_s: float = 0.0, lag_s: float | None = None) -> dict:
+    buf = _make(impl, lag_s)
+    times, cpu, last = [], [], None
+    for i in range(repeats + 1):
         if last is not None:                       # untimed: the trainer's end of step + new data
             tq.kv_clear(keys=last, partition_id=PART)
             _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])
             fresh[0] += batch
+        if step_s:                                 # the trainer trains; our thread may mirror
+            c = time.process_time()
+            time.sleep(step_s)
+            cpu.append(time.process_time() - c)
+        if i == 1:
+            served = getattr(buf, "background_polls", 0)     # the cold call's not counted
         t = time.perf_counter()
         meta, _ = buf.sample(global_steps=STEP, partition_id=PART, batch_size=batch)
         times.append(time.perf_counter() - t)
@@ -113,11 +130,22 @@ def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int]) ->
     _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])   # keep the size constant
     fresh[0] += batch
     steady = times[1:]
-    return {"first_ms": times[0] * 1e3, "median_ms": statistics.median(steady) * 1e3,
-            "min_ms": min(steady) * 1e3}
+    out = {"first_ms": times[0] * 1e3, "median_ms": statistics.median(steady) * 1e3,
+           "min_ms": min(steady) * 1e3}
+    if step_s:
+        out["step_s"] = step_s
+        out["step_cpu_ms"] = statistics.median(cpu[1:]) * 1e3
+        out["calls_on_background_view"] = getattr(buf, "background_polls", 0) - served
+        out["timed_calls"] = repeats
+    if hasattr(buf, "close"):
+        buf.close()
+    return out
 
 
-def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int]) -> dict:
+def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int],
+             step_s: float = 1.0, lag_s: float = 1.0) -> dict:
+    """One buffer size: every implementation back to back, then (``step_s`` > 0) the phase with
+    a trainer step between calls."""
     keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
     if keys:
         tq.kv_clear(keys=keys, partition_id=PART)
@@ -129,18 +157,29 @@ def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int]) -> dic
     list_ms = (time.perf_counter() - t) * 1e3
     impls = {impl: _run_impl(tq, impl, batch, repeats, fresh) for impl in IMPLS}
     med = {k: v["median_ms"] for k, v in impls.items()}
-    return {"groups": n, "trajectories": n * PER_GROUP, "fill_s": round(fill_s, 2),
-            "kv_list_ms": list_ms, "impls": impls,
-            "verl_over_ours": med["verl"] / med["ours"],
-            "verl_over_ours_rewards": med["verl"] / med["ours_rewards"],
-            "verl_dapo_over_ours_dapo": med["verl_dapo"] / med["ours_dapo"],
-            "first_call_verl_dapo_over_ours_dapo":
-                impls["verl_dapo"]["first_ms"] / impls["ours_dapo"]["first_ms"]}
+    out = {"groups": n, "trajectories": n * PER_GROUP, "fill_s": round(fill_s, 2),
+           "kv_list_ms": list_ms, "impls": impls,
+           "verl_over_ours": med["verl"] / med["ours"],
+           "verl_over_ours_rewards": med["verl"] / med["ours_rewards"],
+           "verl_dapo_over_ours_dapo": med["verl_dapo"] / med["ours_dapo"],
+           "first_call_verl_dapo_over_ours_dapo":
+               impls["verl_dapo"]["first_ms"] / impls["ours_dapo"]["first_ms"]}
+    if step_s > 0:
+        stepped = {impl: _run_impl(tq, impl, batch, repeats, fresh, step_s, lag_s)
+                   for impl in STEP_IMPLS}
+        sm = {k: v["median_ms"] for k, v in stepped.items()}
+        out.update(step_s=step_s, lag_s=lag_s, stepped=stepped,
+                   stepped_verl_over_ours_bg=sm["verl"] / sm["ours_bg"],
+                   stepped_verl_over_ours_rewards_bg=sm["verl"] / sm["ours_rewards_bg"])
+    return out
 
 
 def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comma-separated"),
          repeats: int = typer.Option(5, help="timed sample calls per size and implementation"),
          batch: int = typer.Option(64, help="groups per sample"),
+         step_s: float = typer.Option(1.0, help="seconds of 'training' between calls in the "
+                                      "background-mirror phase; 0 skips that phase"),
+         lag_s: float = typer.Option(1.0, help="mirror_max_lag of the background-mirror phase"),
          out: Path = typer.Option(Path("runs/bench/verl.json"), help="where to write results")
          ) -> None:
     """verl's ReplayBufferAsync vs replaylake's adapter through TransferQueue, same run.
@@ -156,7 +195,7 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
     try:
         for n in [int(s) for s in sizes.split(",")]:
             with console.status(f"{n:,} groups ..."):
-                results.append(run_size(tq, n, batch, repeats, fresh))
+                results.append(run_size(tq, n, batch, repeats, fresh, step_s, lag_s))
     finally:
         _stop(tq, started)
     table = Table(title=f"sample(batch {batch}) through TransferQueue: median ms "
@@ -169,10 +208,29 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
         table.add_row(f"{r['groups']:,}", f"{r['kv_list_ms']:.1f}", *cells,
                       f"{r['verl_over_ours']:.2f}x", f"{r['verl_dapo_over_ours_dapo']:.2f}x")
     console.print(table)
+    if step_s > 0:
+        console.print(_stepped_table(results, batch, step_s, lag_s))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"batch": batch, "per_group": PER_GROUP, "results": results},
                               indent=2))
     console.print(f"written to {out}")
+
+
+
+def _stepped_table(results: list[dict], batch: int, step_s: float, lag_s: float) -> Table:
+    table = Table(title=f"with a {step_s:g} s trainer step between calls, background mirror "
+                        f"mirror_max_lag={lag_s:g}: median ms of sample(batch {batch}); "
+                        "CPU ms of the process during the step; calls served by the view")
+    for col in ("groups", *STEP_IMPLS, "verl/ours_bg", "verl/ours_rewards_bg"):
+        table.add_column(col, justify="right")
+    for r in results:
+        st = r["stepped"]
+        cells = [f"{st[i]['median_ms']:.1f} | cpu {st[i]['step_cpu_ms']:.0f}"
+                 + (f" | {st[i]['calls_on_background_view']}" if i != "verl" else "")
+                 for i in STEP_IMPLS]
+        table.add_row(f"{r['groups']:,}", *cells, f"{r['stepped_verl_over_ours_bg']:.2f}x",
+                      f"{r['stepped_verl_over_ours_rewards_bg']:.2f}x")
+    return table
 
 
 if __name__ == "__main__":

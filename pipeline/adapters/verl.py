@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from pipeline.adapters import verl_options as vo
-from pipeline.adapters.verl_keys import batch_meta, clear
+from pipeline.adapters.verl_background import BackgroundMirror, check_max_lag, usable
+from pipeline.adapters.verl_keys import batch_meta
 from pipeline.adapters.verl_mirror import PartitionMirror
 from pipeline.buffer import ReplayBuffer as CoreBuffer
 from pipeline.errors import EmptyBatchError
@@ -67,7 +69,10 @@ class ReplayBuffer:
     per new trajectory — `decisions` (only what a rule needs: `rm_scores` for metric `reward`,
     `extra_fields` for a named metric or when the tags carry no versions), `rewards` (also every
     reward and `reward_extra_info`, for the lake; ~80 us per trajectory, once), `full` (also the
-    token payload), `auto` (= `rewards` with a lake, `decisions` without). Every option except
+    token payload), `auto` (= `rewards` with a lake, `decisions` without). ``mirror_max_lag``
+    (seconds; None = off, the default): a background thread mirrors TransferQueue every
+    ``mirror_max_lag / 2`` seconds, and a call's first poll uses that view instead of listing
+    when it is at most ``mirror_max_lag`` seconds old (verl_background.py). Every option except
     ``refill_fn`` may also come in ``sampler_kwargs`` (verl's custom-sampler hook passes nothing
     else)."""
 
@@ -81,7 +86,8 @@ class ReplayBuffer:
                  sync_refill_failed_groups: bool = False, *,
                  lake_dir: str | os.PathLike | None = None, max_num_gen_batches: int = 0,
                  mirror_fields: str = "auto", fsync: bool = False,
-                 max_response_length: int | None = None) -> None:
+                 max_response_length: int | None = None,
+                 mirror_max_lag: float | None = None) -> None:
         opts = vo.merge({
             "poll_interval": poll_interval, "refill_fn": refill_fn,
             "filter_groups_metric": filter_groups_metric, "train_batch_size": train_batch_size,
@@ -89,7 +95,9 @@ class ReplayBuffer:
             "sync_refill_failed_groups": sync_refill_failed_groups, "lake_dir": lake_dir,
             "fsync": fsync, "max_response_length": max_response_length,
             "max_num_gen_batches": max_num_gen_batches, "mirror_fields": mirror_fields,
+            "mirror_max_lag": mirror_max_lag,
         }, sampler_kwargs)
+        opts["mirror_max_lag"] = check_max_lag(opts["mirror_max_lag"])
         config = vo.core_config(self._preset, opts, max_off_policy_threshold,
                                 max_off_policy_strategy)
         self.trainer_mode = trainer_mode
@@ -105,6 +113,8 @@ class ReplayBuffer:
         self._mirrors: dict[str, PartitionMirror] = {}
         self._lock = threading.RLock()  # one public call at a time (verl's trainer is serial)
         self._tq: Any = None
+        self._background: BackgroundMirror | None = None
+        self.background_polls = 0       # polls that used the background mirror's view
 
     # --- plumbing --------------------------------------------------------------------------------
     @property
@@ -124,18 +134,47 @@ class ReplayBuffer:
                 mode = "rewards" if self.lake_dir is not None else "decisions"
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric)
+            if self.mirror_max_lag is not None and self._background is None:
+                self._background = BackgroundMirror(self, self.mirror_max_lag)
         return m
+
+    def _poller(self, m: PartitionMirror) -> Callable[[], None]:
+        """`before_poll` of one call: the first poll may use the background mirror's view (when
+        it is fresh enough); every later poll lists TransferQueue."""
+        first = [True]
+
+        def before_poll() -> None:
+            if first[0]:
+                first[0] = False
+                if usable(m, self.mirror_max_lag):
+                    self.background_polls += 1
+                    return
+            m.sync()
+        return before_poll
+
+    def mirror_lag(self, partition_id: str) -> float | None:
+        """Seconds since the listing behind the partition's mirrored state began, if a call's
+        first poll could use that state now (`mirror_max_lag` set and the view fresh enough);
+        None when the next call will list TransferQueue itself."""
+        with self._lock:
+            m = self._mirrors.get(partition_id)
+            if m is None or not usable(m, self.mirror_max_lag):
+                return None
+            return time.monotonic() - m.listed_at
 
     def _on_decision(self, kind: str, partition: str, uids: list[str], batch_id: int | None) -> None:
         """The core's listener (under its lock): verl's effects on TransferQueue."""
         m = self._mirrors.get(partition)
         if m is None:
             return
+        defer = self._background is not None      # the thread clears, right after the call
         if kind in ("evict", "discard"):   # only keys still listed (a vanished group's are gone)
-            clear(self.tq, partition, [k for k in m.on_remove(uids) if k in m.listing])
+            m.clear_keys([k for k in m.on_remove(uids) if k in m.listing], defer)
         elif kind == "select":
             m.on_select(uids, batch_id)
-            clear(self.tq, partition, list(uids))
+            m.clear_keys(list(uids), defer)
+        if defer and m.deferred:
+            self._background.wake()
 
     # --- verl's API --------------------------------------------------------------------------------
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
@@ -145,7 +184,7 @@ class ReplayBuffer:
             m = self._mirror(partition_id)
             try:
                 batch = self.core.sample(global_steps, partition_id, batch_size,
-                                         before_poll=m.sync)
+                                         before_poll=self._poller(m))
             except EmptyBatchError as exc:
                 hint = "" if self.sync_refill_failed_groups else (
                     " Enable trainer.v1.sampler.sync_refill_failed_groups to replace failed groups.")
@@ -156,8 +195,16 @@ class ReplayBuffer:
             return meta, verl_metrics(batch.eviction_metrics, batch.filtered_reward_counts)
 
     def close(self) -> None:
-        """Close the lake (if any); TransferQueue stays up (it belongs to the trainer)."""
-        self.core.close()
+        """Stop the background mirror (if any) and make the clears it still owed, then close the
+        lake (if any); TransferQueue stays up (it belongs to the trainer)."""
+        if self._background is not None:
+            self._background.stop()
+        with self._lock:
+            try:
+                for m in self._mirrors.values():
+                    m.flush()
+            finally:
+                self.core.close()
 
 
 class _DepthQueries:
@@ -168,7 +215,9 @@ class _DepthQueries:
         """Groups `sample` could hand out now; mirrors TransferQueue but evicts, refills and
         clears nothing, and (as verl) ignores the wait gate."""
         with self._lock:
-            self._mirror(partition_id).sync(clear_orphans=False)   # a depth query changes nothing
+            m = self._mirror(partition_id)
+            if not usable(m, self.mirror_max_lag):
+                m.sync(clear_orphans=False)   # a depth query changes nothing in TransferQueue
             return self.core.get_sampleable_count(global_steps, partition_id)
 
     def wait_for_sampleable(self, global_steps: int, partition_id: str,
@@ -178,7 +227,7 @@ class _DepthQueries:
         with self._lock:
             m = self._mirror(partition_id)
             _, scalars = self.core.wait_for_sampleable(global_steps, partition_id, target_count,
-                                                       before_poll=m.sync)
+                                                       before_poll=self._poller(m))
             uids = set(self.core.sampleable_uids(partition_id))
             return uids, verl_metrics(dict(scalars), scalars.reward_counts)
 

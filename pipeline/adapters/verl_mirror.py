@@ -15,13 +15,17 @@ that is removed or already terminal. They can never be trained on, and verl leav
 TransferQueue forever (a leak); the adapter clears them. Keys it cannot attribute to a group it
 knows (a key that parses as neither kind, and not a removed uid) are left alone: they are not its
 to delete. Trajectory keys of a uid no prompt key names yet (e.g. the trainer's padding rows
-`pad<hex>_<i>_0`) wait until one does or they vanish. A trajectory key of a *selected* group that
+`pad<hex>_<i>_0`) wait until one does or they vanish. A key listed without any tag (its put
+has created it but not yet written its tags: TransferQueue does the two in turn, and a listing
+may fall between them) is classified by the first listing that shows its tags, as verl, which
+re-reads every key on every poll, sees it then. A trajectory key of a *selected* group that
 the mirror has never seen (only after a restart on a lake) is tracked, not cleared: the trainer
 may still hold that batch.
 """
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from pipeline.adapters.verl_keys import check_prompts, clear, parse_key
@@ -31,7 +35,7 @@ from pipeline.partitions import is_validation
 
 log = logging.getLogger("replaylake.verl")
 
-PROMPT, TRAJ, WAITING, IGNORED = "prompt", "traj", "waiting", "ignored"
+PROMPT, TRAJ, WAITING, IGNORED, UNTAGGED = "prompt", "traj", "waiting", "ignored", "untagged"
 _TERMINAL = ("finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
 
@@ -54,12 +58,24 @@ class PartitionMirror:
         self.watch: dict[str, str] = {}             # in-flight prompt uid -> mirrored status
         self.batches: dict[int, list[str]] = {}     # selected, unreleased batch -> its keys
         self.listing: dict[str, dict] = {}
+        # listed keys without any tag yet, in listing order: TransferQueue's put creates a key
+        # before it writes the key's tags, so a listing taken meanwhile shows `{}`; each later
+        # listing classifies those that have their tags by then (verl re-reads every key per poll)
+        self.untagged: dict[str, None] = {}
         for batch_id, keys in core.held_batches(partition).items():   # restored from a lake
             self.batches[batch_id] = [f"{u}_{s}_{x}" for u, s, x in keys]
         self.orphans_cleared = 0
         self.ignored_count = 0
         self._orphans: list[str] = []
         self._arrivals = 0
+        # the background mirror's bookkeeping (verl_background.py): `epoch` grows with every
+        # listing applied and every clear (made or deferred); `fresh_epoch` is the epoch right
+        # after the last listing was applied; `listed_at` when that listing began
+        # (time.monotonic()); `deferred`: keys whose kv_clear the background thread still owes
+        self.epoch = 0
+        self.fresh_epoch = -1
+        self.listed_at: float | None = None
+        self.deferred: list[str] = []
 
     # --- TransferQueue -> core ----------------------------------------------------------------
     def sync(self, clear_orphans: bool = True) -> None:
@@ -69,7 +85,18 @@ class PartitionMirror:
         partition, an operator reset it) retires its group in the core: verl re-lists on every
         poll, so for verl that group is simply gone. ``clear_orphans=False`` (depth queries)
         leaves TransferQueue untouched; orphans found are cleared by the next full sync."""
-        listing = self.tq.kv_list(partition_id=self.partition).get(self.partition, {})
+        self.flush()              # a listing must never see keys the mirror already let go
+        began = time.monotonic()
+        self.apply(self.list_keys(), began, clear_orphans)
+
+    def list_keys(self) -> dict[str, dict]:
+        """The partition's keys and tags, as TransferQueue lists them now."""
+        return self.tq.kv_list(partition_id=self.partition).get(self.partition, {})
+
+    def apply(self, listing: dict[str, dict], began: float, clear_orphans: bool = True) -> None:
+        """Bring the core up to `listing` (taken at `began`); see `sync`."""
+        self.epoch += 1
+        self.listed_at = None
         self.listing = listing
         gone = self.kind.keys() - listing.keys() if len(self.kind) else ()
         vanished = [k for k in gone if self.kind[k] == PROMPT]
@@ -81,6 +108,11 @@ class PartitionMirror:
                             "TransferQueue and were retired: %s", len(retired), self.partition,
                             retired[:5])
         new = self._new_keys(listing)
+        if self.untagged:
+            ready = [k for k in self.untagged if listing[k]]     # gone ones were forgotten
+            for k in ready:
+                del self.untagged[k], self.kind[k]
+            new = ready + new          # listed before the new tail: listing order is kept
         registers, reissue = self._classify(new, listing)
         if reissue is not None:       # verl re-issued in-flight prompts after a resume
             for u in self.core.reissue(reissue, self.partition).get(self.partition, []):
@@ -101,6 +133,8 @@ class PartitionMirror:
         self._release_cleared(listing)
         if clear_orphans:
             self._clear_orphans()
+        self.listed_at = began
+        self.fresh_epoch = self.epoch
 
     def _new_keys(self, listing: dict[str, dict]) -> list[str]:
         """Keys not seen before, in listing (= TransferQueue registration) order. New keys are
@@ -125,6 +159,10 @@ class PartitionMirror:
         reissue: int | None = None
         kind, waiting, by_uid = self.kind, self.waiting, self.by_uid
         for k in new:
+            if not listing[k]:                       # its put has not written the tags yet
+                kind[k] = UNTAGGED
+                self.untagged[k] = None
+                continue
             if k in known:
                 tag, g = listing[k], known[k]
                 if g is None:
@@ -242,9 +280,36 @@ class PartitionMirror:
     def _clear_orphans(self) -> None:
         if self._orphans:
             keys, self._orphans = self._orphans, []
-            clear(self.tq, self.partition, keys)
+            self.clear_keys(keys)
             self._forget(keys)
             self.orphans_cleared += len(keys)
+
+    def clear_keys(self, keys: list[str], defer: bool = False) -> None:
+        """kv_clear (never with an empty list); afterwards no listing taken before counts as
+        current (the epoch moves on once the clear has returned). ``defer``: only note the keys;
+        `flush` clears them (the background thread right after the call, or the next listing
+        before it lists), and until then no listing counts as current either."""
+        if not keys:
+            return
+        if defer:
+            self.deferred.extend(keys)
+        else:
+            clear(self.tq, self.partition, keys)
+        self.epoch += 1
+
+    def flush(self) -> int:
+        """Make the deferred clears (in the order they were deferred); returns how many keys.
+        If TransferQueue refuses, every key stays owed and the error propagates."""
+        if not self.deferred:
+            return 0
+        keys, self.deferred = self.deferred, []
+        try:
+            clear(self.tq, self.partition, keys)
+        except Exception:
+            self.deferred[:0] = keys
+            raise
+        self.epoch += 1
+        return len(keys)
 
     def _ignore(self, k: str, why: str) -> None:
         self.kind[k] = IGNORED
@@ -256,9 +321,11 @@ class PartitionMirror:
         forgets the trainer's whole previous batch)."""
         kind, order, waiting, watch, by_uid = (self.kind, self.order, self.waiting, self.watch,
                                                self.by_uid)
+        untagged = self.untagged
         for k in gone:
             order.pop(k, None)
             waiting.pop(k, None)
+            untagged.pop(k, None)
             if kind.pop(k) == PROMPT:
                 watch.pop(k, None)
                 continue

@@ -27,7 +27,8 @@ VERL_DEFAULTS: dict[str, Any] = {
 }
 # replaylake's additions: a lake, the DAPO refill bound, what to mirror, the overlong rule
 EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto",
-                                  "max_response_length": None, "fsync": False}
+                                  "max_response_length": None, "fsync": False,
+                                  "mirror_max_lag": None}
 SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
 MIRROR_FIELDS = ("auto", "decisions", "rewards", "full")
 

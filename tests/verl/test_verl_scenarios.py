@@ -341,3 +341,21 @@ def test_sync_dapo_after_a_partition_reset_selects_only_listed_groups(tq):
         out = ctx.sample(buf, 3, 2)
         assert set(uids_of(out.keys)) == {"fin"}
     assert_same(*run_both(tq, scenario))
+
+
+def test_keys_listed_before_their_tags_are_written_join_once_the_tags_arrive(tq):
+    """TransferQueue's put creates a key, then writes its tags: a listing in between shows `{}`.
+    Played here by writing empty tags first. verl skips such a key in that poll and sees it at
+    the next; so does the adapter (it used to ignore the key for good)."""
+    def scenario(ctx):
+        buf = ctx.buffer("async", threshold=4)
+        ctx.rollout.groups([G("a", 3)])
+        ctx.tq.kv_batch_put(keys=["b", "c"], partition_id="train", tags=[{}, {}])
+        ctx.count(buf, 3)                                  # lists a, and b / c without tags
+        ctx.rollout.prompts(["b", "c"], 3, "running")      # their tags, then their rollouts
+        ctx.rollout.trajectories([G("b", 3), G("c", 3)])
+        ctx.rollout.status(["b", "c"], "finished")
+        ctx.count(buf, 3)
+        out = ctx.sample(buf, 3, 3)
+        assert sorted(uids_of(out.keys)) == ["a", "b", "c"]
+    assert_same(*run_both(tq, scenario))

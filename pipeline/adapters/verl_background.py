@@ -1,0 +1,165 @@
+"""The verl adapter's background mirror (option `mirror_max_lag`): a daemon thread that keeps
+every partition mirror current between the trainer's calls, so that `sample` need not list
+TransferQueue itself.
+
+Without it, every poll lists the whole partition and takes in what changed, inside `sample`
+(verl does the same listing). With it, a thread does that every ``max_lag / 2`` seconds, and the
+*first* poll of a call uses the thread's view when it is fresh enough; later polls of the same
+call (a `wait` strategy or a refill waiting for data) always list, as without the option.
+
+What "fresh enough" means, exactly (`usable`): the listing behind the mirror's state began at
+most ``max_lag`` seconds ago, and nothing changed TransferQueue on the adapter's side since that
+listing began (no `kv_clear` of an eviction, a selection or an orphan, made or still owed, no
+newer listing applied by a call). A batch therefore reflects TransferQueue as it was at most
+``max_lag`` seconds before the call: a group that finished within that window may wait for the
+next call.
+
+Clears leave the call too. With the option on, the `kv_clear` of the selected groups' prompt
+keys and of evicted or discarded groups' keys is deferred: the call notes the keys and returns,
+and the thread clears them at once (woken by the call), then lists again. Until that clear has
+returned, no listing counts as current, and a call that must list (its first poll found the view
+stale, or a later poll of a `wait`) makes the owed clears itself before it lists, so no listing
+ever shows a key the mirror has already let go. `close()` makes every owed clear. What a caller
+sees: right after `sample` returns, TransferQueue may still list the selected prompt keys for the
+few milliseconds the clear takes (the trajectory keys of the batch are the trainer's to clear, as
+always).
+
+Consistency. Every mirror carries an `epoch`, bumped under the adapter's lock by every listing
+applied and by every clear, made or deferred. The thread reads the epoch (under the lock)
+before it lists, lists without the lock (a call is never held up by a listing), and applies the
+listing only if the epoch is unchanged; otherwise it drops it. So a listing that may predate one
+of the adapter's own clears, or that is older than one already applied, is never applied. The
+thread makes owed clears under the lock, so a call never lists while one is in flight.
+
+Errors. A listing that fails (TransferQueue not up yet, or shut down) is skipped, and so is an
+owed clear that fails (the keys stay owed: the next call makes them, and raises if TransferQueue
+still refuses). A listing whose data the core rejects is not applied (nothing is half-taken: the
+mirror rolls back as it does inside a call); the mirror is then marked stale, so the next call
+lists by itself and raises the same error to its caller, where it belongs. Each distinct message
+is logged once.
+
+Cost. The thread takes the adapter's lock only to apply a listing or make a clear, and a listing
+costs what it costs inside a call (at 10,000 groups of 4 trajectories about 0.2 s, much of it in
+TransferQueue's controller process, i.e. ~40% of a core at `max_lag=1.0`). Arrival order of
+terminal statuses (the tie-break among groups of one dispatch step) then follows the thread's
+polls rather than the calls', so it depends on timing; without the option it depends only on
+what each call's listing holds.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+log = logging.getLogger("replaylake.verl")
+
+
+def check_max_lag(value: Any) -> float | None:
+    """`mirror_max_lag`: None (off) or a positive number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or value == float("inf"):
+        raise ConfigError(f"mirror_max_lag={value!r} must be None (every call lists "
+                          "TransferQueue itself) or a positive, finite number of seconds")
+    return float(value)
+
+
+def usable(mirror: Any, max_lag: float | None, now: float | None = None) -> bool:
+    """May a call's first poll use the mirror's state as it is, without listing?"""
+    if max_lag is None or mirror.listed_at is None or mirror.epoch != mirror.fresh_epoch:
+        return False
+    return (time.monotonic() if now is None else now) - mirror.listed_at <= max_lag
+
+
+class BackgroundMirror:
+    """One daemon thread per adapter instance; it holds the adapter weakly and ends when the
+    adapter is closed or garbage-collected."""
+
+    def __init__(self, adapter: Any, max_lag: float):
+        self.max_lag = max_lag
+        self.polls = 0                 # listings applied by the thread (for tests and logs)
+        self.cleared = 0               # keys the thread cleared for the calls
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._logged: set[str] = set()
+        ref = weakref.ref(adapter)
+        self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
+                                        name="replaylake-verl-mirror")
+        weakref.finalize(adapter, self._stop.set)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """A call deferred clears: make them now, then list again."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def thread_ident(self) -> int | None:
+        return self._thread.ident
+
+    def _run(self, ref: Any) -> None:
+        period = self.max_lag / 2
+        while True:
+            self._wake.wait(period)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            adapter = ref()
+            if adapter is None:
+                return
+            try:
+                self._poll_all(adapter)
+            finally:
+                del adapter
+
+    def _poll_all(self, adapter: Any) -> None:
+        with adapter._lock:
+            mirrors = list(adapter._mirrors.values())
+        for m in mirrors:
+            if self._stop.is_set():
+                return
+            with adapter._lock:
+                try:
+                    self.cleared += m.flush()
+                except Exception as exc:  # noqa: BLE001 - still owed: the next call makes them
+                    self._log_once(logging.WARNING, f"clearing {len(m.deferred)} key(s) of "
+                                   f"{m.partition!r} failed: {exc} (the next call retries)")
+                    continue
+                epoch = m.epoch
+            began = time.monotonic()
+            try:
+                listing = m.list_keys()
+            except Exception as exc:  # noqa: BLE001 - TransferQueue down: try next period
+                self._log_once(logging.DEBUG, f"listing {m.partition!r} failed: {exc}")
+                continue
+            with adapter._lock:
+                if m.epoch != epoch or self._stop.is_set():
+                    continue          # the adapter changed TransferQueue or listed since
+                try:
+                    m.apply(listing, began)
+                except Exception as exc:  # noqa: BLE001 - the next call lists and raises it
+                    m.fresh_epoch = -1
+                    self._log_once(logging.WARNING,
+                                   f"partition {m.partition!r}: {type(exc).__name__}: {exc} "
+                                   "(the next call lists TransferQueue itself and raises it)")
+                    continue
+                self.polls += 1
+
+    def _log_once(self, level: int, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            log.log(level, "verl adapter background mirror: %s", message)
