@@ -62,6 +62,16 @@ class BufferReads:
             part = self._state.parts.get(partition)
             return part.candidates.oldest(None) if part is not None else []
 
+    def prepare(self, partition: str) -> None:
+        """Compute now the aggregates of the groups that turned terminal since the last poll,
+        which the next poll would compute first (a group's aggregates never change once it is
+        terminal, so the poll then decides exactly as it would have). Decides nothing; for a
+        thread that feeds the buffer between calls."""
+        with self._state.cond:
+            part = self._state.parts.get(partition)
+            if part is not None:
+                aggregates.complete(part)
+
     def candidates(self, partition: str) -> pa.Table:
         """The candidate table of a partition (schemas.CANDIDATES): every terminal group not yet
         sampled, evicted or discarded, with the aggregates the rules read, oldest first."""

@@ -298,3 +298,23 @@ def test_provenance_columns_for_a_literal_batch(buf):
     assert m["training/off_policy/trajectory_staleness_worst/max"] == 3
     add_group(buf, "k", 6, [1.0])
     assert buf.sample(7, "train", 1).batch_id == 1
+
+
+def test_prepare_computes_new_groups_aggregates_ahead_and_the_poll_decides_the_same():
+    def run(prepare: bool):
+        b = ReplayBuffer.async_(max_off_policy_threshold=2, filter_groups_metric="reward",
+                                refill_fn=lambda n: n)
+        add_group(b, "flat", 3, [1.0, 1.0])
+        add_group(b, "stale", 1, [0.0, 1.0])
+        add_group(b, "ok", 3, [0.0, 2.0])
+        add_group(b, "failed", 3, [], status="failure")
+        part = b._state.parts["train"]
+        if prepare:
+            assert len(part.candidates.pending) == 4
+            b.prepare("train")
+            b.prepare("unknown")                       # a partition never seen: nothing to do
+            assert not part.candidates.pending and len(part.candidates.alive) == 4
+        batch = b.sample(3, "train", 1)
+        return batch.uids, batch.metrics, b.counts("train")
+    assert run(prepare=True) == run(prepare=False)
+    assert run(True)[0] == ["ok"]

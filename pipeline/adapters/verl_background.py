@@ -151,6 +151,7 @@ class BackgroundMirror:
                     continue          # the adapter changed TransferQueue or listed since
                 try:
                     m.apply(listing, began)
+                    adapter.core.prepare(m.partition)   # the new groups' aggregates, off the call
                 except Exception as exc:  # noqa: BLE001 - the next call lists and raises it
                     m.fresh_epoch = -1
                     self._log_once(logging.WARNING,
