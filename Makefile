@@ -54,7 +54,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check pipeline schemas sql jobs tests
 
 bench: $(STAMP)
-	$(BIN)/replaylake bench all --doc docs/performance.md
+	$(BIN)/replaylake bench all --doc docs/performance.md --doc README.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

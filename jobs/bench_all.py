@@ -300,15 +300,16 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
                                   "markdown table beside it (.md)"),
          only: str = typer.Option("", help="comma-separated sections "
                                   "(ingest,to_torch,decide,verl,memory); default all"),
-         doc: Path | None = typer.Option(None, help="also regenerate this markdown file's table")
+         doc: list[Path] = typer.Option([], help="also regenerate this markdown file's table "
+                                        "(and summary); repeat for several")
          ) -> None:
     """Every benchmark in one process; one JSON and one markdown table.
 
     Examples:
         replaylake bench all --quick
-        replaylake bench all --doc docs/performance.md
+        replaylake bench all --doc docs/performance.md --doc README.md
     """
-    from jobs.bench_table import render, write_doc
+    from jobs.bench_table import render, write_docs
     console = Console()
     with console.status("benchmarks ..."):
         report = run(QUICK if quick else FULL, {x for x in only.split(",") if x} or None)
@@ -316,8 +317,7 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
     out.write_text(json.dumps(report, indent=2) + "\n")
     md = render(report)
     out.with_suffix(".md").write_text(md)
-    if doc is not None:
-        write_doc(doc, md)
+    write_docs(doc, report)
     console.print(md)
     console.print(f"written to {out} and {out.with_suffix('.md')}")
     failed = [k for k, v in report["sections"].items() if "error" in v]

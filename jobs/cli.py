@@ -86,7 +86,8 @@ COMMANDS: dict[str, Job] = {
     "bench all": Job("jobs.bench_all", "main",
                      "Every benchmark in one process; one JSON and one markdown table."),
     "bench table": Job("jobs.bench_table", "main",
-                       "Regenerate a document's performance table from a `bench all` JSON."),
+                       "Regenerate the performance table and the README's summary from a "
+                       "`bench all` JSON."),
     "lake check": Job("jobs.lake_tool", "check",
                       "List damaged, missing and torn files of a lake; exit code 1 when any is "
                       "damaged/missing."),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobs.bench_table import BEGIN, END, render, write_doc
+from jobs.bench_table import BEGIN, END, SUMMARY_BEGIN, SUMMARY_END, render, write_doc
 from jobs.cli import app
 from tests.support.lake import ROOT, python_env
 
@@ -69,6 +69,30 @@ def test_the_table_is_regenerated_from_the_json_alone(tmp_path: Path) -> None:
     assert "| verl | failed: RuntimeError: no TransferQueue |" in doc.read_text()
     write_doc(doc, render(report))   # idempotent: one table, not two
     assert doc.read_text().count(BEGIN) == 1
+
+
+def test_the_readme_summary_holds_only_the_figures_with_a_goal(tmp_path: Path) -> None:
+    fig = {"unit": "ms", "reference": "memcpy ms", "reference_value": 2.0, "ratio": 1.5,
+           "ratio_label": "x memcpy"}
+    report = {"quick": False, "cpus": 2, "machine": "m", "sections": {"to_torch": {"figures": [
+        {**fig, "path": "packed, B=8", "value": 3.0, "goal": "<= 1.5x memcpy", "meets_goal": True},
+        {**fig, "path": "pooled, B=8", "value": 3.1, "goal": "", "meets_goal": None},
+        {**fig, "path": "padded, B=8", "value": 4.0, "goal": "<= 1.3x memcpy",
+         "meets_goal": False}]}}}
+    src = tmp_path / "all.json"
+    src.write_text(json.dumps(report))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# r\n\n{SUMMARY_BEGIN}\nold\n{SUMMARY_END}\n\nafter\n")
+    perf = tmp_path / "perf.md"
+    perf.write_text(f"# p\n\n{BEGIN}\nold\n{END}\n")
+    result = CliRunner().invoke(app, ["bench", "table", str(src), "--doc", str(perf),
+                                      "--doc", str(readme)])
+    assert result.exit_code == 0, result.output
+    summary = readme.read_text()
+    assert summary == f"# r\n\n{SUMMARY_BEGIN}\n{render(report, goals_only=True)}{SUMMARY_END}\n\nafter\n"
+    assert "packed, B=8" in summary and "padded, B=8 | 4.00 ms" in summary
+    assert "pooled, B=8" not in summary and BEGIN not in summary
+    assert "pooled, B=8" in perf.read_text() and SUMMARY_BEGIN not in perf.read_text()
 
 
 def test_bench_memory_reports_rss_growth_against_the_payload_and_what_release_returns(

@@ -114,7 +114,7 @@ class ReplayBuffer:
         self._lock = threading.RLock()  # one public call at a time (verl's trainer is serial)
         self._tq: Any = None
         self._background: BackgroundMirror | None = None
-        self.background_polls = 0       # polls that used the background mirror's view
+        self.background_polls = 0       # polls (and counts) the background mirror's view served
 
     # --- plumbing --------------------------------------------------------------------------------
     @property
@@ -216,8 +216,12 @@ class _DepthQueries:
         clears nothing, and (as verl) ignores the wait gate."""
         with self._lock:
             m = self._mirror(partition_id)
-            if not usable(m, self.mirror_max_lag):
-                m.sync(clear_orphans=False)   # a depth query changes nothing in TransferQueue
+            if usable(m, self.mirror_max_lag):
+                self.background_polls += 1
+            else:
+                # a depth query changes nothing in TransferQueue (beyond clears an earlier
+                # call deferred, which any listing makes first)
+                m.sync(clear_orphans=False)
             return self.core.get_sampleable_count(global_steps, partition_id)
 
     def wait_for_sampleable(self, global_steps: int, partition_id: str,
