@@ -17,8 +17,8 @@ from tests.verl._harness import PART, G, uids_of
 pytestmark = pytest.mark.verl
 
 
-def make(max_lag, **kw):
-    return ReplayBufferAsync("colocate_async", {}, 8, "drop", {}, poll_interval=0.05,
+def make(max_lag, poll_interval=0.05, **kw):
+    return ReplayBufferAsync("colocate_async", {}, 8, "drop", {}, poll_interval=poll_interval,
                              refill_fn=lambda n: n, mirror_max_lag=max_lag, **kw)
 
 
@@ -169,3 +169,105 @@ def test_close_stops_the_thread(tq, rollout):
     assert thread.alive
     buf.close()
     assert not thread.alive
+
+
+def test_a_listing_that_began_before_one_of_the_adapters_clears_is_dropped(tq, rollout):
+    rollout.groups([G("x", 1), G("y", 1)])
+    buf = make(30.0)                       # period 15 s: the thread lists only when woken
+    assert buf.get_sampleable_count(1, PART) == 2
+    m, bg = buf._mirrors[PART], buf._background
+    real_list, real_apply, taken, applied = m.list_keys, m.apply, [], []
+
+    def list_then_clear():                 # a call's clear lands while the listing is in flight
+        listing = real_list()
+        taken.append(listing)
+        with buf._lock:
+            m.clear_keys(["x"])
+        return listing
+
+    def apply(listing, began, clear_orphans=True):
+        applied.append(listing)
+        return real_apply(listing, began, clear_orphans)
+    m.list_keys, m.apply = list_then_clear, apply
+    bg.wake()
+    assert until(lambda: len(taken) == 1)
+    m.list_keys = real_list
+    bg.wake()                              # a listing that begins after the clear is applied
+    assert until(lambda: bg.polls >= 1)
+    assert applied and all(a is not taken[0] for a in applied)
+    assert "x" in taken[0] and "x" not in m.listing
+    buf.close()
+
+
+def test_with_a_lake_the_threads_take_in_lands_there_and_a_restart_continues(tq, rollout,
+                                                                            tmp_path):
+    import pyarrow.compute as pc
+
+    from pipeline.lake import read_table
+    lake = tmp_path / "lake"
+    buf = make(30.0, lake_dir=lake)
+    assert buf.get_sampleable_count(2, PART) == 0
+    rollout.groups([G("p", 1), G("q", 2)])
+    m = buf._mirrors[PART]
+    buf._background.wake()
+    assert until(lambda: buf.mirror_lag(PART) is not None and len(m.order) == 4)
+    meta, _ = buf.sample(global_steps=2, partition_id=PART, batch_size=1)
+    assert uids_of(meta.keys) == ["p"] and buf.background_polls == 1
+    buf.close()                            # makes the deferred clear of p's prompt key
+    assert prompts_left(rollout) == ["q"]
+    traj = read_table(lake, "trajectories")
+    assert sorted(set(traj["uid"].to_pylist())) == ["p", "q"]       # taken in by the thread
+    assert traj.num_rows == 4 and traj["reward"].to_pylist().count(1.0) == 2
+    tq.kv_clear(keys=list(meta.keys), partition_id=PART)            # the trainer's end of step
+    again = make(30.0, lake_dir=lake)
+    meta, _ = again.sample(global_steps=2, partition_id=PART, batch_size=1)
+    assert uids_of(meta.keys) == ["q"]
+    again.close()
+    dec = read_table(lake, "decisions")
+    assert sorted(dec.filter(pc.equal(dec["kind"], "select"))["uid"].to_pylist()) == ["p", "q"]
+    assert dec.filter(pc.equal(dec["kind"], "release"))["uid"].to_pylist() == ["p"]
+
+
+def test_rollouts_written_while_the_thread_lists_are_each_sampled_once(tq, rollout, caplog):
+    """A writer puts groups (prompt tags, trajectories, statuses: three TransferQueue puts each,
+    any of which a listing may fall inside) while the trainer samples and clears its batches;
+    the thread lists all the while. Every group is handed out exactly once, none is lost, and no
+    key is ignored or cleared as an orphan."""
+    import threading
+    written: list[str] = []
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set() and i < 120:
+            grp = [G(f"w{i + j}", 1, rewards=[0.0, 1.0]) for j in range(3)]
+            rollout.groups(grp)
+            written.extend(g.uid for g in grp)
+            i += 3
+            time.sleep(0.005)
+    buf = make(0.05, poll_interval=0.01)
+    t = threading.Thread(target=writer, daemon=True)
+    sampled: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="replaylake.verl"):
+        t.start()
+        try:
+            for _ in range(25):
+                meta, _ = buf.sample(global_steps=1, partition_id=PART, batch_size=4)
+                got = uids_of(meta.keys)
+                assert len(got) == 4 and len(meta.keys) == 8
+                sampled.extend(got)
+                tq.kv_clear(keys=list(meta.keys), partition_id=PART)   # the trainer's step
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            t.join(30)
+        done, m = time.monotonic(), buf._mirrors[PART]
+        assert until(lambda: buf.mirror_lag(PART) is not None and m.listed_at > done)
+        left = buf.get_sampleable_count(1, PART)              # a view begun after the last write
+    buf.close()
+    assert len(sampled) == len(set(sampled)) == 100
+    assert set(sampled) <= set(written)
+    assert left == len(written) - len(sampled)                # nothing lost
+    assert not [r.getMessage() for r in caplog.records
+                if "ignoring" in r.getMessage() or "orphan" in r.getMessage()]
+    assert buf.background_polls > 0
