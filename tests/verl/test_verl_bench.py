@@ -36,4 +36,4 @@ def test_bench_verl_writes_every_figure(tq, rollout, tmp_path: Path) -> None:
         assert 0 <= row["stepped"][impl]["calls_on_background_view"] <= 2
     assert row["stepped_verl_over_ours_bg"] == (row["stepped"]["verl"]["median_ms"]
                                                 / row["stepped"]["ours_bg"]["median_ms"])
-    assert "background mirror" in result.output
+    assert "mirror_max_lag=0.4" in result.output and "ours_rewards_bg" in result.output
