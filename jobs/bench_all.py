@@ -58,7 +58,7 @@ QUICK = Sizes(40, 2, 16, 1024, 1, (16,), (4, 32), (8, 64), 2, (2_000,), 3, (40,)
               0.2, 0.2)
 
 
-def _figure(path: str, value: float, unit: str, reference: str, ref_value: float,
+def figure(path: str, value: float, unit: str, reference: str, ref_value: float,
             ratio: float, ratio_label: str, goal: str, meets: bool | None) -> dict[str, Any]:
     return {"path": path, "value": value, "unit": unit, "reference": reference,
             "reference_value": ref_value, "ratio": ratio, "ratio_label": ratio_label,
@@ -101,7 +101,7 @@ def ingest(s: Sizes, work: Path) -> list[dict[str, Any]]:
         d = Path(tempfile.mkdtemp(dir=work))
         _run(batches[: max(1, len(batches) // 10)], d / "warm" if lake else None, False, life)
         r = _run(batches, d / "lake" if lake else None, False, life)
-        out.append(_figure(name, r["trajectories_per_s"], "trajectories/s", "memcpy MB/s", memcpy,
+        out.append(figure(name, r["trajectories_per_s"], "trajectories/s", "memcpy MB/s", memcpy,
                            r["mb_per_s"] / memcpy, "of memcpy's MB/s",
                            f">= {goal:,} trajectories/s", r["trajectories_per_s"] >= goal))
         shutil.rmtree(d, ignore_errors=True)
@@ -137,7 +137,7 @@ def _large_puts(s: Sizes, work: Path) -> dict[str, Any]:
                 ours.append(nbytes / _put_all(tables, d / "lake") / 1e6)
             shutil.rmtree(d, ignore_errors=True)
     mb_s, dd = statistics.median(ours), statistics.median(dds)
-    fig = _figure(f"large puts ({s.large_rows} trajectories x {s.large_tokens} tokens, "
+    fig = figure(f"large puts ({s.large_rows} trajectories x {s.large_tokens} tokens, "
                   "log-probs), lake", mb_s, "MB/s", "dd MB/s", dd, mb_s / dd, "over dd",
                   ">= 400 MB/s", mb_s >= 400)
     fig.update(rounds_mb_s=ours, rounds_dd_mb_s=dds)
@@ -166,12 +166,12 @@ def torch_figures(s: Sizes) -> list[dict[str, Any]]:
         for layout in ("padded", "packed"):
             r = measure(table, layout, s.torch_repeats)
             goal = goals[layout] if (layout == "packed" or b == 1024) else None
-            out.append(_figure(f"to_torch {layout}, B={b}", r["ours_ms"], "ms", "memcpy ms",
+            out.append(figure(f"to_torch {layout}, B={b}", r["ours_ms"], "ms", "memcpy ms",
                                r["memcpy_ms"], r["ours_over_memcpy"], "x memcpy",
                                f"<= {goal}x memcpy" if goal else "",
                                r["ours_over_memcpy"] <= goal if goal else None))
             ratio = r["pooled_over_memcpy_warm"]
-            out.append(_figure(f"to_torch {layout}, B={b}, pooled", r["pooled_ms"], "ms",
+            out.append(figure(f"to_torch {layout}, B={b}, pooled", r["pooled_ms"], "ms",
                                "warm memcpy ms", r["memcpy_warm_ms"], ratio, "x warm memcpy",
                                f"<= {goal}x warm memcpy" if goal else "",
                                ratio <= goal if goal else None))
@@ -196,53 +196,15 @@ def decide_figures(s: Sizes) -> list[dict[str, Any]]:
             elif n == 1_000_000 and key in at_10k:
                 goal = f"<= 1.3x its 10k time ({1.3 * at_10k[key]:.2f} ms)"
                 meets = ms <= 1.3 * at_10k[key]
-            out.append(_figure(f"sample {how}, {n:,} buffered trajectories", ms, "ms",
+            out.append(figure(f"sample {how}, {n:,} buffered trajectories", ms, "ms",
                                "naive reference buffer ms", r["reference_ms"], r[speed],
                                "x the naive reference's speed", goal, meets))
     return out
 
 
 def verl_figures(s: Sizes) -> list[dict[str, Any]]:
-    from jobs.bench_verl import _start, _stop, run_size
-    tq, started = _start()
-    out, fresh = [], [0]
-    try:
-        for n in s.verl_sizes:
-            r = run_size(tq, n, s.verl_batch, s.verl_repeats, fresh, s.verl_step_s,
-                         s.verl_lag_s)
-            med = {k: v["median_ms"] for k, v in r["impls"].items()}
-            goal = 1.5 if n >= 10_000 else 1.0
-            for mode, key, ratio in (("decisions", "ours", r["verl_over_ours"]),
-                                     ("rewards", "ours_rewards", r["verl_over_ours_rewards"])):
-                out.append(_figure(f"verl adapter sample, {n:,} groups, {mode} mirror",
-                                   med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
-                                   "x verl's speed", f">= {goal}x verl", ratio >= goal))
-            out.extend(_stepped_figures(r, n, goal))
-    finally:
-        _stop(tq, started)
-    return out
-
-
-def _stepped_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, Any]]:
-    """The background-mirror phase: `sample` after a trainer step, against verl timed the same
-    way, and what the mirroring costs the process during the step (verl's CPU beside it)."""
-    st, step, lag = r["stepped"], r["step_s"], r["lag_s"]
-    verl = st["verl"]
-    out = []
-    for mode, key in (("decisions", "ours_bg"), ("rewards", "ours_rewards_bg")):
-        ours = st[key]
-        ratio = verl["median_ms"] / ours["median_ms"]
-        where = (f"{n:,} groups, {mode} mirror, background (mirror_max_lag={lag:g} s, "
-                 f"{step:g} s step, view used by {ours['calls_on_background_view']} of "
-                 f"{ours['timed_calls']} calls)")
-        out.append(_figure(f"verl adapter sample after a step, {where}", ours["median_ms"], "ms",
-                           "verl 0.9.1 ms, same steps", verl["median_ms"], ratio,
-                           "x verl's speed", f">= {goal}x verl", ratio >= goal))
-        out.append(_figure(f"process CPU during each step, {n:,} groups, {mode} mirror, "
-                           f"background (verl's: {verl['step_cpu_ms']:.0f} ms)",
-                           ours["step_cpu_ms"], "ms", "step ms", step * 1e3,
-                           ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None))
-    return out
+    from jobs.bench_verl import figures
+    return figures(s.verl_sizes, s.verl_batch, s.verl_repeats, s.verl_step_s, s.verl_lag_s)
 
 
 def memory_figures(s: Sizes) -> list[dict[str, Any]]:
@@ -251,10 +213,10 @@ def memory_figures(s: Sizes) -> list[dict[str, Any]]:
     for n in s.memory_sizes:
         r = measure(n, (16, 64), (32, 256))
         mb = r["payload_bytes"] / 1e6
-        out.append(_figure(f"live memory, {n:,} trajectories", r["rss_growth_bytes"] / 1e6,
+        out.append(figure(f"live memory, {n:,} trajectories", r["rss_growth_bytes"] / 1e6,
                            "MB RSS growth", "Arrow payload MB", mb, r["rss_over_payload"],
                            "x payload", "<= 1.2x payload", r["rss_over_payload"] <= 1.2))
-        out.append(_figure(f"after release, {n:,} trajectories",
+        out.append(figure(f"after release, {n:,} trajectories",
                            r["rss_after_release_trimmed_bytes"] / 1e6, "MB RSS left",
                            "RSS growth MB", r["rss_growth_bytes"] / 1e6,
                            1 - r["released_fraction"], "of the growth left", "", None))

@@ -174,6 +174,51 @@ def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int],
     return out
 
 
+def figures(sizes: tuple[int, ...], batch: int, repeats: int, step_s: float,
+            lag_s: float) -> list[dict[str, Any]]:
+    """`bench all`'s verl section: each size's figures, each beside verl's from the same run."""
+    from jobs.bench_all import figure
+    tq, started = _start()
+    out, fresh = [], [0]
+    try:
+        for n in sizes:
+            r = run_size(tq, n, batch, repeats, fresh, step_s, lag_s)
+            med = {k: v["median_ms"] for k, v in r["impls"].items()}
+            goal = 1.5 if n >= 10_000 else 1.0
+            for mode, key, ratio in (("decisions", "ours", r["verl_over_ours"]),
+                                     ("rewards", "ours_rewards", r["verl_over_ours_rewards"])):
+                out.append(figure(f"verl adapter sample, {n:,} groups, {mode} mirror",
+                                   med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
+                                   "x verl's speed", f">= {goal}x verl", ratio >= goal))
+            out.extend(_stepped_figures(r, n, goal))
+    finally:
+        _stop(tq, started)
+    return out
+
+
+def _stepped_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, Any]]:
+    """The background-mirror phase: `sample` after a trainer step, against verl timed the same
+    way, and what the mirroring costs the process during the step (verl's CPU beside it)."""
+    from jobs.bench_all import figure
+    st, step, lag = r["stepped"], r["step_s"], r["lag_s"]
+    verl = st["verl"]
+    out = []
+    for mode, key in (("decisions", "ours_bg"), ("rewards", "ours_rewards_bg")):
+        ours = st[key]
+        ratio = verl["median_ms"] / ours["median_ms"]
+        where = (f"{n:,} groups, {mode} mirror, background (mirror_max_lag={lag:g} s, "
+                 f"{step:g} s step, view used by {ours['calls_on_background_view']} of "
+                 f"{ours['timed_calls']} calls)")
+        out.append(figure(f"verl adapter sample after a step, {where}", ours["median_ms"], "ms",
+                           "verl 0.9.1 ms, same steps", verl["median_ms"], ratio,
+                           "x verl's speed", f">= {goal}x verl", ratio >= goal))
+        out.append(figure(f"process CPU during each step, {n:,} groups, {mode} mirror, "
+                           f"background (verl's: {verl['step_cpu_ms']:.0f} ms)",
+                           ours["step_cpu_ms"], "ms", "step ms", step * 1e3,
+                           ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None))
+    return out
+
+
 def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comma-separated"),
          repeats: int = typer.Option(5, help="timed sample calls per size and implementation"),
          batch: int = typer.Option(64, help="groups per sample"),

@@ -137,8 +137,8 @@ class BackgroundMirror:
                 try:
                     self.cleared += m.flush()
                 except Exception as exc:  # noqa: BLE001 - still owed: the next call makes them
-                    self._log_once(logging.WARNING, f"clearing {len(m.deferred)} key(s) of "
-                                   f"{m.partition!r} failed: {exc} (the next call retries)")
+                    self._log_once(logging.WARNING, f"clearing deferred keys of {m.partition!r} "
+                                   f"failed: {exc} (they stay owed; the next call retries)")
                     continue
                 epoch = m.epoch
             began = time.monotonic()

@@ -7,6 +7,9 @@ from typing import Any
 
 from pipeline.errors import IngestError
 
+# what the partition mirror knows a listed key to be
+PROMPT, TRAJ, WAITING, IGNORED, UNTAGGED = "prompt", "traj", "waiting", "ignored", "untagged"
+
 
 def parse_key(key: str) -> tuple[str, int, int] | None:
     """`{uid}_{session}_{index}` -> (uid, session, index); uid is the text before the first `_`

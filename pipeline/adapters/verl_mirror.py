@@ -28,19 +28,26 @@ import logging
 import time
 from typing import Any
 
-from pipeline.adapters.verl_keys import check_prompts, clear, parse_key
+from pipeline.adapters.verl_effects import MirrorEffects
+from pipeline.adapters.verl_keys import (
+    IGNORED,
+    PROMPT,
+    TRAJ,
+    UNTAGGED,
+    WAITING,
+    check_prompts,
+    parse_key,
+)
 from pipeline.adapters.verl_rows import trajectory_rows
-from pipeline.errors import InvariantError
 from pipeline.partitions import is_validation
 
 log = logging.getLogger("replaylake.verl")
 
-PROMPT, TRAJ, WAITING, IGNORED, UNTAGGED = "prompt", "traj", "waiting", "ignored", "untagged"
 _TERMINAL = ("finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
 
 
-class PartitionMirror:
+class PartitionMirror(MirrorEffects):
     """What the adapter knows of one partition's keys, and how to bring the core up to date.
 
     ``fields``: which trajectory fields to read for new keys (see verl.py, `mirror_fields`):
@@ -284,33 +291,6 @@ class PartitionMirror:
             self._forget(keys)
             self.orphans_cleared += len(keys)
 
-    def clear_keys(self, keys: list[str], defer: bool = False) -> None:
-        """kv_clear (never with an empty list); afterwards no listing taken before counts as
-        current (the epoch moves on once the clear has returned). ``defer``: only note the keys;
-        `flush` clears them (the background thread right after the call, or the next listing
-        before it lists), and until then no listing counts as current either."""
-        if not keys:
-            return
-        if defer:
-            self.deferred.extend(keys)
-        else:
-            clear(self.tq, self.partition, keys)
-        self.epoch += 1
-
-    def flush(self) -> int:
-        """Make the deferred clears (in the order they were deferred); returns how many keys.
-        If TransferQueue refuses, every key stays owed and the error propagates."""
-        if not self.deferred:
-            return 0
-        keys, self.deferred = self.deferred, []
-        try:
-            clear(self.tq, self.partition, keys)
-        except Exception:
-            self.deferred[:0] = keys
-            raise
-        self.epoch += 1
-        return len(keys)
-
     def _ignore(self, k: str, why: str) -> None:
         self.kind[k] = IGNORED
         self.ignored_count += 1
@@ -335,34 +315,3 @@ class PartitionMirror:
                 keys.remove(k)
                 if not keys:
                     del by_uid[uid]
-
-    # --- core -> TransferQueue (called from the core's listener, under its lock) --------------
-    def on_remove(self, uids: list[str]) -> list[str]:
-        """Evicted / discarded groups: their prompt key and every trajectory key (verl's set)."""
-        keys = list(uids)
-        for u in uids:
-            self.kind.pop(u, None)
-            self.watch.pop(u, None)
-            for k in self.by_uid.pop(u, ()):
-                keys.append(k)
-                self.kind.pop(k, None)
-                self.order.pop(k, None)
-                self.waiting.pop(k, None)
-        return keys
-
-    def on_select(self, uids: list[str], batch_id: int) -> list[str]:
-        """Selected groups: only their prompt keys go; their trajectory keys form the batch."""
-        traj = [k for u in uids for k in self.by_uid.get(u, ()) if self.kind.get(k) == TRAJ]
-        traj.sort(key=self.order.__getitem__)
-        self.batches[batch_id] = traj
-        for u in uids:
-            self.kind.pop(u, None)
-            self.watch.pop(u, None)
-        return traj
-
-    def batch_keys(self, batch_id: int, expected_rows: int) -> list[str]:
-        keys = self.batches.get(batch_id, [])
-        if len(keys) != expected_rows:
-            raise InvariantError(f"batch {batch_id}: {len(keys)} TransferQueue keys for "
-                                 f"{expected_rows} trajectories")
-        return keys
