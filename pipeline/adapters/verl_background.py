@@ -91,26 +91,25 @@ class BackgroundMirror:
         ref = weakref.ref(adapter)
         self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
                                         name="replaylake-verl-mirror")
-        weakref.finalize(adapter, self._stop.set)
+        weakref.finalize(adapter, self._halt)
         self._thread.start()
 
     def wake(self) -> None:
         """A call deferred clears: make them now, then list again."""
         self._wake.set()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def _halt(self) -> None:
         self._stop.set()
         self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._halt()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-    @property
-    def thread_ident(self) -> int | None:
-        return self._thread.ident
 
     def _run(self, ref: Any) -> None:
         period = self.max_lag / 2

@@ -271,3 +271,13 @@ def test_rollouts_written_while_the_thread_lists_are_each_sampled_once(tq, rollo
     assert not [r.getMessage() for r in caplog.records
                 if "ignoring" in r.getMessage() or "orphan" in r.getMessage()]
     assert buf.background_polls > 0
+
+
+def test_the_thread_ends_when_an_unclosed_adapter_is_collected(tq, rollout):
+    import gc
+    buf = make(30.0)                       # period 15 s: only the collection's wake ends it
+    buf.get_sampleable_count(1, PART)
+    thread = buf._background
+    del buf
+    gc.collect()
+    assert until(lambda: not thread.alive, seconds=5.0)
