@@ -59,7 +59,7 @@ QUICK = Sizes(40, 2, 16, 1024, 1, (16,), (4, 32), (8, 64), 2, (2_000,), 3, (40,)
 
 
 def figure(path: str, value: float, unit: str, reference: str, ref_value: float,
-            ratio: float, ratio_label: str, goal: str, meets: bool | None) -> dict[str, Any]:
+           ratio: float, ratio_label: str, goal: str, meets: bool | None) -> dict[str, Any]:
     return {"path": path, "value": value, "unit": unit, "reference": reference,
             "reference_value": ref_value, "ratio": ratio, "ratio_label": ratio_label,
             "goal": goal, "meets_goal": meets}
@@ -102,8 +102,8 @@ def ingest(s: Sizes, work: Path) -> list[dict[str, Any]]:
         _run(batches[: max(1, len(batches) // 10)], d / "warm" if lake else None, False, life)
         r = _run(batches, d / "lake" if lake else None, False, life)
         out.append(figure(name, r["trajectories_per_s"], "trajectories/s", "memcpy MB/s", memcpy,
-                           r["mb_per_s"] / memcpy, "of memcpy's MB/s",
-                           f">= {goal:,} trajectories/s", r["trajectories_per_s"] >= goal))
+                          r["mb_per_s"] / memcpy, "of memcpy's MB/s",
+                          f">= {goal:,} trajectories/s", r["trajectories_per_s"] >= goal))
         shutil.rmtree(d, ignore_errors=True)
     out.append(_large_puts(s, work))
     return out
@@ -138,8 +138,8 @@ def _large_puts(s: Sizes, work: Path) -> dict[str, Any]:
             shutil.rmtree(d, ignore_errors=True)
     mb_s, dd = statistics.median(ours), statistics.median(dds)
     fig = figure(f"large puts ({s.large_rows} trajectories x {s.large_tokens} tokens, "
-                  "log-probs), lake", mb_s, "MB/s", "dd MB/s", dd, mb_s / dd, "over dd",
-                  ">= 400 MB/s", mb_s >= 400)
+                 "log-probs), lake", mb_s, "MB/s", "dd MB/s", dd, mb_s / dd, "over dd",
+                 ">= 400 MB/s", mb_s >= 400)
     fig.update(rounds_mb_s=ours, rounds_dd_mb_s=dds)
     return fig
 
@@ -167,14 +167,14 @@ def torch_figures(s: Sizes) -> list[dict[str, Any]]:
             r = measure(table, layout, s.torch_repeats)
             goal = goals[layout] if (layout == "packed" or b == 1024) else None
             out.append(figure(f"to_torch {layout}, B={b}", r["ours_ms"], "ms", "memcpy ms",
-                               r["memcpy_ms"], r["ours_over_memcpy"], "x memcpy",
-                               f"<= {goal}x memcpy" if goal else "",
-                               r["ours_over_memcpy"] <= goal if goal else None))
+                              r["memcpy_ms"], r["ours_over_memcpy"], "x memcpy",
+                              f"<= {goal}x memcpy" if goal else "",
+                              r["ours_over_memcpy"] <= goal if goal else None))
             ratio = r["pooled_over_memcpy_warm"]
             out.append(figure(f"to_torch {layout}, B={b}, pooled", r["pooled_ms"], "ms",
-                               "warm memcpy ms", r["memcpy_warm_ms"], ratio, "x warm memcpy",
-                               f"<= {goal}x warm memcpy" if goal else "",
-                               ratio <= goal if goal else None))
+                              "warm memcpy ms", r["memcpy_warm_ms"], ratio, "x warm memcpy",
+                              f"<= {goal}x warm memcpy" if goal else "",
+                              ratio <= goal if goal else None))
     return out
 
 
@@ -197,8 +197,8 @@ def decide_figures(s: Sizes) -> list[dict[str, Any]]:
                 goal = f"<= 1.3x its 10k time ({1.3 * at_10k[key]:.2f} ms)"
                 meets = ms <= 1.3 * at_10k[key]
             out.append(figure(f"sample {how}, {n:,} buffered trajectories", ms, "ms",
-                               "naive reference buffer ms", r["reference_ms"], r[speed],
-                               "x the naive reference's speed", goal, meets))
+                              "naive reference buffer ms", r["reference_ms"], r[speed],
+                              "x the naive reference's speed", goal, meets))
     return out
 
 
@@ -214,12 +214,12 @@ def memory_figures(s: Sizes) -> list[dict[str, Any]]:
         r = measure(n, (16, 64), (32, 256))
         mb = r["payload_bytes"] / 1e6
         out.append(figure(f"live memory, {n:,} trajectories", r["rss_growth_bytes"] / 1e6,
-                           "MB RSS growth", "Arrow payload MB", mb, r["rss_over_payload"],
-                           "x payload", "<= 1.2x payload", r["rss_over_payload"] <= 1.2))
+                          "MB RSS growth", "Arrow payload MB", mb, r["rss_over_payload"],
+                          "x payload", "<= 1.2x payload", r["rss_over_payload"] <= 1.2))
         out.append(figure(f"after release, {n:,} trajectories",
-                           r["rss_after_release_trimmed_bytes"] / 1e6, "MB RSS left",
-                           "RSS growth MB", r["rss_growth_bytes"] / 1e6,
-                           1 - r["released_fraction"], "of the growth left", "", None))
+                          r["rss_after_release_trimmed_bytes"] / 1e6, "MB RSS left",
+                          "RSS growth MB", r["rss_growth_bytes"] / 1e6,
+                          1 - r["released_fraction"], "of the growth left", "", None))
     return out
 
 

@@ -109,7 +109,7 @@ def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int],
               step_s: float = 0.0, lag_s: float | None = None) -> dict:
     buf = _make(impl, lag_s)
     times, cpu, last = [], [], None
-    for i in range(repeats + 1):
+    for call in range(repeats + 1):
         if last is not None:                       # untimed: the trainer's end of step + new data
             tq.kv_clear(keys=last, partition_id=PART)
             _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])
@@ -118,7 +118,7 @@ def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int],
             c = time.process_time()
             time.sleep(step_s)
             cpu.append(time.process_time() - c)
-        if i == 1:
+        if call == 1:
             served = getattr(buf, "background_polls", 0)     # the cold call's not counted
         t = time.perf_counter()
         meta, _ = buf.sample(global_steps=STEP, partition_id=PART, batch_size=batch)
@@ -188,8 +188,8 @@ def figures(sizes: tuple[int, ...], batch: int, repeats: int, step_s: float,
             for mode, key, ratio in (("decisions", "ours", r["verl_over_ours"]),
                                      ("rewards", "ours_rewards", r["verl_over_ours_rewards"])):
                 out.append(figure(f"verl adapter sample, {n:,} groups, {mode} mirror",
-                                   med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
-                                   "x verl's speed", f">= {goal}x verl", ratio >= goal))
+                                  med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
+                                  "x verl's speed", f">= {goal}x verl", ratio >= goal))
             out.extend(_stepped_figures(r, n, goal))
     finally:
         _stop(tq, started)
@@ -210,12 +210,12 @@ def _stepped_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, A
                  f"{step:g} s step, view used by {ours['calls_on_background_view']} of "
                  f"{ours['timed_calls']} calls)")
         out.append(figure(f"verl adapter sample after a step, {where}", ours["median_ms"], "ms",
-                           "verl 0.9.1 ms, same steps", verl["median_ms"], ratio,
-                           "x verl's speed", f">= {goal}x verl", ratio >= goal))
+                          "verl 0.9.1 ms, same steps", verl["median_ms"], ratio,
+                          "x verl's speed", f">= {goal}x verl", ratio >= goal))
         out.append(figure(f"process CPU during each step, {n:,} groups, {mode} mirror, "
-                           f"background (verl's: {verl['step_cpu_ms']:.0f} ms)",
-                           ours["step_cpu_ms"], "ms", "step ms", step * 1e3,
-                           ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None))
+                          f"background (verl's: {verl['step_cpu_ms']:.0f} ms)",
+                          ours["step_cpu_ms"], "ms", "step ms", step * 1e3,
+                          ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None))
     return out
 
 
@@ -252,14 +252,20 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
     console.print(f"written to {out}")
 
 
+def _rows_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table of one row per size and implementation, right-aligned (fits 80 columns)."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    return table
+
 
 def _table(results: list[dict], batch: int) -> Table:
     """Back to back: one row per size and implementation (fits an 80-column terminal); each of
     ours against the verl implementation with the same options."""
-    table = Table(title=f"sample(batch {batch}) through TransferQueue, back to back: median "
-                        "and first-call ms; kv_list of the whole partition alone")
-    for col in ("groups", "impl", "median ms", "first ms", "verl/ours", "kv_list ms"):
-        table.add_column(col, justify="right")
+    table = _rows_table(f"sample(batch {batch}) through TransferQueue, back to back: median "
+                        "and first-call ms; kv_list of the whole partition alone",
+                        ("groups", "impl", "median ms", "first ms", "verl/ours", "kv_list ms"))
     for r in results:
         im = r["impls"]
         for i in IMPLS:
@@ -273,11 +279,10 @@ def _table(results: list[dict], batch: int) -> Table:
 
 def _stepped_table(results: list[dict], batch: int, step_s: float, lag_s: float) -> Table:
     """One row per size and implementation, so that it fits an 80-column terminal."""
-    table = Table(title=f"with a {step_s:g} s trainer step between calls; ours with "
+    table = _rows_table(f"with a {step_s:g} s trainer step between calls; ours with "
                         f"mirror_max_lag={lag_s:g}: sample(batch {batch}) median ms, process "
-                        "CPU during the step, calls the background view served")
-    for col in ("groups", "impl", "sample ms", "step CPU ms", "view", "verl/ours"):
-        table.add_column(col, justify="right")
+                        "CPU during the step, calls the background view served",
+                        ("groups", "impl", "sample ms", "step CPU ms", "view", "verl/ours"))
     for r in results:
         st = r["stepped"]
         for i in STEP_IMPLS:
@@ -287,6 +292,7 @@ def _stepped_table(results: list[dict], batch: int, step_s: float, lag_s: float)
             table.add_row(f"{r['groups']:,}", i, f"{f['median_ms']:.1f}",
                           f"{f['step_cpu_ms']:.0f}", view, "" if i == "verl" else f"{ratio:.2f}x")
     return table
+
 
 if __name__ == "__main__":
     typer.run(main)
