@@ -53,10 +53,14 @@ def open_buffer(kind: str, lake: Path, fsync: bool, seed: int):
     return buf, box
 
 
-def workload(kind: str, lake: Path, fsync: bool, seed: int, mark: Callable[[Any], None]) -> None:
-    """The scripted run; ``mark(buf)`` after every acknowledged call."""
+def workload(kind: str, lake: Path, fsync: bool, seed: int, mark: Callable[[Any], None],
+             wrap: Callable[[Any], Any] | None = None) -> None:
+    """The scripted run; ``mark(buf)`` after every acknowledged call. ``wrap(buf)`` gives what
+    the run (its refill_fn too) calls instead of the buffer (the interrupt tests retry there)."""
     rng = random.Random(seed)
     buf, box = open_buffer(kind, lake, fsync, seed)
+    if wrap is not None:
+        buf = box["buf"] = wrap(buf)
     held = None
     for step in range(1, STEPS + 1):
         box["step"] = step

@@ -176,12 +176,16 @@ def main(
     workers: Annotated[int, typer.Option(help="processes killing in parallel")] = 2,
     workdir: Annotated[Path | None, typer.Option(help="scratch directory (default: a temp dir)")
                        ] = None,
+    interrupts: Annotated[bool, typer.Option(
+        help="also strike every point with Ctrl-C and with a failing write, the process going "
+             "on (jobs/crash_interrupt.py)")] = True,
 ) -> None:
     """Kill the buffer at every lake write point, many times over; exit 1 on any broken restart.
 
     Examples:
         replaylake soak --rounds 1 --no-fsync
         replaylake soak --rounds 10 --workers 2
+        replaylake soak --rounds 1 --no-interrupts
     """
     from tqdm import tqdm
     base = Path(tempfile.mkdtemp(prefix="replaylake-soak-")) if workdir is None else workdir
@@ -193,12 +197,28 @@ def main(
     with tqdm(total=total, unit="kill", desc="soak") as bar:
         for ref in refs:
             problems += run_matrix(ref, base, progress=bar.update, workers=workers)
+    killed = len(problems)
+    struck, broken_strikes = 0, 0
+    if interrupts:
+        from jobs import crash_interrupt
+        todo = {id(r): [(t, h) for t in targets(r) for h in crash_interrupt.HOWS
+                        if crash_interrupt.applies(t, h)] for r in refs}
+        struck = sum(len(t) for t in todo.values())
+        with tqdm(total=struck, unit="strike", desc="interrupts") as bar:
+            for ref in refs:
+                found, _ = crash_interrupt.run_strikes(ref, todo[id(ref)], base / "strikes",
+                                                       workers=workers, progress=bar.update)
+                problems += found
+        broken_strikes = len(problems) - killed
     for p in problems:
         typer.echo(p)
     kinds = {p.split(".", 1)[1] for r in refs for p in r.points}
     typer.echo(f"{total} kills at {len({p for r in refs for p in r.points})} distinct points "
                f"({len(kinds)} kinds of write point, {len(refs)} runs); "
-               f"{total - len(problems)} restarts correct, {len(problems)} broken")
+               f"{total - killed} restarts correct, {killed} broken")
+    if interrupts:
+        typer.echo(f"{struck} strikes (Ctrl-C and failing writes, the process going on); "
+                   f"{struck - broken_strikes} runs exact, {broken_strikes} broken")
     if workdir is None:
         shutil.rmtree(base, ignore_errors=True)
     if problems:

@@ -1,6 +1,7 @@
 """Checks of the public API's arguments: each names the call, the argument and what to pass."""
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from pipeline.errors import ConfigError
@@ -60,3 +61,16 @@ def prompt_id_list(where: str, prompt_ids: Any, n_uids: int) -> list[int | None]
             raise ConfigError(f"{where}: prompt_ids[{i}]={p!r} must be an int (e.g. the dataset "
                               "index) or None; map string ids to integers first")
     return ids
+
+
+def batch_id_arg(batch: Any) -> int:
+    """What `release` takes: a Batch (handled by the caller) or its integer id (a numpy integer
+    too); a string, float or bool is refused rather than converted (int("3.7"), int(3.7) and
+    int(True) would release another batch, or fail with a bare ValueError)."""
+    if not isinstance(batch, bool):
+        try:
+            return operator.index(batch)
+        except TypeError:
+            pass
+    raise ConfigError(f"release: {batch!r} is not a batch; pass the Batch that sample() returned "
+                      "or its integer batch_id (e.g. release(batch) or release(batch.batch_id))")

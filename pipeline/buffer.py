@@ -15,8 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import decide
+from pipeline import decide, interrupts
 from pipeline.arguments import (
+    batch_id_arg,
     batch_size_arg,
     partition_arg,
     prompt_id_list,
@@ -163,6 +164,12 @@ class ReplayBuffer(BufferReads):
         live = sum(p.rows.live_bytes for p in self._state.parts.values())
         if live == 0 or live + nbytes <= budget:
             return True
+        if nbytes > budget:       # could only ever fit into an empty buffer: say so at once
+            raise BufferFullError(
+                f"put of {nbytes:,} payload bytes is larger than the whole max_live_bytes="
+                f"{budget:,} budget ({live:,} held in memory), so waiting cannot make room: split "
+                "it into smaller puts or raise the budget; nothing of this call was accepted (a "
+                "put that large is accepted only while the buffer holds nothing else)")
         left = deadline - time.monotonic()
         if left <= 0:
             raise BufferFullError(
@@ -189,7 +196,7 @@ class ReplayBuffer(BufferReads):
         only = None if partition is None and partition_id is None else \
             partition_arg(partition, partition_id, "reissue")
         out: dict[str, list[str]] = {}
-        with self._state.cond:
+        with self._state.cond, interrupts.held():
             for pid, part in sorted(self._state.parts.items()):
                 if only is not None and pid != only:
                     continue
@@ -272,8 +279,8 @@ class ReplayBuffer(BufferReads):
 
     def release(self, batch: Batch | int) -> None:
         """The trainer is done with the batch: its trajectories leave memory (not the lake)."""
-        batch_id = batch.batch_id if isinstance(batch, Batch) else int(batch)
-        with self._state.cond:
+        batch_id = batch.batch_id if isinstance(batch, Batch) else batch_id_arg(batch)
+        with self._state.cond, interrupts.held():
             for pid, part in self._state.parts.items():
                 if batch_id in part.batches:
                     uids = part.batches[batch_id]
@@ -287,6 +294,7 @@ class ReplayBuffer(BufferReads):
                                 "already released)")
 
     def close(self) -> None:
+        """Finish the lake's open segments and give its writer lock back (idempotent)."""
         if self._state.journal.lake is not None:
             self._state.journal.lake.close()
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import lake_kill
+from pipeline import interrupts, lake_kill
 from pipeline.errors import LakeError
 from pipeline.lake_files import (
     CALL_KEY,
@@ -54,7 +54,7 @@ from pipeline.lake_files import (
 )
 from pipeline.lake_lock import LakeLock
 from pipeline.lake_read import committed_calls, highest_seq, read_segment, read_table
-from pipeline.lake_stream import Stream
+from pipeline.lake_stream import Stream, UndoError
 from schemas import LAKE_TABLES
 
 __all__ = ["LakeWriter", "read_table", "read_segment", "segment_files", "committed_calls",
@@ -89,6 +89,8 @@ class LakeWriter:
         self._streams: dict[tuple[str, str, int], Stream] = {}
         self._lock = threading.Lock()
         self._opened = 0
+        self._broken: str | None = None     # set when a failed write could not be taken back
+        self._marks: dict[int, tuple[Stream, tuple[int, int, bool]]] | None = None
         lake_kill.arm()
         new_dirs = [p for p in (self.root, *self.root.parents) if not p.exists()]
         try:
@@ -108,20 +110,45 @@ class LakeWriter:
         schema = LAKE_TABLES[table]
         if rows.schema != schema:
             rows = rows.cast(schema)
-        with self._lock:
+        with self._lock, interrupts.held():
+            if self._broken is not None:
+                raise LakeError(self._broken)
             if not self.lock.held:
                 raise LakeError(f"the lake writer of {self.root} is closed")
+            self._marks = marks = {}
             try:
                 self._append(table, rows)
-            except (OSError, pa.ArrowException) as exc:
-                # a half-written batch would hide every later one in its file: abandon the open
-                # streams (later writes start new files) and say so
-                self._abandon()
-                raise LakeError(f"writing {rows.num_rows} row(s) to the lake table {table!r} under "
-                                f"{self.root} failed ({exc}); nothing of this call was "
-                                "acknowledged") from exc
+            except BaseException as exc:
+                self._marks = None
+                self._take_back(marks, exc, f"writing {rows.num_rows} row(s) to the lake table "
+                                            f"{table!r} under {self.root}")
+                if isinstance(exc, (OSError, pa.ArrowException)):
+                    raise LakeError(f"writing {rows.num_rows} row(s) to the lake table {table!r} "
+                                    f"under {self.root} failed ({exc}); nothing of this call was "
+                                    "written") from exc
+                raise
+            self._marks = None
             lake_kill.hit(table + ".acked")
             self._roll()
+
+    def _take_back(self, marks: dict[int, tuple[Stream, tuple[int, int, bool]]],
+                   exc: BaseException, what: str) -> None:
+        """Undo every write of a failed call (each stream cut back to where the call found it:
+        not even a multi-partition call's uncommitted parts stay behind), then abandon the open
+        streams (later writes start new files). A cut that fails leaves the lake holding what
+        memory was never told: the writer then refuses every later write, and reopening the lake
+        restores exactly what is on disk."""
+        try:
+            for stream, mark in marks.values():
+                stream.undo(mark, exc)
+        except UndoError as undo:
+            self._broken = (f"{what} failed ({exc!r}) and the partial write could not be taken "
+                            f"back ({undo}); the lake may hold rows this buffer does not know: "
+                            "close the buffer and open the lake again (a restart restores "
+                            "exactly what is on disk)")
+            self._abandon()
+            raise LakeError(self._broken) from exc
+        self._abandon()
 
     def _roll(self) -> None:
         """Finish every table segment that is full or old (see the module doc). The call that
@@ -134,10 +161,12 @@ class LakeWriter:
                 del self._streams[key]
                 try:
                     stream.finish()
-                except (OSError, pa.ArrowException):
+                except Exception:       # the marker is taken back (or a torn tail at worst)
                     stream.abandon()
 
     def _append(self, table: str, rows: pa.Table) -> None:
+        """Write every part (and the commit record of a multi-partition call); `_mark` notes
+        each stream's position before this call first writes to it."""
         parts = list(self._split(table, rows))
         meta = None
         if len(parts) > 1:     # the call key marks the parts of one call (single part: no need)
@@ -146,6 +175,7 @@ class LakeWriter:
             meta = {CALL_KEY: call_key(self.tag, first, last).encode()}
         for (partition, win), part in parts:
             stream = self._stream(table, partition, win, int(part.column("seq")[0].as_py()))
+            self._mark(stream)
             stream.append(part.combine_chunks().to_batches(max_chunksize=part.num_rows)[0], meta)
         if meta is not None:   # every part is written: now the call counts
             self._log({"kind": "commit", "table": table, "writer": self.tag, "first_seq": first,
@@ -154,7 +184,8 @@ class LakeWriter:
     def record_removed(self, paths: list[str]) -> None:
         """Log that these segments (paths relative to the root) were taken away on purpose
         (salvage, or a job that rewrites segments), so readers stop asking for them."""
-        with self._lock:
+        with self._lock, interrupts.held():
+            self._marks = None
             for p in paths:
                 self._log({"kind": "removed", "path": p})
 
@@ -177,6 +208,7 @@ class LakeWriter:
                                               f"log-{self.tag}{self._opened:04d}.arrow",
                                               LOG_SCHEMA, "log")
         row = {f.name: [record.get(f.name)] for f in LOG_SCHEMA}
+        self._mark(self._streams[key])
         self._streams[key].append(pa.record_batch(row, schema=LOG_SCHEMA), None)
 
     def _create(self, d: Path, name: str, schema: pa.Schema, point: str) -> Stream:
@@ -207,6 +239,11 @@ class LakeWriter:
                        "path": str(stream.path.relative_to(self.root))})
         return self._streams[key]
 
+    def _mark(self, stream: Stream) -> None:
+        """Note where ``stream`` stood before the running call first wrote to it."""
+        if self._marks is not None and id(stream) not in self._marks:
+            self._marks[id(stream)] = (stream, stream.mark())
+
     def _abandon(self) -> None:
         for stream in self._streams.values():
             stream.abandon()
@@ -214,7 +251,7 @@ class LakeWriter:
 
     def close(self) -> None:
         """Finish every open stream (end-of-stream marker) and give up the lake's lock."""
-        with self._lock:
+        with self._lock, interrupts.held():
             try:
                 for key in sorted(self._streams, key=lambda k: k[0] == LOG_DIR):
                     self._streams[key].finish()

@@ -26,31 +26,44 @@ deleted), ``compact.segment_deleted`` (the segment deleted, its checksum file no
 file before and after it replaces the old one). A job arms on its first run in a process
 (`arm_once`), unless a lake writer armed first.
 
+``REPLAYLAKE_KILL_HOW`` says what happens at the armed point: ``kill`` (the default: SIGKILL, as
+above), ``interrupt`` (the process sends itself SIGINT and carries on, so Python raises
+KeyboardInterrupt at its next chance: Ctrl-C landing exactly there; ``*_torn`` points then write
+nothing) or ``raise`` (an ``OSError`` is raised right there, after the half write of a ``*_torn``
+point: a disk that fails at that step). The interrupt tests use the last two.
+
 ``trace()`` lists the points reached so far (with ``REPLAYLAKE_KILL_AT=trace``), which is how a
 test learns every point of a workload before killing it at each one. Unset, a point costs one
 comparison.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
 from pipeline.errors import ConfigError
 
 ENV = "REPLAYLAKE_KILL_AT"
+HOW_ENV = "REPLAYLAKE_KILL_HOW"
+HOWS = ("kill", "interrupt", "raise")
 
 _target: tuple[str, int] | None = None
 _tracing = False
 _armed = False
+_how = "kill"
 _counts: dict[str, int] = {}
 _trace: list[str] = []
 
 
 def arm() -> None:
     """Read ``REPLAYLAKE_KILL_AT`` afresh (a lake writer calls this when it opens)."""
-    global _target, _tracing, _armed
+    global _target, _tracing, _armed, _how
     _armed = True
     spec = os.environ.get(ENV, "")
+    _how = os.environ.get(HOW_ENV, "") or "kill"
+    if _how not in HOWS:
+        raise ConfigError(f"{HOW_ENV}={_how!r}: expected one of {', '.join(HOWS)}")
     _counts.clear()
     _trace.clear()
     _target, _tracing = None, spec == "trace"
@@ -82,14 +95,21 @@ def _due(point: str) -> bool:
     return _counts[point] == _target[1]
 
 
+def _strike(point: str) -> None:
+    if _how == "raise":
+        raise OSError(errno.EIO, f"injected failure at kill point {point}")
+    os.kill(os.getpid(), signal.SIGINT if _how == "interrupt" else signal.SIGKILL)
+
+
 def hit(point: str) -> None:
-    """Die here if this is the armed point and occurrence."""
+    """Die here if this is the armed point and occurrence (or interrupt / raise, see above)."""
     if (_tracing or _target is not None) and _due(point):
-        os.kill(os.getpid(), signal.SIGKILL)
+        _strike(point)
 
 
 def torn(point: str, fd: int, data: bytes) -> None:
     """Die here, after writing the first half of ``data`` to ``fd``, if this point is armed."""
     if (_tracing or _target is not None) and _due(point):
-        os.write(fd, data[: max(len(data) // 2, 1)])
-        os.kill(os.getpid(), signal.SIGKILL)
+        if _how != "interrupt":
+            os.write(fd, data[: max(len(data) // 2, 1)])
+        _strike(point)

@@ -57,6 +57,10 @@ def encode(schema: pa.Schema, schema_bytes: pa.Buffer, batch: pa.RecordBatch,
     return out.slice(start, end - len(EOS) - start)
 
 
+class UndoError(OSError):
+    """A failed write could not be taken back: its stream may still hold it."""
+
+
 class Stream:
     """One open append-only stream and its checksum file."""
 
@@ -73,17 +77,46 @@ class Stream:
         except OSError:
             self.sums.close()
             raise
-        self.size = 0
+        self.size = 0             # bytes of the stream, and of its checksum file, written whole
+        self.sums_size = 0
         self.opened_at = time.monotonic()
         self.schema = schema
         self.schema_bytes = schema.serialize()
         self.started = False      # the schema message goes out with the first write
 
     def write(self, data: bytes | pa.Buffer) -> None:
-        """Write then record; with fsync, each is on disk before the next step."""
-        self._put(self.data.fileno(), data, "data")
-        self.size += len(data)
-        self._put(self.sums.fileno(), record_for(self.size, data), "sum")
+        """Write then record; with fsync, each is on disk before the next step. Anything raised
+        on the way (a failed write or fsync, an exception of any kind) first cuts both files back
+        to where they were, so the write is not in the lake at all (see `undo`)."""
+        mark = self.mark()
+        try:
+            self._put(self.data.fileno(), data, "data")
+            self.size += len(data)
+            record = record_for(self.size, data)
+            self._put(self.sums.fileno(), record, "sum")
+            self.sums_size += len(record)
+        except BaseException as exc:
+            self.undo(mark, exc)
+            raise
+
+    def mark(self) -> tuple[int, int, bool]:
+        """Where the stream stands: what `undo` goes back to."""
+        return self.size, self.sums_size, self.started
+
+    def undo(self, mark: tuple[int, int, bool], cause: BaseException | None = None) -> None:
+        """Cut both files back to ``mark``: whatever was written since (even a whole write with
+        its checksum record, which readers would count) is gone, durably with fsync. Raises
+        `UndoError` (from ``cause``) when that fails: the files may then still hold it."""
+        self.size, self.sums_size, self.started = mark
+        try:
+            os.ftruncate(self.data.fileno(), self.size)
+            os.ftruncate(self.sums.fileno(), self.sums_size)
+            if self.fsync:
+                os.fsync(self.data.fileno())
+                os.fsync(self.sums.fileno())
+        except (OSError, ValueError) as exc:     # ValueError: the file was closed meanwhile
+            raise UndoError(f"cannot cut {self.path} back to byte {self.size} ({exc})") \
+                from cause
 
     def _put(self, fd: int, data: bytes | pa.Buffer, stage: str) -> None:
         """One file's step of a write, with its kill points (`<point>.<stage>_torn|written|synced`)."""

@@ -109,6 +109,16 @@ class EvictionMetrics:
                 v = ev.values[reason][i]
                 self.reward_counts[v] = self.reward_counts.get(v, 0) + 1
 
+    def merge(self, other: EvictionMetrics) -> None:
+        """Add another call's evictions (those of a call that raised before it reported them)."""
+        for reason, n in other.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + n
+        for reason, spans in other.spans.items():
+            self.spans.setdefault(reason, []).extend(spans)
+        self.discarded += other.discarded
+        for v, n in other.reward_counts.items():
+            self.reward_counts[v] = self.reward_counts.get(v, 0) + n
+
     def scalars(self, prefix: str) -> dict[str, float]:
         """The eviction keys; a key appears only when non-zero."""
         out: dict[str, float] = {}

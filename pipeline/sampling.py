@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline import aggregates, decide
+from pipeline import aggregates, decide, interrupts
 from pipeline.batch import Batch, batch_rows, with_provenance
 from pipeline.config import BufferConfig
 from pipeline.errors import EmptyBatchError, InvariantError, SampleTimeout
@@ -46,70 +46,174 @@ def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume
              timeout: float | None, before_poll: Callable[[], None] | None = None
              ) -> Batch | Ready:
     """One `sample` (consume=True) or `wait_for_sampleable` call (arguments already checked)."""
-    st, acc = CallState(), EvictionMetrics()
-    start = last_warn = time.monotonic()
-    deadline = None if timeout is None else start + timeout
-    call_id = state.new_call()
-    uses = cfg.rules_for(ctx.partition)
-    poll = 0
-    while True:
-        # every iteration is one poll: mirror, evaluate + evict, then refill, finish or wait
-        if before_poll is not None:
-            before_poll()
-        dispatch = 0
+    call = _Call(state, cfg, ctx, consume, timeout)
+    try:
+        return call.run(before_poll)
+    except BaseException:
+        # the evictions of a call that raises (a refill_fn that failed, a timeout, Ctrl-C) are
+        # in the lake already: their metrics go out with the partition's next call, not lost
+        # (unless the call chose its batch: they are in that batch's metrics)
         with state.cond:
             part = state.part(ctx.partition)
-            seen = state.version
-            ev = decide.evaluate(part, uses, ctx.step, cfg.filter_metric)
-            if ev.count:
-                _evict(state, part, ctx, call_id, poll, ev)
-                acc.add(ev)
-                for r, n in ev.by_reason().items():
-                    st.evicted[r] = st.evicted.get(r, 0) + n
-            part.candidates.settle()
-            outcome = PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
-                                  sum(1 for c in ev.credits if c >= 2),
-                                  part.candidates.alive_count, len(part.inflight),
-                                  free_credit=sum(c for c in ev.credits if c < 2),
-                                  uids=tuple(ev.uids), credits=tuple(ev.credits))
-            if cfg.refill_fn is not None:
-                st.replaces = []
-                dispatch = cfg.refill.after_poll(outcome, st, ctx) + part.refill_owed
-            now = time.monotonic()
-            if dispatch:
-                state.commit("decisions", [{
-                    "partition": ctx.partition, "step": ctx.step, "call_id": call_id,
-                    "poll": poll, "kind": "refill", "reason": type(cfg.refill).__name__,
-                    "count": dispatch, "replaces": part.refill_replaces + st.replaces}])
-                st.refilled += dispatch
-                part.refill_owed = dispatch
-                part.refill_replaces = part.refill_replaces + st.replaces
-            elif _ready(cfg, part, ctx, outcome, st):
-                if not consume:
-                    uids = part.candidates.oldest(ctx.batch_size)
-                    scalars = {} if ctx.validation else acc.scalars(metric_prefix(ctx.partition))
-                    return Ready(uids, CallMetrics(scalars, {} if ctx.validation
-                                                   else acc.reward_counts))
-                return _select(state, cfg, part, ctx, call_id, poll, acc)
-            _check_time(ctx, timeout, deadline, now, part, state)
-            if st.refilled and now - last_warn >= WARN_EVERY_S:
-                last_warn = now
-                log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
-                            "evicted %s, %d refilled, %d in flight, %d sampleable",
-                            ctx.step, ctx.partition, ctx.batch_size, now - start, st.evicted,
-                            st.refilled, outcome.inflight, outcome.sampleable)
-            if not dispatch and state.version == seen:
-                wait = cfg.poll_interval if deadline is None else \
-                    min(cfg.poll_interval, max(deadline - now, 0.0))
-                state.cond.wait(wait)
-        poll += 1
-        if dispatch:
-            # lock released: refill_fn registers the new groups through this very buffer. If it
-            # raises, the prompts stay owed and the next poll (of this or a later call) asks again.
-            cfg.refill_fn(dispatch)
+            if part.undelivered is not None and part.undelivered[2] == call.call_id:
+                raise
+            if part.unreported is not None:
+                call.acc.merge(part.unreported)
+            part.unreported = call.acc
+        raise
+
+
+class _Call:
+    """One call's fixed inputs and what its polls accumulate.
+
+    Each poll's work under the lock (evaluate, evict, decide a refill, select) is one change that
+    an interrupt cannot cut (`interrupts.held`): Ctrl-C lands before or after it, and only the
+    waits between polls stop at once. A `sample` interrupted after it chose its batch keeps the
+    batch for the caller's retry: the next `sample` of that partition at the same step returns it
+    (a notebook cell run again trains it once, not never or twice)."""
+
+    def __init__(self, state: BufferState, cfg: BufferConfig, ctx: PollContext, consume: bool,
+                 timeout: float | None):
+        self.state, self.cfg, self.ctx, self.consume, self.timeout = \
+            state, cfg, ctx, consume, timeout
+        self.st = CallState()
+        self.start = self.last_warn = time.monotonic()
+        self.deadline = None if timeout is None else self.start + timeout
+        self.call_id = state.new_call()
+        self.uses = cfg.rules_for(ctx.partition)
+        self.asked: tuple[int, int] | None = None   # (poll, prompts) of a refill not yet asked
+        with state.cond:
+            part = state.part(ctx.partition)
+            self.acc, part.unreported = part.unreported or EvictionMetrics(), None
+
+    def run(self, before_poll: Callable[[], None] | None) -> Batch | Ready:
+        try:
+            return self._run(before_poll)
+        except BaseException as exc:
+            if self.asked is not None:     # a refill was decided and logged, never asked for
+                self._ask_failed(self.state.part(self.ctx.partition), *self.asked, exc)
+            raise
+
+    def _run(self, before_poll: Callable[[], None] | None) -> Batch | Ready:
+        state, poll = self.state, 0
+        while True:
+            # every iteration is one poll: mirror, evaluate + evict, then refill, finish or wait
+            if before_poll is not None:
+                before_poll()
             with state.cond:
-                part.refill_owed = 0
-                part.refill_replaces = []
+                part = state.part(self.ctx.partition)
+                if self.consume and part.undelivered is not None:
+                    batch = self._undelivered(part)
+                    if batch is not None:
+                        return batch
+                with interrupts.held():
+                    result, dispatch, wait = self._poll(part, poll)
+                if result is not None:
+                    if self.consume:
+                        part.undelivered = None       # the caller has it now
+                    return result
+                if wait is not None:
+                    state.cond.wait(wait)
+            poll += 1
+            if dispatch:
+                self._refill(part, dispatch, poll - 1)
+
+    def _undelivered(self, part: PartitionState) -> Batch | None:
+        """The batch an interrupted `sample` chose, if this call is its retry (same step)."""
+        batch = part.undelivered[0]
+        if batch.step == self.ctx.step and batch.batch_id in part.batches:
+            if self.acc.counts or self.acc.discarded:    # still owed to a later batch
+                part.unreported, self.acc = self.acc, EvictionMetrics()
+            with interrupts.held():
+                _deliverable(self.state, part)
+            part.undelivered = None
+            return batch
+        part.undelivered = None
+        if batch.batch_id in part.batches:
+            log.warning("sample(step=%d, %s): batch %d, chosen at step %d by a sample that was "
+                        "interrupted before it returned, stays held (held_batches lists it; "
+                        "release it or train on it)", self.ctx.step, self.ctx.partition,
+                        batch.batch_id, batch.step)
+        return None
+
+    def _poll(self, part: PartitionState, poll: int
+              ) -> tuple[Batch | Ready | None, int, float | None]:
+        """One poll under the lock: (the call's result or None, prompts to refill, how long to
+        wait before the next poll or None)."""
+        state, cfg, ctx, st, acc = self.state, self.cfg, self.ctx, self.st, self.acc
+        dispatch = 0
+        seen = state.version
+        ev = decide.evaluate(part, self.uses, ctx.step, cfg.filter_metric)
+        if ev.count:
+            _evict(state, part, ctx, self.call_id, poll, ev)
+            acc.add(ev)
+            for r, n in ev.by_reason().items():
+                st.evicted[r] = st.evicted.get(r, 0) + n
+        part.candidates.settle()
+        outcome = PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
+                              sum(1 for c in ev.credits if c >= 2),
+                              part.candidates.alive_count, len(part.inflight),
+                              free_credit=sum(c for c in ev.credits if c < 2),
+                              uids=tuple(ev.uids), credits=tuple(ev.credits))
+        if cfg.refill_fn is not None:
+            st.replaces = []
+            dispatch = cfg.refill.after_poll(outcome, st, ctx) + part.refill_owed
+        now = time.monotonic()
+        if dispatch:
+            # owed first: should the refill row fail to be written, the next poll (of this or a
+            # later call) still owes these prompts, as it does when refill_fn raises
+            part.refill_owed = dispatch
+            part.refill_replaces = part.refill_replaces + st.replaces
+            state.commit("decisions", [{
+                "partition": ctx.partition, "step": ctx.step, "call_id": self.call_id,
+                "poll": poll, "kind": "refill", "reason": type(cfg.refill).__name__,
+                "count": dispatch, "replaces": part.refill_replaces}])
+            st.refilled += dispatch
+            self.asked = (poll, dispatch)
+        elif _ready(cfg, part, ctx, outcome, st):
+            if not self.consume:
+                uids = part.candidates.oldest(ctx.batch_size)
+                scalars = {} if ctx.validation else acc.scalars(metric_prefix(ctx.partition))
+                return Ready(uids, CallMetrics(scalars, {} if ctx.validation
+                                               else acc.reward_counts)), 0, None
+            return _select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None
+        _check_time(ctx, self.timeout, self.deadline, now, part, state)
+        if st.refilled and now - self.last_warn >= WARN_EVERY_S:
+            self.last_warn = now
+            log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
+                        "evicted %s, %d refilled, %d in flight, %d sampleable",
+                        ctx.step, ctx.partition, ctx.batch_size, now - self.start, st.evicted,
+                        st.refilled, outcome.inflight, outcome.sampleable)
+        if dispatch or state.version != seen:
+            return None, dispatch, None
+        return None, 0, cfg.poll_interval if self.deadline is None else \
+            min(cfg.poll_interval, max(self.deadline - now, 0.0))
+
+    def _refill(self, part: PartitionState, dispatch: int, poll: int) -> None:
+        """Ask ``refill_fn`` for ``dispatch`` prompts, the lock released: it registers the new
+        groups through this very buffer. If it raises, the lake records the ask as failed (a
+        `refill_failed` row beside its `refill` row: readers count only served asks) and the
+        prompts stay owed: the next poll, of this or a later call, asks again."""
+        try:
+            self.cfg.refill_fn(dispatch)
+        except BaseException as exc:
+            self._ask_failed(part, poll, dispatch, exc)
+            raise
+        with self.state.cond, interrupts.held():
+            self.asked = None
+            part.refill_owed = 0
+            part.refill_replaces = []
+
+    def _ask_failed(self, part: PartitionState, poll: int, dispatch: int,
+                    exc: BaseException) -> None:
+        """Record that the refill decided at ``poll`` served nothing (refill_fn raised, or the
+        call raised before asking): a `refill_failed` row, named by the exception's type."""
+        self.asked = None
+        with self.state.cond:
+            self.state.commit("decisions", [{
+                "partition": self.ctx.partition, "step": self.ctx.step, "call_id": self.call_id,
+                "poll": poll, "kind": "refill_failed", "reason": type(exc).__name__,
+                "count": dispatch, "replaces": list(part.refill_replaces)}])
 
 
 def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None, now: float,
@@ -211,19 +315,31 @@ def _select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Po
         raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "
                               f"{ctx.partition!r} hold no trajectory at all{hint}")
     status = {u: part.candidates.status(u) for u in chosen}
-    state.commit("decisions", by_column("decisions", len(chosen), {
-        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-        "kind": "select", "uid": chosen, "group_span": [spans[u] for u in chosen],
-        "batch_id": batch_id, "count": 1}))
+    # the batch is built whole before its selection is written: once that write is in the lake
+    # the batch is the caller's, and `part.undelivered` keeps it (with its metric rows, until
+    # they are written too) for a retry, should this call raise before returning it
     table = with_provenance(payload, rows, status)
     prefix = metric_prefix(ctx.partition)
     evm = {} if ctx.validation else acc.scalars(prefix)
     opm, weights = off_policy_metrics(rows, prefix=prefix)
     _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
-    metrics = {**evm, **opm}
-    if metrics:
-        state.commit("metrics", [
-            {"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id, "name": k,
-             "value": float(v)} for k, v in metrics.items()])
-    return Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
-                 {} if ctx.validation else dict(acc.reward_counts))
+    batch = Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
+                  {} if ctx.validation else dict(acc.reward_counts))
+    metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
+                    "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
+    state.commit("decisions", by_column("decisions", len(chosen), {
+        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+        "kind": "select", "uid": chosen, "group_span": [spans[u] for u in chosen],
+        "batch_id": batch_id, "count": 1}))
+    part.undelivered = (batch, metric_rows, call_id)
+    _deliverable(state, part)
+    return batch
+
+
+def _deliverable(state: BufferState, part: PartitionState) -> Batch:
+    """Write the metric rows of the batch a `sample` chose (if not yet written) and return it."""
+    batch, metric_rows, call_id = part.undelivered
+    if metric_rows:
+        state.commit("metrics", metric_rows)
+    part.undelivered = (batch, None, call_id)
+    return batch

@@ -16,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import interrupts
+from pipeline.errors import InvariantError
 from pipeline.journal import Journal
 from pipeline.store import PartitionState
 
@@ -41,6 +43,7 @@ class BufferState:
         self.next_batch = 0
         self.next_call = 0
         self.listeners: list[Listener] = []
+        self.broken: str | None = None   # why memory may differ from the lake (see `commit`)
 
     # --- partitions and groups ---------------------------------------------------------------
     def part(self, partition: str) -> PartitionState:
@@ -64,23 +67,48 @@ class BufferState:
 
     # --- the one write path --------------------------------------------------------------------
     def commit(self, table: str, rows: pa.Table | list[dict]) -> pa.Table | None:
-        """Stamp, write durably, apply, wake waiters. Call with the lock held."""
-        stamped = self.journal.record(table, rows) if isinstance(rows, pa.Table) else \
-            self.journal.record_rows(table, rows)
-        if stamped is not None:
-            self.apply(table, stamped)
-        self.version += 1
-        self.cond.notify_all()
+        """Stamp, write durably, apply, wake waiters. Call with the lock held.
+
+        Whole or not at all, in memory and on disk alike: an interrupt meanwhile is held to the
+        end (`pipeline.interrupts`), a failed write is taken back before it raises (nothing
+        applied), and a write that is on disk is always applied. Should applying it fail (a bug),
+        memory no longer matches the lake: the state then refuses every later change, and
+        reopening the lake restores what is on disk."""
+        if self.broken is not None:
+            raise InvariantError(self.broken)
+        with interrupts.held():
+            stamped = self.journal.record(table, rows) if isinstance(rows, pa.Table) else \
+                self.journal.record_rows(table, rows)
+            effects: list[tuple[str, str, list[str], int | None]] = []
+            if stamped is not None:
+                try:
+                    self.apply(table, stamped, effects)
+                except BaseException as exc:
+                    again = ("close it and open the lake again (a restart restores exactly what "
+                             "is on disk)") if self.journal.lake is not None else "make a new one"
+                    self.broken = (f"applying {stamped.num_rows} acknowledged row(s) of table "
+                                   f"{table!r} to memory failed ({exc!r}): this buffer no longer "
+                                   f"matches what it acknowledged and takes no more changes; "
+                                   f"{again}")
+                    raise InvariantError(self.broken) from exc
+            self.version += 1
+            self.cond.notify_all()
+            # listeners last: one that raises (an adapter's data plane) leaves the state whole
+            for effect in effects:
+                for fn in self.listeners:
+                    fn(*effect)
         return stamped
 
-    def apply(self, table: str, rows: pa.Table) -> None:
-        """Apply stamped rows of one lake table (live calls and restore alike)."""
+    def apply(self, table: str, rows: pa.Table,
+              effects: list[tuple[str, str, list[str], int | None]] | None = None) -> None:
+        """Apply stamped rows of one lake table (live calls and restore alike); ``effects`` gets
+        what the listeners are to be told of, (kind, partition, uids, batch_id) each."""
         if table == "group_events":
             self._apply_group_events(rows)
         elif table == "trajectories":
             self._apply_trajectories(rows)
         elif table == "decisions":
-            self._apply_decisions(rows)
+            self._apply_decisions(rows, effects)
         # metric rows are history only
 
     def _apply_group_events(self, rows: pa.Table) -> None:
@@ -109,7 +137,8 @@ class BufferState:
             sub = rows if len(parts) == 1 else rows.filter(pc.equal(rows["partition"], p))
             self.part(p).apply_trajectories(sub)
 
-    def _apply_decisions(self, rows: pa.Table) -> None:
+    def _apply_decisions(self, rows: pa.Table,
+                         effects: list[tuple[str, str, list[str], int | None]] | None) -> None:
         cols = [rows.column(c).to_pylist() for c in
                 ("partition", "kind", "uid", "batch_id", "step", "call_id")]
         calls = [c for c in cols[5] if c is not None and c >= 0]
@@ -130,5 +159,5 @@ class BufferState:
                 uids = part.apply_released(batch_id)
             else:
                 continue   # refill rows change nothing in memory
-            for fn in self.listeners:
-                fn(kind, p, uids, batch_id)
+            if effects is not None:
+                effects.append((kind, p, uids, batch_id))

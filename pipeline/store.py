@@ -10,6 +10,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -127,6 +128,9 @@ class PartitionState:
         self.retired: set[str] = set()           # removed uids: never accepted again
         self.refill_owed = 0                     # refills decided but not yet acknowledged
         self.refill_replaces: list[str] = []     # the evicted uids those refills replace
+        self.unreported: Any = None              # EvictionMetrics of calls that raised
+        self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
+        #                  sample chose and has not returned yet (see sampling._Call)
 
     # --- producers ---------------------------------------------------------------------------
     def _fly(self, uid: str, gs: int) -> None:

@@ -114,7 +114,10 @@ class _Feed:
         self.release_later: set[tuple[str, int]] = set()
 
     def _refill_pool(self, dec: pa.Table) -> tuple[list[tuple[str, str]], set]:
-        refills = dec.filter(pc.equal(dec["kind"], "refill")).to_pylist()
+        failed = {(r["partition"], r["call_id"], r["poll"]) for r in
+                  dec.filter(pc.equal(dec["kind"], "refill_failed")).to_pylist()}
+        refills = [r for r in dec.filter(pc.equal(dec["kind"], "refill")).to_pylist()
+                   if (r["partition"], r["call_id"], r["poll"]) not in failed]   # served asks
         regs = [(e["seq"], e["partition"], e["uid"]) for e in self.events
                 if e["event"] == "registered"]
         pool: list[tuple[str, str]] = []

@@ -97,10 +97,12 @@ DECISIONS = schema(
     field("step", pa.int64(), "trainer global step `g` of the sample call"),
     field("call_id", pa.int64(), "id of the sample / wait call that took the decision"),
     field("poll", pa.int32(), "poll number within the call (0-based)"),
-    field("kind", pa.string(), "evict | select | discard | refill | release"),
+    field("kind", pa.string(), "evict | select | discard | refill | refill_failed | release "
+          "(refill_failed: the refill of the same call and poll raised; it served nothing)"),
     field("uid", pa.string(), "group concerned; null for refill rows", nullable=True),
     field("reason", pa.string(),
-          "evict: stale | zero_variance | failure; refill: the policy that asked",
+          "evict: stale | zero_variance | failure; refill: the policy that asked; "
+          "refill_failed: the type of the exception refill_fn raised",
           nullable=True),
     field("group_span", pa.int64(), "group span g - global_steps + 1 at the decision",
           nullable=True),
@@ -110,7 +112,8 @@ DECISIONS = schema(
     field("count", pa.int64(), "refill: number of prompts requested; else 1"),
     field("replaces", pa.list_(pa.string()),
           "refill: uids of the evicted groups (same partition) whose replacement this refill "
-          "asks for, in eviction order; null on other kinds", nullable=True),
+          "asks for, in eviction order (refill_failed: those of the failed ask); null on other "
+          "kinds", nullable=True),
     _SEQ, _TS,
 )
 

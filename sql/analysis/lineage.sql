@@ -2,7 +2,8 @@
 -- description: one group's (one prompt's) path through the buffer, in arrival order: dispatch,
 --   status changes, each trajectory with its weight versions and reward, every decision about
 --   it (eviction with reason and value = the filter verdict, selection with batch and step,
---   discard, release), a `replaced` row for every refill that asked for a prompt in its place,
+--   discard, release), a `replaced` row for every served refill that asked for a prompt in its
+--   place (not for an ask whose refill_fn raised),
 --   and a final `verdict` row (trained at step / evicted: reasons / discarded / dropped by
 --   re-issue / live). The dispatch row names the group's prompt_id when it has one. Every
 --   partition holding the uid is shown.
@@ -26,9 +27,15 @@ decs as (
     where uid = $uid
 ),
 repl as (
-    select partition, seq, step, call_id, poll, count
-    from decisions
-    where kind = 'refill' and list_contains(replaces, $uid)
+    -- a refill whose refill_fn raised (a refill_failed row of the same call and poll) replaced
+    -- nothing: only the ask that was served is shown
+    select r.partition, r.seq, r.step, r.call_id, r.poll, r.count
+    from decisions r
+    where r.kind = 'refill' and list_contains(r.replaces, $uid)
+      and not exists (
+          select 1 from decisions f
+          where f.kind = 'refill_failed' and f.partition = r.partition
+            and f.call_id = r.call_id and f.poll = r.poll)
 ),
 grp as (
     select partition, fate, reason, batch_id, fate_step, n_traj from groups where uid = $uid
