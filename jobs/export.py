@@ -43,6 +43,7 @@ import typer
 from jobs.export_rows import attach_provenance, trained_groups, trained_rows
 from pipeline.errors import ReplayLakeError
 from pipeline.lake import read_table
+from pipeline.lake_identity import require_lake
 from schemas import BATCH_PROVENANCE, TRAJECTORIES
 
 __all__ = ["ExportConfig", "ExportError", "attach_provenance", "export", "main", "parse_steps",
@@ -108,6 +109,7 @@ def parse_steps(text: str | None) -> tuple[int | None, int | None]:
 
 def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
     """Per partition: the `select` decisions in the step range (checked against the lake)."""
+    require_lake(cfg.lake)
     known = sorted({p.name.split("=", 1)[1] for t in ("decisions", "trajectories")
                     for p in (cfg.lake / t).glob("partition=*")})
     if not known:
@@ -298,4 +300,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

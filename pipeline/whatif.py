@@ -59,7 +59,8 @@ class _Unfillable(Exception):
 def recorded_settings(lake: Path) -> dict[str, Any]:
     """The sample settings recorded in the lake's configuration (`async`/`sync` keywords)."""
     from pipeline.lake_config import current
-    cfg = current(lake)
+    from pipeline.lake_identity import require_lake
+    cfg = current(require_lake(lake))
     if cfg is None:
         raise LakeError(f"{lake} records no configuration (_config.json); give every setting")
     rules = cfg.get("rules") or {}
