@@ -17,6 +17,7 @@ a salvage (or a job that rewrites segments) writes for files it took away on pur
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -74,6 +75,16 @@ class Record(NamedTuple):
     def matches(self, data: bytes | pa.Buffer) -> bool:
         """Whether ``data`` (the bytes of the write this record covers) is intact."""
         return checksum(data, self.algorithm) == self.crc
+
+
+# errno values by which the OS refuses to hand out a file's bytes (permissions, limits): the bytes
+# may be intact, so such a failure is never damage (salvage would set an intact file aside)
+REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a read failed because the OS refused it, not because of what the file holds."""
+    return isinstance(exc, OSError) and exc.errno in REFUSED_ERRNOS
 
 
 def window_of(step: int, window: int = DEFAULT_WINDOW) -> int:
