@@ -134,6 +134,17 @@ def unpack_records(raw: bytes) -> list[Record | None]:
     return out
 
 
+def _listed(d: Path, prefix: str = "", suffix: str = "") -> list[Path]:
+    """The entries of directory ``d`` named ``prefix*suffix``, sorted; none when ``d`` does not
+    exist. Unlike pathlib's glob, which silently skips a directory it may not read (so an
+    unreadable partition or log would read as one holding nothing), this raises the OS's error."""
+    try:
+        names = os.listdir(d)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(d / n for n in names if n.startswith(prefix) and n.endswith(suffix))
+
+
 def segment_files(root: str | os.PathLike, table: str,
                   partitions: list[str] | None = None) -> list[Path]:
     """Every live (.arrow) and compacted (.parquet) file of a lake table, in a stable order."""
@@ -141,17 +152,18 @@ def segment_files(root: str | os.PathLike, table: str,
     if not base.exists():
         return []
     dirs = [base / f"partition={p}" for p in partitions] if partitions is not None else \
-        sorted(base.glob("partition=*"))
+        _listed(base, "partition=")
     files: list[Path] = []
     for d in dirs:
-        files.extend(sorted(d.glob("window=*/*.arrow")))
-        files.extend(sorted(d.glob("window=*/*.parquet")))
+        windows = _listed(d, "window=")
+        for suffix in (".arrow", ".parquet"):
+            files.extend(sorted(f for w in windows for f in _listed(w, suffix=suffix)))
     return files
 
 
 def log_files(root: str | os.PathLike) -> list[Path]:
     """Every writer's log stream, in a stable order."""
-    return sorted((Path(root) / LOG_DIR).glob("*.arrow"))
+    return _listed(Path(root) / LOG_DIR, suffix=".arrow")
 
 
 def table_of(path: Path) -> str:

@@ -134,3 +134,15 @@ def test_bench_out_may_name_a_directory_and_a_bad_one_fails_before_measuring(tmp
                       str(tmp_path / "a-file" / "decide.json"))
     assert one_error_line(proc) == f"error: file exists: {tmp_path / 'a-file'}"
     assert "ms" not in proc.stdout                     # nothing was measured
+
+
+@pytest.mark.parametrize("where", ["_log", "window"])
+def test_a_directory_this_user_may_not_list_is_an_error_not_an_empty_one(lake, where) -> None:
+    # pathlib's glob skips such a directory: an unreadable _log/ read as a lake without commit
+    # records (every multi-partition call dropped), an unreadable window as one without files
+    d = lake / "_log" if where == "_log" else _trajectory_file(lake, ".arrow").parent
+    d.chmod(0)
+    for args in (["sql", "--lake", str(lake), "select count(*) from trajectories"],
+                 ["lake", "check", "--lake", str(lake)]):
+        proc = replaylake(*args, preexec=bound_by_permissions())
+        assert one_error_line(proc).startswith(f"error: permission denied: {d}"), proc.stderr
