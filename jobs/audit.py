@@ -33,9 +33,10 @@ def run_audits(lake: Path, threshold: int | None = None) -> list[AuditResult]:
     lake recorded (a `drop` run's max_off_policy_threshold)."""
     from pipeline import lake_config
     from pipeline.analysis import connect
+    from pipeline.lake_identity import require_lake
     from sql import loader
 
-    recorded = lake_config.current(lake)
+    recorded = lake_config.current(require_lake(lake))
     if threshold is None and recorded and recorded.get("max_off_policy_strategy") == "drop":
         threshold = recorded.get("max_off_policy_threshold")
     con = connect(lake, filter_metric=(recorded or {}).get("filter_groups_metric") or "reward")
@@ -61,12 +62,7 @@ def main(
     Examples:
         replaylake audit --lake runs/demo/latest/lake
     """
-    from pipeline.errors import ReplayLakeError
-    try:
-        results = run_audits(lake, threshold)
-    except ReplayLakeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    results = run_audits(lake, threshold)
     for r in results:
         extra = f" ({r.note})" if r.note else f" ({len(r.rows)} violating row(s))" if r.rows else ""
         typer.echo(f"{r.status:>7}  {r.name}{extra}")
@@ -81,4 +77,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -27,6 +27,8 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from jobs.bench_out import result_path
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -258,8 +260,9 @@ def _cpus() -> int:
 
 
 def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not figures"),
-         out: Path = typer.Option(Path("runs/bench/all.json"), help="JSON written here; the "
-                                  "markdown table beside it (.md)"),
+         out: Path = typer.Option(Path("runs/bench/all.json"), help="JSON written here (a "
+                                  "directory: all.json in it); the markdown table beside it "
+                                  "(.md)"),
          only: str = typer.Option("", help="comma-separated sections "
                                   "(ingest,to_torch,decide,verl,memory); default all"),
          doc: list[Path] = typer.Option([], help="also regenerate this markdown file's table "
@@ -271,11 +274,11 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
         replaylake bench all --quick
         replaylake bench all --doc docs/performance.md --doc README.md
     """
+    out = result_path(out, "all.json")
     from jobs.bench_table import render, write_docs
     console = Console()
     with console.status("benchmarks ..."):
         report = run(QUICK if quick else FULL, {x for x in only.split(",") if x} or None)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     md = render(report)
     out.with_suffix(".md").write_text(md)
@@ -288,4 +291,5 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

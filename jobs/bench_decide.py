@@ -26,6 +26,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.bench_out import result_path
+
 BATCH, PER_GROUP, THRESHOLD, STEP, STALE_PER_CALL = 64, 4, 4, 100, 16
 WARMUP = 3       # rounds run before the timed ones, per size
 
@@ -114,7 +116,8 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
 def main(sizes: str = typer.Option("10000,40000,100000,1000000",
                                    help="buffered trajectories (4 per group), comma-separated"),
          repeats: int = typer.Option(15, help="timed sample calls per size and way of calling"),
-         out: Path = typer.Option(Path("runs/bench/decide.json"), help="where to write results"),
+         out: Path = typer.Option(Path("runs/bench/decide.json"),
+                                  help="where to write results (a directory: decide.json in it)"),
          seed: int = 0) -> None:
     """Decision latency at several buffer sizes, ours vs the naive reference, same process.
 
@@ -122,6 +125,7 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
         replaylake bench decide
         replaylake bench decide --sizes 10000,100000 --repeats 5
     """
+    out = result_path(out, "decide.json")
     rng = np.random.default_rng(seed)
     console = Console()
     results = []
@@ -141,10 +145,10 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
                       f"{r['reference_ms']:.2f}", f"{r['speedup_decision']:.1f}x",
                       f"{r['speedup_sample']:.1f}x", f"{r['speedup_sample_alone']:.1f}x")
     console.print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"batch": BATCH, "results": results}, indent=2))
     console.print(f"written to {out}")
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

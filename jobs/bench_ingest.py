@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.bench_out import result_path
+
 GROUPS_PER_PUT, PER_GROUP = 4, 4
 
 
@@ -56,7 +58,8 @@ def _run(batches, lake: Path | None, fsync: bool, lifecycle: bool) -> dict:
 def main(puts: int = typer.Option(2000, help="16-trajectory batches per configuration"),
          prompt: str = typer.Option("64:512", help="prompt length range, tokens"),
          response: str = typer.Option("128:1024", help="response length range, tokens"),
-         out: Path = typer.Option(Path("runs/bench/ingest.json"), help="where to write results"),
+         out: Path = typer.Option(Path("runs/bench/ingest.json"),
+                                  help="where to write results (a directory: ingest.json in it)"),
          seed: int = 0) -> None:
     """Ingest throughput in memory, with the lake, and with the lake + fsync.
 
@@ -64,6 +67,7 @@ def main(puts: int = typer.Option(2000, help="16-trajectory batches per configur
         replaylake bench ingest
         replaylake bench ingest --puts 200 --out runs/bench/ingest_small.json
     """
+    out = result_path(out, "ingest.json")
     from jobs.synthetic import length_range
     console = Console()
     p, r = length_range(prompt), length_range(response)
@@ -91,10 +95,10 @@ def main(puts: int = typer.Option(2000, help="16-trajectory batches per configur
         table.add_row(name, f"{res['trajectories_per_s']:,.0f}", f"{res['mb_per_s']:,.1f}",
                       f"{res['us_per_put']:,.0f}")
     console.print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"puts": puts, "kb_per_put": avg_kb, "results": results}, indent=2))
     console.print(f"written to {out}")
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -20,6 +20,8 @@ from typing import Annotated
 
 import typer
 
+from jobs.bench_out import result_path
+
 PART, GROUP, BATCH = "train", 4, 16
 
 
@@ -153,18 +155,19 @@ def main(
         "runs/bench/load-lake"),
     seconds: Annotated[float, typer.Option(help="total run time")] = 30.0,
     producers: Annotated[int, typer.Option(help="producer threads")] = 8,
-    out: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("runs/bench/load.json"),
+    out: Annotated[Path, typer.Option(help="where to write the JSON (a directory: load.json in it)")]
+        = Path("runs/bench/load.json"),
 ) -> None:
     """Sustained load: 8 producers, a trainer, SQL and compaction at once; then every audit.
 
     Examples:
         replaylake bench load --seconds 60
     """
+    out = result_path(out, "load.json")
     if lake.exists() and any(lake.iterdir()):
         typer.echo(f"error: {lake} is not empty; name a new directory with --lake", err=True)
         raise typer.Exit(2)
     res = run_load(lake, seconds=seconds, producers=producers).summary()
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     for k, v in res.items():
         typer.echo(f"{k:>20}: {v}")
@@ -174,4 +177,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -24,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.bench_out import result_path
+
 PER_GROUP = 4
 GROUPS_PER_PUT = 256
 STEP = 0
@@ -112,7 +114,8 @@ def measure(n_traj: int, prompt: tuple[int, int], response: tuple[int, int], see
 def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories, comma-separated"),
          prompt: str = typer.Option("16:64", help="prompt length range, tokens"),
          response: str = typer.Option("32:256", help="response length range, tokens"),
-         out: Path = typer.Option(Path("runs/bench/memory.json"), help="where to write results"),
+         out: Path = typer.Option(Path("runs/bench/memory.json"),
+                                  help="where to write results (a directory: memory.json in it)"),
          seed: int = 0) -> None:
     """Live RSS growth vs Arrow payload bytes, and what comes back after release.
 
@@ -120,6 +123,7 @@ def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories
         replaylake bench memory
         replaylake bench memory --sizes 100000
     """
+    out = result_path(out, "memory.json")
     from jobs.synthetic import length_range
     console = Console()
     results = []
@@ -136,11 +140,11 @@ def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories
                       f"{r['rss_after_release_bytes'] / 1e6:,.0f} "
                       f"({r['rss_after_release_trimmed_bytes'] / 1e6:,.0f})", f"{r['fill_s']:.1f}")
     console.print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"prompt": prompt, "response": response, "results": results},
                               indent=2) + "\n")
     console.print(f"written to {out}")
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -26,6 +26,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.bench_out import result_path
+
 PER_GROUP, GROUPS_PER_PUT, BATCH = 4, 4, 64
 PROMPT, RESPONSE = (64, 512), (128, 1024)
 
@@ -151,7 +153,8 @@ def main(put_calls: int = typer.Option(200, help="timed put calls per path"),
          sample_calls: int = typer.Option(20, help="timed sample calls per path"),
          batches: int = typer.Option(40, help="batches the trainer samples in the throughput run"),
          producers: int = typer.Option(4, help="remote producer tasks in the throughput run"),
-         out: Path = typer.Option(Path("runs/bench/ray.json"), help="where to write results"),
+         out: Path = typer.Option(Path("runs/bench/ray.json"),
+                                  help="where to write results (a directory: ray.json in it)"),
          seed: int = 0) -> None:
     """Ray actor vs in-process: per-call put/sample latency, and sample throughput.
 
@@ -159,6 +162,7 @@ def main(put_calls: int = typer.Option(200, help="timed put calls per path"),
         replaylake bench ray
         replaylake bench ray --put-calls 50 --sample-calls 5
     """
+    out = result_path(out, "ray.json")
     console = Console()
     with console.status("benchmarking (starts a local Ray cluster) ..."):
         res = run(put_calls, sample_calls, batches, producers, seed)
@@ -176,10 +180,10 @@ def main(put_calls: int = typer.Option(200, help="timed put calls per path"),
     console.print(f"actor sample throughput with {t['producers']} remote producers: "
                   f"{t['batches_per_s']:.1f} batches/s, {t['trajectories_per_s']:,.0f} "
                   f"trajectories/s ({t['batches']} batches of {BATCH} groups)")
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     console.print(f"written to {out}")
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

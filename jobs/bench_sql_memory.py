@@ -110,11 +110,11 @@ def main(
         replaylake bench sql-memory --out runs/bench/sql_memory --gb 3
     """
     from pipeline.compact import compact
+    from pipeline.lake_identity import require_lake
 
     out.mkdir(parents=True, exist_ok=True)
     if lake is not None:
-        if not lake.is_dir():
-            raise typer.BadParameter(f"no lake directory at {lake}")
+        require_lake(lake)
         res: dict = {"lake": str(lake), "lake_bytes_live": _size(lake)}
     else:
         lake = out / "lake"
@@ -143,4 +143,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -89,4 +89,5 @@ def main(report: Path = typer.Argument(Path("runs/bench/all.json"), help="bench 
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

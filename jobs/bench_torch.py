@@ -43,6 +43,8 @@ import numpy as np
 import pyarrow as pa
 import typer
 
+from jobs.bench_out import result_path
+
 # The goals: padded at B=1024 only (other sizes are reported, not judged); packed at all sizes.
 GOALS = {"padded": {"batch_size": 1024, "max_over_memcpy": 1.3},
          "packed": {"max_over_memcpy": 1.5}}
@@ -158,7 +160,8 @@ def measure(table: pa.Table, layout: str, repeats: int) -> dict[str, Any]:
 
 
 def main(
-    out: Annotated[Path, typer.Option(help="JSON file the figures are written to")] =
+    out: Annotated[Path, typer.Option(
+        help="JSON file the figures are written to (a directory: torch.json in it)")] =
         Path("runs/bench/torch.json"),
     batch_sizes: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "256,1024",
     prompt_lengths: Annotated[str, typer.Option(help="prompt length range LO:HI")] = "128:1024",
@@ -173,6 +176,7 @@ def main(
         replaylake bench torch
         replaylake bench torch --batch-sizes 256 --repeats 3
     """
+    out = result_path(out, "torch.json")
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -192,7 +196,6 @@ def main(
               "machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "numpy": np.__version__, "pyarrow": pa.__version__,
                           "cpu_threads": torch.get_num_threads(), "platform": platform.platform()}}
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     view = Table(title="Batch -> torch (median ms; fresh vs memcpy, pooled vs warm memcpy)")
     for col in ("B", "layout", "shape", "MiB", "ours", "memcpy", "ratio", "goal", "pooled",
@@ -212,4 +215,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -31,6 +31,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.bench_out import result_path
+
 PART, STEP, PER_GROUP, CHUNK = "train", 10, 4, 500
 IMPLS = ("verl", "ours", "ours_rewards", "verl_dapo", "ours_dapo")
 STEP_IMPLS = ("verl", "ours_bg", "ours_rewards_bg")   # with a trainer step between calls
@@ -225,7 +227,8 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
          step_s: float = typer.Option(1.0, help="seconds of 'training' between calls in the "
                                       "background-mirror phase; 0 skips that phase"),
          lag_s: float = typer.Option(1.0, help="mirror_max_lag of the background-mirror phase"),
-         out: Path = typer.Option(Path("runs/bench/verl.json"), help="where to write results")
+         out: Path = typer.Option(Path("runs/bench/verl.json"),
+                                  help="where to write results (a directory: verl.json in it)")
          ) -> None:
     """verl's ReplayBufferAsync vs replaylake's adapter through TransferQueue, same run.
 
@@ -233,6 +236,7 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
         replaylake bench verl
         replaylake bench verl --sizes 100,1000 --repeats 3
     """
+    out = result_path(out, "verl.json")
     console = Console()
     with console.status("starting Ray and TransferQueue ..."):
         tq, started = _start()
@@ -246,7 +250,6 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
     console.print(_table(results, batch))
     if step_s > 0:
         console.print(_stepped_table(results, batch, step_s, lag_s))
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"batch": batch, "per_group": PER_GROUP, "results": results},
                               indent=2))
     console.print(f"written to {out}")
@@ -295,4 +298,5 @@ def _stepped_table(results: list[dict], batch: int, step_s: float, lag_s: float)
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

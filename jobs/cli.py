@@ -5,13 +5,17 @@ and running one imports only its own module. Job modules import numpy, polars, d
 the whole library, and paying for all of them on every call made `replaylake sql "select 1"` cost
 seconds before any SQL ran. The one-line help of each command lives in the table so the listing
 needs no import; tests check that it matches the command's docstring and that every command's
-`--help` shows an example.
+`--help` shows an example. Every command's failures go through one handler (`handled`): a user's
+mistake is one `error:` line and exit 2, a bug a traceback and exit 1.
 """
 from __future__ import annotations
 
+import errno
+import functools
 import importlib
 import inspect
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +123,8 @@ def build(path: str) -> TyperCommand:
         # typer dedents everything after the summary by the margin of its lines after the first;
         # when that first line is the "Examples:" header, the examples would lose their indent
         doc = f"{summary}\n\n\n{rest}"
-    info = CommandInfo(name=path.split()[-1], callback=func, help=doc)
+    # every command's user errors become one `error:` line and exit 2 (`handled`, below)
+    info = CommandInfo(name=path.split()[-1], callback=handled(func), help=doc)
     cmd = get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode="rich")
     # a flag takes no value: without an empty metavar, help shows it a "<bool>" to type (the help
     # option is made on first use and then kept, so it is made here once)
@@ -128,6 +133,85 @@ def build(path: str) -> TyperCommand:
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
     return cmd
+
+
+# --- how a command's failure reaches its user -----------------------------------------------------
+#
+# One `error:` line and exit 2 for what the user can put right, a traceback and exit 1 only for a
+# bug. Why one place: each command used to catch its own errors, each a different set, so the same
+# mistake (a path that is not a lake, an unreadable segment, a read-only output directory, a full
+# disk) printed one line in one command and a 40-line traceback in the next. Every command runs
+# through `handled` (`build` wraps each one, `run` does the same for `python -m jobs.<name>`),
+# which turns into an `error:` line every error replaylake raises on purpose (`ReplayLakeError`:
+# bad input, not a lake, damage) except `InvariantError`, a bug by definition; and every `OSError`
+# whose errno says the file system refused (a missing path, a file where a directory belongs or the
+# other way round, a permission, a read-only file system, a full disk or quota, a file-size limit,
+# an I/O error of the device), naming the file and what to do. Anything else keeps its traceback:
+# that is what a bug report needs.
+
+USER_EXIT = 2
+
+# errno -> what to do about it (None: the OS's own words say it all)
+_HINTS: dict[int, str | None] = {
+    errno.ENOENT: None, errno.ENOTDIR: None, errno.EISDIR: None, errno.EEXIST: None,
+    errno.ENAMETOOLONG: None, errno.ELOOP: None,
+    errno.EACCES: "change its permissions, or run as a user who may",
+    errno.EPERM: "change its permissions, or run as a user who may",
+    errno.EROFS: "write somewhere else",
+    errno.ENOSPC: "free space there (or write somewhere else) and run it again",
+    errno.EDQUOT: "free space within the quota (or write somewhere else) and run it again",
+    errno.EFBIG: "the file would pass the file-size limit: raise it (ulimit -f) or write "
+                 "somewhere else",
+    errno.EIO: "the device reported an I/O error: check it (dmesg) before trusting what is on it",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+    errno.ENFILE: "too many open files on the system",
+    errno.ESTALE: "the network file system lost the file: remount and run it again",
+}
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is something the user can put right (see the comment above)."""
+    from pipeline.errors import InvariantError, ReplayLakeError
+    if isinstance(exc, InvariantError):
+        return False
+    if isinstance(exc, ReplayLakeError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _HINTS
+
+
+def message(exc: BaseException) -> str:
+    """The one line a user error prints (without the `error: ` prefix)."""
+    from pipeline.errors import ReplayLakeError
+    if isinstance(exc, ReplayLakeError) or not isinstance(exc, OSError):
+        return str(exc)
+    what = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+    where = [os.fsdecode(f) for f in (exc.filename, exc.filename2) if f is not None]
+    if where:
+        text = f"{what}: {' -> '.join(where)}"
+    else:      # pyarrow's and others' errors carry the errno but no file name: keep their words
+        detail = (exc.strerror or str(exc)).split(" Detail: ")[0].strip().rstrip(".")
+        text = what if detail.lower() == what else f"{what} ({detail})"
+    hint = _HINTS.get(exc.errno)
+    return f"{text}; {hint}" if hint else text
+
+
+def handled(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` (a command) with its user errors turned into one `error:` line and exit 2."""
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            if not is_user_error(exc):
+                raise
+            typer.echo(f"error: {message(exc)}", err=True)
+            raise typer.Exit(USER_EXIT) from exc
+    return command
+
+
+def run(func: Callable[..., Any]) -> None:
+    """`typer.run` of a command through `handled` (a job's `python -m` entry)."""
+    typer.run(handled(func))
 
 
 class _Listed(TyperCommand):

@@ -26,18 +26,15 @@ def main(
     from tqdm import tqdm
 
     from pipeline.compact import compact
-    from pipeline.errors import ReplayLakeError
+    from pipeline.lake_identity import require_lake
 
+    require_lake(lake)                       # before the progress bar starts
     start = time.perf_counter()
     with tqdm(unit="segment", desc="compact", disable=not progress) as bar:
         def tick(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
-        try:
-            r = compact(lake, progress=tick)
-        except ReplayLakeError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
+        r = compact(lake, progress=tick)
     took = time.perf_counter() - start
     mb = r.bytes_in / 1e6
     typer.echo(f"compacted {len(r.compacted)} segment(s), {r.rows} row(s): {mb:.1f} MB of Arrow "
@@ -47,4 +44,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

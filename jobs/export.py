@@ -21,15 +21,19 @@ rows' ``seq`` values), the selection, the source step range and the schema.
 
 Resumable: files are written to a temporary name and renamed, and the manifest is rewritten
 (atomically) after every shard, so a killed export leaves only whole shards behind. A re-run with
-the same options skips every shard whose fingerprint and files match the manifest and writes the
-rest; re-running later on a grown lake appends the new shards. Two exports must not write into
-the same directory at the same time.
+the same options skips every shard whose rows' fingerprint matches the manifest and whose files
+still have the recorded size and sha256, and writes the rest (a shard damaged in place is written
+again; see jobs.export_manifest); re-running later on a grown lake appends the new shards. Two
+exports must not write into the same directory at the same time.
+
+After `replaylake retain` the rows of old groups keep their metadata but not their tokens; an
+export is what the trainer received, so a shard to be written that holds such rows is refused
+(naming the steps) before anything is written, while shards exported before the retention stay
+complete.
 """
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,21 +44,30 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import typer
 
-from jobs.export_rows import attach_provenance, trained_groups, trained_rows
-from pipeline.errors import ReplayLakeError
+from jobs.export_manifest import (
+    MANIFEST_FORMAT,
+    ExportError,
+    atomic,
+    check_out,
+    intact,
+    read_done,
+    shard_path,
+    write_manifest,
+)
+from jobs.export_rows import (
+    attach_provenance,
+    refuse_dropped_payload,
+    trained_groups,
+    trained_rows,
+)
 from pipeline.lake import read_table
+from pipeline.lake_identity import require_lake
 from schemas import BATCH_PROVENANCE, TRAJECTORIES
 
 __all__ = ["ExportConfig", "ExportError", "attach_provenance", "export", "main", "parse_steps",
            "trained_groups", "trained_rows", "write_shard"]
 
 FORMATS = ("parquet", "pt")
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "replaylake-export/1"
-
-
-class ExportError(ReplayLakeError, ValueError):
-    """The export cannot run as asked (unknown partition or step, bad option, foreign --out)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,7 @@ def parse_steps(text: str | None) -> tuple[int | None, int | None]:
 
 def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
     """Per partition: the `select` decisions in the step range (checked against the lake)."""
+    require_lake(cfg.lake)
     known = sorted({p.name.split("=", 1)[1] for t in ("decisions", "trajectories")
                     for p in (cfg.lake / t).glob("partition=*")})
     if not known:
@@ -137,28 +151,6 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
                                 pc.less_equal(t.column("step"), hi))) for p, t in out.items()}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _atomic(path: Path, write: Any) -> dict[str, Any]:
-    """Write via ``write(tmp_path)`` then rename into place; returns the file's size and sha256."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-
-
-def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
-    _atomic(out / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
-
-
 def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -> dict[str, Any]:
     """Write one shard in every requested format; returns the files' manifest entries."""
     base = cfg.out / partition / f"shard-{index:05d}"
@@ -167,7 +159,7 @@ def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -
     if "parquet" in cfg.formats:
         per_row = max(1, rows.nbytes // max(rows.num_rows, 1))
         group = int(min(rows.num_rows, max(1, cfg.row_group_mb * 2**20 // per_row)))
-        files["parquet"] = _atomic(base.with_suffix(".parquet"), lambda tmp: pq.write_table(
+        files["parquet"] = atomic(base.with_suffix(".parquet"), lambda tmp: pq.write_table(
             rows, tmp, compression="zstd", row_group_size=max(group, 1)))
     if "pt" in cfg.formats:
         import torch
@@ -176,83 +168,74 @@ def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -
         tensors = batch_to_torch(rows, layout=cfg.tensor_layout, pad_token_id=cfg.pad_token_id)
         tensors["batch_id"] = torch.from_numpy(rows.column("batch_id").to_numpy().copy())
         tensors["step"] = torch.from_numpy(rows.column("step").to_numpy().copy())
-        files["pt"] = _atomic(base.with_suffix(".pt"), lambda tmp: torch.save(tensors, tmp))
+        files["pt"] = atomic(base.with_suffix(".pt"), lambda tmp: torch.save(tensors, tmp))
     for fmt, entry in files.items():
-        entry["path"] = f"{partition}/{base.name}.{fmt}"
+        entry["path"] = shard_path(partition, index, fmt)
     return files
 
 
-def _is_done(cfg: ExportConfig, entry: dict[str, Any] | None, key: str) -> bool:
-    """A shard is done when the manifest has it with the same rows and its files are intact."""
-    if entry is None or entry["rows_key"] != key:
-        return False
-    return all((cfg.out / f["path"]).is_file() and (cfg.out / f["path"]).stat().st_size == f["bytes"]
-               for f in entry["files"].values()) and set(entry["files"]) == set(cfg.formats)
-
-
 def export(cfg: ExportConfig, rows_fn: Any = None) -> dict[str, Any]:
-    """Run the export; returns the manifest (``written`` / ``skipped``: this run's shard counts).
+    """Run the export; returns the manifest with this run's shard counts: ``written``,
+    ``skipped`` (complete already) and ``repaired`` (written again: a file no longer matched).
 
     ``rows_fn(lake, partition, selects)`` reads the trained rows (default `trained_rows`, in
     this process; `jobs.export_ray.trained_rows_ray` reads them with Ray Data)."""
     from tqdm import tqdm
 
     selections = _selections(cfg)
+    check_out(cfg.out)
     cfg.out.mkdir(parents=True, exist_ok=True)
     for stale in cfg.out.glob("**/.*.tmp-*"):
         stale.unlink()                       # a killed run's half-written file
-    path = cfg.out / MANIFEST
-    old = json.loads(path.read_text()) if path.exists() else None
-    if old is not None and (old.get("format") != MANIFEST_FORMAT
-                            or old.get("selection") != cfg.selection()):
-        raise ExportError(f"{cfg.out} holds an export made with other options "
-                          f"({old.get('selection')}); use another --out, or the same options "
-                          "to resume it")
-    done = {(s["partition"], s["index"]): s for s in (old or {}).get("shards", [])}
+    done = read_done(cfg.out, cfg.selection())
     schema = pa.unify_schemas([TRAJECTORIES, BATCH_PROVENANCE])
     manifest = {"format": MANIFEST_FORMAT, "lake": str(cfg.lake.resolve()),
                 "selection": cfg.selection(), "complete": False, "partitions": {},
                 "schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
                            for f in schema], "shards": []}
     tables = {p: (rows_fn or trained_rows)(cfg.lake, p, s) for p, s in selections.items()}
-    plan = [(p, i, lo) for p, t in tables.items()
-            for i, lo in enumerate(range(0, t.num_rows, cfg.rows_per_shard))]
-    written = skipped = 0
-    with tqdm(total=len(plan), unit="shard", desc="export", disable=not cfg.progress) as bar:
-        for p, index, lo in plan:
-            rows = tables[p].slice(lo, cfg.rows_per_shard)
-            steps, batches = rows.column("step"), rows.column("batch_id")
+    plan = []                                # (partition, index, rows, rows key, state)
+    for p, t in tables.items():
+        for index, lo in enumerate(range(0, t.num_rows, cfg.rows_per_shard)):
+            rows = t.slice(lo, cfg.rows_per_shard)
             key = hashlib.sha256(rows.column("seq").to_numpy().tobytes()).hexdigest()
-            entry = done.get((p, index))
-            if _is_done(cfg, entry, key):
+            plan.append((p, index, rows, key, intact(cfg.out, done.get((p, index)), key,
+                                                     cfg.formats)))
+    refuse_dropped_payload([(p, rows) for p, _, rows, _, state in plan if state != "done"])
+    written = skipped = repaired = 0
+    with tqdm(total=len(plan), unit="shard", desc="export", disable=not cfg.progress) as bar:
+        for p, index, rows, key, state in plan:
+            if state == "done":
                 skipped += 1
             else:
-                entry = {"partition": p, "index": index, "rows": rows.num_rows, "rows_key": key,
-                         "first_step": pc.min(steps).as_py(), "last_step": pc.max(steps).as_py(),
-                         "first_batch_id": batches[0].as_py(),
-                         "last_batch_id": batches[-1].as_py(),
-                         "files": write_shard(cfg, rows, p, index)}
+                steps, batches = rows.column("step"), rows.column("batch_id")
+                done[(p, index)] = {
+                    "partition": p, "index": index, "rows": rows.num_rows, "rows_key": key,
+                    "first_step": pc.min(steps).as_py(), "last_step": pc.max(steps).as_py(),
+                    "first_batch_id": batches[0].as_py(), "last_batch_id": batches[-1].as_py(),
+                    "files": write_shard(cfg, rows, p, index)}
                 written += 1
-            done[(p, index)] = entry
-            manifest["shards"] = [done[(q, i)] for q, i, _ in plan if (q, i) in done]
-            _write_manifest(cfg.out, manifest)
+                repaired += state == "damaged"
+            manifest["shards"] = [done[(q, i)] for q, i, *_ in plan if (q, i) in done]
+            write_manifest(cfg.out, manifest)
             bar.update(1)
             bar.set_postfix(written=written, skipped=skipped)
+    planned = {(p, i) for p, i, *_ in plan}
     for key, entry in done.items():          # shards of an earlier, longer plan
-        if key not in {(p, i) for p, i, _ in plan}:
+        if key not in planned:
             for f in entry["files"].values():
                 (cfg.out / f["path"]).unlink(missing_ok=True)
     for p, t in tables.items():
         steps = t.column("step")
         manifest["partitions"][p] = {
-            "rows": t.num_rows, "shards": sum(1 for q, _, _ in plan if q == p),
+            "rows": t.num_rows, "shards": sum(1 for q, *_ in plan if q == p),
             "steps": [pc.min(steps).as_py(), pc.max(steps).as_py()],
             "batches": int(pc.count_distinct(t.column("batch_id")).as_py())}
     spans = [v["steps"] for v in manifest["partitions"].values() if v["rows"]]
     manifest["source_steps"] = [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None
     manifest["complete"] = True
-    _write_manifest(cfg.out, manifest)
-    return {**manifest, "written": written, "skipped": skipped}
+    write_manifest(cfg.out, manifest)
+    return {**manifest, "written": written, "skipped": skipped, "repaired": repaired}
 
 
 def main(
@@ -280,22 +263,20 @@ def main(
         replaylake export --lake runs/demo/latest/lake --out runs/export
         replaylake export --lake LAKE --out runs/export --steps 5:20
     """
-    try:
-        cfg = ExportConfig(lake=lake, out=out, partitions=tuple(partition or ()),
-                           steps=parse_steps(steps), formats=tuple(format or ("parquet",)),
-                           rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
-                           tensor_layout=tensor_layout, pad_token_id=pad_token_id,
-                           progress=progress)
-        if ray:
-            from jobs.export_ray import trained_rows_ray
-        result = export(cfg, trained_rows_ray if ray else None)
-    except ExportError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from exc
+    cfg = ExportConfig(lake=lake, out=out, partitions=tuple(partition or ()),
+                       steps=parse_steps(steps), formats=tuple(format or ("parquet",)),
+                       rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
+                       tensor_layout=tensor_layout, pad_token_id=pad_token_id, progress=progress)
+    if ray:
+        from jobs.export_ray import trained_rows_ray
+    result = export(cfg, trained_rows_ray if ray else None)
     rows = sum(p["rows"] for p in result["partitions"].values())
+    damaged = f", {result['repaired']} of them damaged and rewritten" if result["repaired"] else ""
     typer.echo(f"exported {rows} rows in {len(result['shards'])} shard(s) "
-               f"({result['written']} written, {result['skipped']} already complete) to {out}")
+               f"({result['written']} written{damaged}, {result['skipped']} already complete) "
+               f"to {out}")
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

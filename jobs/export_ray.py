@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.lake import committed_calls, read_segment, segment_files
+from pipeline.lake_identity import require_lake
 from schemas import LAKE_TABLES
 
 
@@ -38,7 +39,7 @@ def lake_dataset(lake: str | Path, table: str, partitions: list[str] | None = No
     """A lake table as a Ray Dataset (one block per lake file; ``keep(segment) -> mask``
     filters each file on the worker that reads it). Row order is not defined: sort by ``seq``."""
     ray = _ray()
-    lake = Path(lake).resolve()       # workers do not share the driver's working directory
+    lake = require_lake(lake).resolve()   # workers do not share the driver's working directory
     files = [str(p) for p in segment_files(lake, table, partitions)]
     committed = committed_calls(lake)
     schema = LAKE_TABLES[table]

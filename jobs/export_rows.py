@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.export_manifest import ExportError
 from pipeline.lake import read_table
 from schemas import BATCH_PROVENANCE
 
@@ -73,3 +74,53 @@ def trained_rows(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
     traj = read_table(lake, "trajectories", [partition],
                       keep=lambda seg: pc.is_in(seg.column("uid"), value_set=uids))
     return attach_provenance(traj, groups)
+
+
+def dropped_payload(rows: pa.Table) -> pa.Array:
+    """Per row: whether `replaylake retain` dropped its token payload. Ingest stores each
+    trajectory's response length (`n_response_tokens`) beside its tokens and retention keeps it
+    while it empties `prompt_ids` and `response_ids`, so a row whose `response_ids` hold fewer
+    tokens than that no longer holds what the trainer received. A retained row that had no
+    response tokens lost its prompt ids only, so a row with neither prompt nor response tokens
+    counts as dropped too: it would hand a trainer nothing, and loudly refusing a row that never
+    had tokens is the safe side of the doubt."""
+    held = pc.list_value_length(rows.column("response_ids")).cast(pa.int64())
+    shorter = pc.not_equal(held, rows.column("n_response_tokens"))
+    empty = pc.and_(pc.equal(held, 0), pc.equal(pc.list_value_length(rows.column("prompt_ids")), 0))
+    return pc.or_(shorter, empty).fill_null(False)
+
+
+def step_ranges(steps: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    out: list[str] = []
+    for s in sorted(set(steps)):
+        if out and s == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out)
+
+
+def refuse_dropped_payload(todo: list[tuple[str, pa.Table]]) -> None:
+    """Refuse (before writing anything) to write shards holding rows whose token payload
+    retention dropped: a trainer reading them would get empty token lists where the rows say
+    there were tokens. Shards written before the retention stay complete and are kept."""
+    lost: dict[str, list[pa.Table]] = {}
+    for p, rows in todo:
+        mask = dropped_payload(rows)
+        if pc.any(mask).as_py():
+            lost.setdefault(p, []).append(rows.filter(mask).select(["step", "n_response_tokens"]))
+    if not lost:
+        return
+    hit = {p: pa.concat_tables(t) for p, t in lost.items()}
+    where = "; ".join(f"partition {p}: {t.num_rows} trajectories "
+                      f"({pc.sum(t.column('n_response_tokens')).as_py()} response tokens) trained "
+                      f"at step(s) {step_ranges(t.column('step').to_pylist())}"
+                      for p, t in hit.items())
+    first_kept = max(pc.max(t.column("step")).as_py() for t in hit.values()) + 1
+    raise ExportError(
+        f"the token payload of trained rows was dropped by `replaylake retain` ({where}): their "
+        "rows keep their metadata, but prompt_ids and response_ids are empty, and an export is "
+        f"what the trainer received. Export later steps (e.g. --steps {first_kept}:), or export "
+        "from a copy of the lake taken before the retention; run exports more often than "
+        "retain's --older-than horizon to keep every step")

@@ -19,12 +19,6 @@ import typer
 LakeOption = Annotated[Path, typer.Option("--lake", help="the lake directory")]
 
 
-def _require(lake: Path) -> None:
-    if not lake.is_dir():
-        typer.echo(f"error: {lake} is not a directory", err=True)
-        raise typer.Exit(2)
-
-
 def check(lake: LakeOption) -> None:
     """List damaged, missing and torn files of a lake; exit code 1 when any is damaged/missing.
 
@@ -33,8 +27,8 @@ def check(lake: LakeOption) -> None:
     """
     from pipeline.lake_check import check as run_check
     from pipeline.lake_check import describe
-    _require(lake)
-    report = run_check(lake)
+    from pipeline.lake_identity import require_lake
+    report = run_check(require_lake(lake))
     for line in describe(report):
         typer.echo(line)
     bad = report.damaged
@@ -51,15 +45,10 @@ def salvage(lake: LakeOption) -> None:
     Examples:
         replaylake lake salvage --lake runs/demo/latest/lake
     """
-    from pipeline.errors import LakeError
     from pipeline.lake_check import describe
     from pipeline.lake_check import salvage as run_salvage
-    _require(lake)
-    try:
-        report = run_salvage(lake)
-    except LakeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    from pipeline.lake_identity import require_lake
+    report = run_salvage(require_lake(lake))
     for line in describe(report):
         typer.echo(line)
     if not report.damaged:
@@ -72,4 +61,5 @@ def salvage(lake: LakeOption) -> None:
 
 
 if __name__ == "__main__":
-    typer.run(check)
+    from jobs.cli import run
+    run(check)       # through the one handler of user errors

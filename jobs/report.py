@@ -36,7 +36,7 @@ def main(
     """
     from tqdm import tqdm
 
-    from pipeline.errors import ReplayLakeError
+    from pipeline.lake_identity import require_lake
     from pipeline.report_data import QUERIES, gather, parse_steps
 
     root = lake_arg or lake
@@ -44,15 +44,11 @@ def main(
         typer.echo("error: name the lake once: `replaylake report LAKE` or `--lake LAKE`",
                    err=True)
         raise typer.Exit(2)
+    require_lake(root)                       # before the progress bar starts
     start = time.perf_counter()
     with tqdm(total=len(QUERIES), unit="step", desc="report", disable=not progress) as bar:
-        try:
-            data = gather(root, steps=parse_steps(steps), partitions=partition,
-                          progress=lambda name: (bar.set_postfix_str(name), bar.update()))
-        except ReplayLakeError as exc:
-            bar.close()
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
+        data = gather(root, steps=parse_steps(steps), partitions=partition,
+                      progress=lambda name: (bar.set_postfix_str(name), bar.update()))
         import matplotlib
         matplotlib.use("Agg")
         from pipeline.report_figures import FIGURES, png_base64
@@ -81,4 +77,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -28,18 +28,15 @@ def main(
     """
     from tqdm import tqdm
 
-    from pipeline.errors import ReplayLakeError
+    from pipeline.lake_identity import require_lake
     from pipeline.retain import retain
 
+    require_lake(lake)                       # before the progress bar starts
     with tqdm(unit="file", desc="retain", disable=not progress) as bar:
         def tick(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
-        try:
-            r = retain(lake, older_than, progress=tick)
-        except ReplayLakeError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
+        r = retain(lake, older_than, progress=tick)
     c = r.compaction
     typer.echo(f"compacted {len(c.compacted) if c else 0} segment(s) first; horizon step "
                f"{r.horizon}: {r.groups} group(s) old enough, payload dropped from {r.rows} "
@@ -48,4 +45,5 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

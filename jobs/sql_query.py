@@ -92,7 +92,6 @@ def main(
 
     from jobs.sql_run import run_text
     from jobs.sql_session import open_session
-    from pipeline.errors import ReplayLakeError
     from sql import loader
     write = sys.stdout.write
     try:
@@ -111,7 +110,7 @@ def main(
             return
         run_text(con, sql, fmt=fmt, max_rows=max_rows, write=write,
                  output=None if output is None else str(output))
-    except (ReplayLakeError, duckdb.Error) as exc:
+    except duckdb.Error as exc:          # the SQL's own mistakes (the rest: jobs.cli.handled)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 
@@ -142,4 +141,5 @@ main.__doc__ = (main.__doc__ or "") + "\n\n" + EPILOG
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -56,26 +56,21 @@ def main(
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
     """
-    from pipeline.errors import ReplayLakeError
     from pipeline.whatif import recorded, recorded_settings, replay
     from pipeline.whatif_future import future_summary
-    try:
-        settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
-                    "filter_groups_metric": filter_metric, "max_response_length":
-                    max_response_length}
-        base = recorded_settings(lake)
-        if filter_metric == "none":
-            settings["filter_groups_metric"] = None
-            base["filter_groups_metric"] = None
-        t0 = time.perf_counter()
-        result = replay(lake, out, **{k: v for k, v in settings.items() if v is not None})
-        took = time.perf_counter() - t0
-        rec = recorded(lake)
-        metric_new = settings["filter_groups_metric"] or base["filter_groups_metric"]
-        before, after = stats(lake, base["filter_groups_metric"]), stats(result.lake, metric_new)
-    except ReplayLakeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
+                "filter_groups_metric": filter_metric, "max_response_length":
+                max_response_length}
+    base = recorded_settings(lake)
+    if filter_metric == "none":
+        settings["filter_groups_metric"] = None
+        base["filter_groups_metric"] = None
+    t0 = time.perf_counter()
+    result = replay(lake, out, **{k: v for k, v in settings.items() if v is not None})
+    took = time.perf_counter() - t0
+    rec = recorded(lake)
+    metric_new = settings["filter_groups_metric"] or base["filter_groups_metric"]
+    before, after = stats(lake, base["filter_groups_metric"]), stats(result.lake, metric_new)
     same = sum(a == b for a, b in zip(rec.batches, result.batches))
     typer.echo(f"replayed {len(rec.batches)} sample calls in {took:.1f} s")
     typer.echo(f"{'':24}{'recorded':>14}{'what-if':>14}")
@@ -97,4 +92,5 @@ def _fmt(v: object) -> str:
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -35,15 +35,15 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Mapping
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401  (pa.dataset in annotations)
 
-from pipeline.errors import ConfigError, LakeError
+from pipeline.errors import ConfigError
 from pipeline.lake import read_table
+from pipeline.lake_identity import require_lake
 from pipeline.lake_scan import LakeScan, cut_seq, scan_lake
 from schemas import CANDIDATES, GROUP_TRAJECTORIES, LAKE_TABLES
 from sql import loader
@@ -115,9 +115,7 @@ def read_lake(lake_dir: str | os.PathLike,
     """Lake tables (every one by default) as pyarrow Tables (empty, with its schema, when
     absent), all cut at one `seq` so that they form a consistent prefix even while a buffer
     appends. Name only the tables you need: `trajectories` carries the token payload."""
-    root = Path(lake_dir)
-    if not root.is_dir():
-        raise LakeError(f"no lake directory at {root}")
+    root = require_lake(lake_dir)
     unknown = [t for t in tables if t not in BASE_TABLES]
     if unknown or not tables:
         raise ConfigError(f"read_lake(tables={tables!r}): name lake tables among "
@@ -172,8 +170,8 @@ def connect(lake_dir: str | os.PathLike, *,
     ``filter_metric`` is the metric the run's zero-variance filter compared (the buffer's
     `filter_groups_metric`); it only changes the `metric_*` columns of `group_trajectories`,
     `group_aggregates` and `candidates`. One connection per thread (DuckDB connections are not
-    shareable across threads)."""
-    scan = scan_lake(lake_dir)
+    shareable across threads). A path that is not a lake is refused (`lake_identity`)."""
+    scan = scan_lake(require_lake(lake_dir))
     try:
         con = duckdb.connect(":memory:")
         set_filter_metric(con, filter_metric)
@@ -207,6 +205,6 @@ def _drop(key: int) -> None:
 
 def refresh(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
     """Re-scan the lake into an existing connection (rows appended since connect become visible)."""
-    scan = scan_lake(lake_dir)
+    scan = scan_lake(require_lake(lake_dir))
     register(con, scan.tables)
     _keep(con, scan)

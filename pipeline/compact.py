@@ -60,6 +60,7 @@ from pipeline.lake_files import (
     sum_path,
     table_of,
 )
+from pipeline.lake_identity import require_lake
 from pipeline.lake_read import (
     HIGHEST_SEQ_KEY,
     _stream_max_seq,
@@ -232,10 +233,7 @@ class _CompactLock:
 
 def job_lock(root: str | os.PathLike) -> _CompactLock:
     """The lock `compact` and `retain` share: they rewrite the same files."""
-    root = Path(root)
-    if not root.is_dir():
-        raise LakeError(f"no lake directory at {root}")
-    return _CompactLock(root)
+    return _CompactLock(require_lake(root))
 
 
 def compact(root: str | os.PathLike,

@@ -27,6 +27,7 @@ from pipeline.lake_files import (
     QUARANTINE_DIR,
     SUM_SUFFIX,
     record_for,
+    refused,
     replace_durably,
     sum_path,
     table_of,
@@ -129,6 +130,8 @@ def _read_row_groups(path: Path) -> None:
     except (pa.ArrowException, OSError) as exc:
         if not path.exists():
             return                      # gone while it was read (salvage, another job)
+        if refused(exc):
+            raise                       # unreadable to this user: not damage
         raise LakeDamageError(path, 0, f"the Parquet file cannot be read ({exc})") from exc
 
 

@@ -21,8 +21,9 @@ from typing import Any
 from pipeline.config import BufferConfig
 from pipeline.errors import LakeError
 from pipeline.lake_files import replace_durably
+from pipeline.lake_identity import CONFIG_NAME
 
-FILE = "_config.json"
+FILE = CONFIG_NAME
 DECISION_KEYS = ("preset", "filter_groups_metric", "max_off_policy_threshold",
                  "max_off_policy_strategy", "rules")
 
@@ -54,15 +55,47 @@ def describe(cfg: BufferConfig) -> dict[str, Any]:
 
 
 def read(lake: str | os.PathLike) -> dict[str, Any] | None:
-    """The lake's recorded configurations (``{"versions": [...]}``, newest last), or None."""
+    """The lake's recorded configurations (``{"versions": [...]}``, newest last), or None when
+    the lake has no `_config.json` (one written before the lake recorded it). A file that does
+    not parse, or parses to another shape, is refused: read as "nothing recorded" it would turn
+    the reopen check off and be overwritten."""
     path = Path(lake) / FILE
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        rec = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise LakeError(f"{path} cannot be read ({exc}); it records the configuration the lake "
-                        "was written with: restore it from a backup or remove it knowingly") from exc
+        raise _unreadable(path, f"cannot be read ({exc})") from exc
+    problem = _shape_problem(rec)
+    if problem:
+        raise _unreadable(path, f"is not a lake configuration record: {problem}")
+    return rec
+
+
+def _unreadable(path: Path, what: str) -> LakeError:
+    return LakeError(f"{path} {what}; it records the configuration the lake was written with: "
+                     "restore it from a backup or remove it knowingly")
+
+
+def _shape_problem(rec: Any) -> str | None:
+    """What is wrong with a parsed record (``{"versions": [{"from_seq": int, "config": {...}},
+    ...]}``, at least one version), or None."""
+    if not isinstance(rec, dict):
+        return f"a JSON object with a \"versions\" list was expected, not {json.dumps(rec)[:40]}"
+    versions = rec.get("versions")
+    if not isinstance(versions, list) or not versions:
+        return f"\"versions\" must be a non-empty list, not {json.dumps(versions)[:40]}"
+    for i, v in enumerate(versions):
+        if not isinstance(v, dict) or not isinstance(v.get("config"), dict):
+            return f"versions[{i}] has no \"config\" object"
+        rules = v["config"].get("rules")
+        if rules is not None and not (isinstance(rules, dict)
+                                      and all(isinstance(r, dict) for r in rules.values())):
+            return f"versions[{i}].config.rules must map rule names to parameters"
+        seq = v.get("from_seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            return f"versions[{i}].from_seq must be a seq number >= 0, not {json.dumps(seq)}"
+    return None
 
 
 def current(lake: str | os.PathLike) -> dict[str, Any] | None:

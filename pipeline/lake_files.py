@@ -17,6 +17,7 @@ a salvage (or a job that rewrites segments) writes for files it took away on pur
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -76,6 +77,16 @@ class Record(NamedTuple):
         return checksum(data, self.algorithm) == self.crc
 
 
+# errno values by which the OS refuses to hand out a file's bytes (permissions, limits): the bytes
+# may be intact, so such a failure is never damage (salvage would set an intact file aside)
+REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a read failed because the OS refused it, not because of what the file holds."""
+    return isinstance(exc, OSError) and exc.errno in REFUSED_ERRNOS
+
+
 def window_of(step: int, window: int = DEFAULT_WINDOW) -> int:
     """The step window a step falls in (negative steps never reach the lake)."""
     return max(int(step), 0) // window
@@ -123,6 +134,17 @@ def unpack_records(raw: bytes) -> list[Record | None]:
     return out
 
 
+def _listed(d: Path, prefix: str = "", suffix: str = "") -> list[Path]:
+    """The entries of directory ``d`` named ``prefix*suffix``, sorted; none when ``d`` does not
+    exist. Unlike pathlib's glob, which silently skips a directory it may not read (so an
+    unreadable partition or log would read as one holding nothing), this raises the OS's error."""
+    try:
+        names = os.listdir(d)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(d / n for n in names if n.startswith(prefix) and n.endswith(suffix))
+
+
 def segment_files(root: str | os.PathLike, table: str,
                   partitions: list[str] | None = None) -> list[Path]:
     """Every live (.arrow) and compacted (.parquet) file of a lake table, in a stable order."""
@@ -130,17 +152,18 @@ def segment_files(root: str | os.PathLike, table: str,
     if not base.exists():
         return []
     dirs = [base / f"partition={p}" for p in partitions] if partitions is not None else \
-        sorted(base.glob("partition=*"))
+        _listed(base, "partition=")
     files: list[Path] = []
     for d in dirs:
-        files.extend(sorted(d.glob("window=*/*.arrow")))
-        files.extend(sorted(d.glob("window=*/*.parquet")))
+        windows = _listed(d, "window=")
+        for suffix in (".arrow", ".parquet"):
+            files.extend(sorted(f for w in windows for f in _listed(w, suffix=suffix)))
     return files
 
 
 def log_files(root: str | os.PathLike) -> list[Path]:
     """Every writer's log stream, in a stable order."""
-    return sorted((Path(root) / LOG_DIR).glob("*.arrow"))
+    return _listed(Path(root) / LOG_DIR, suffix=".arrow")
 
 
 def table_of(path: Path) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline.errors import LakeError
 from pipeline.lake_files import LOCK_NAME
+from pipeline.lake_identity import require_new_or_lake
 
 log = logging.getLogger("replaylake")
 _HELD: weakref.WeakSet[LakeLock] = weakref.WeakSet()
@@ -51,6 +52,7 @@ class LakeLock:
     """The writer lock of one lake; ``release()`` (or the holder's exit) gives it up."""
 
     def __init__(self, root: Path):
+        require_new_or_lake(root)           # the lock is a writer's first file: never among others'
         self.path = root / LOCK_NAME
         self.previous: str | None = None    # the dead holder this lock was taken over from
         try:

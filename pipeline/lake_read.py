@@ -23,7 +23,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.errors import LakeDamageError
-from pipeline.lake_files import CALL_KEY, LOG_SCHEMA, log_files, segment_files, table_of
+from pipeline.lake_files import (
+    CALL_KEY,
+    LOG_SCHEMA,
+    log_files,
+    refused,
+    segment_files,
+    table_of,
+)
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
 from schemas.evolve import upgrade
@@ -81,7 +88,7 @@ def read_parquet(path: Path) -> pa.Table:
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        if not path.exists():
+        if not path.exists() or refused(exc):
             raise
         raise LakeDamageError(path, 0, f"the Parquet file cannot be read ({exc})") from exc
 

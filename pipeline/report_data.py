@@ -104,11 +104,12 @@ def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (N
     those of the filter metric the lake recorded."""
     from pipeline import lake_config
     from pipeline.analysis import connect
+    from pipeline.lake_identity import require_lake
     from sql import loader
 
-    root = Path(lake)
-    config = lake_config.current(root) if root.is_dir() else None
-    recorded = lake_config.read(root) if root.is_dir() else None
+    root = require_lake(lake)
+    config = lake_config.current(root)
+    recorded = lake_config.read(root)
     metric = (config or {}).get("filter_groups_metric") or "reward"
     try:
         con = connect(root, filter_metric=metric)

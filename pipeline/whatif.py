@@ -58,15 +58,19 @@ class _Unfillable(Exception):
 
 def recorded_settings(lake: Path) -> dict[str, Any]:
     """The sample settings recorded in the lake's configuration (`async`/`sync` keywords)."""
-    from pipeline.lake_config import current
-    cfg = current(lake)
+    from pipeline.lake_config import FILE, current
+    from pipeline.lake_identity import require_lake
+    cfg = current(require_lake(lake))
     if cfg is None:
-        raise LakeError(f"{lake} records no configuration (_config.json); give every setting")
+        raise LakeError(f"{lake} records no configuration ({FILE}); give every setting")
+    keys = ("preset", "max_off_policy_threshold", "max_off_policy_strategy",
+            "filter_groups_metric")
+    missing = [k for k in keys if k not in cfg]
+    if missing:
+        raise LakeError(f"{Path(lake) / FILE} records no {', '.join(missing)}: the replay needs "
+                        "the settings the run was made with; restore the file from a backup")
     rules = cfg.get("rules") or {}
-    return {"preset": cfg["preset"],
-            "max_off_policy_threshold": cfg["max_off_policy_threshold"],
-            "max_off_policy_strategy": cfg["max_off_policy_strategy"],
-            "filter_groups_metric": cfg["filter_groups_metric"],
+    return {**{k: cfg[k] for k in keys},
             "max_response_length": (rules.get("overlong") or {}).get("max_response_length")}
 
 

@@ -40,4 +40,4 @@ def test_compact_then_retain_on_a_real_lake(tmp_path):
 
 def test_a_missing_lake_is_a_clear_error(tmp_path):
     out = cli("compact", "--lake", str(tmp_path / "nope"))
-    assert out.returncode == 2 and "no lake directory" in out.stderr
+    assert out.returncode == 2 and "no lake at" in out.stderr

@@ -240,3 +240,88 @@ def test_cli_export_runs_and_reports_errors_with_exit_code_2(lake, tmp_path: Pat
                               "--partition", "nope"])
     assert bad.exit_code == 2
     assert "unknown partition" in bad.output
+
+
+def test_a_shard_with_one_flipped_byte_is_found_by_its_sha256_and_rewritten(lake,
+                                                                            tmp_path: Path) -> None:
+    lake_dir, batches = lake
+    cfg = _config(lake_dir, tmp_path / "out", partitions=("train",), rows_per_shard=4)
+    export(cfg)
+    shard = _shards(tmp_path / "out", "train")[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01                 # same size, one bit different
+    shard.write_bytes(bytes(data))
+    fixed = export(cfg)
+    assert fixed["written"] == 1 and fixed["repaired"] == 1
+    assert pq.read_table(_shards(tmp_path / "out", "train")).equals(
+        pa.concat_tables(batches["train"]))
+    again = export(cfg)
+    assert (again["written"], again["repaired"]) == (0, 0)
+
+
+def test_the_cli_says_how_many_shards_were_damaged_and_rewritten(lake, tmp_path: Path) -> None:
+    args = ["export", "--lake", str(lake[0]), "--out", str(tmp_path / "out"), "--partition",
+            "train", "--rows-per-shard", "4", "--no-progress"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    shard = _shards(tmp_path / "out", "train")[0]
+    shard.write_bytes(shard.read_bytes()[::-1])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "(1 written, 1 of them damaged and rewritten, " in result.output
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("{not json", "cannot be read"),
+    ("[]", "is not an export manifest"),
+    ('{"shards": [{"partition": "train", "index": 0, "rows_key": "k", "files": '
+     '{"parquet": {"path": "../../elsewhere.parquet", "bytes": 1, "sha256": "x"}}}]}',
+     "is damaged: shard train/0: its parquet file is not at train/shard-00000.parquet"),
+])
+def test_a_damaged_manifest_is_refused_naming_it_and_nothing_is_deleted(lake, tmp_path: Path,
+                                                                        text, match) -> None:
+    cfg = _config(lake[0], tmp_path / "out", partitions=("train",), rows_per_shard=4)
+    export(cfg)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    if text.startswith('{"shards"'):
+        manifest["shards"] = json.loads(text)["shards"]
+        text = json.dumps(manifest)
+    (tmp_path / "out" / "manifest.json").write_text(text)
+    (tmp_path / "elsewhere.parquet").write_text("not the export's\n")
+    shards = _shards(tmp_path / "out", "train")
+    with pytest.raises(ExportError, match=rf"{tmp_path / 'out' / 'manifest.json'}.*{match}"):
+        export(cfg)
+    assert _shards(tmp_path / "out", "train") == shards
+    assert (tmp_path / "elsewhere.parquet").exists()
+
+
+def test_an_out_directory_of_other_files_or_a_lake_is_refused(lake, tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / ".draft.tmp-1").write_text("keep me\n")
+    with pytest.raises(ExportError, match="holds files but no export"):
+        export(_config(lake[0], tmp_path / "mine"))
+    assert (tmp_path / "mine" / ".draft.tmp-1").exists()
+    with pytest.raises(ExportError, match="is a replaylake lake"):
+        export(_config(lake[0], lake[0]))
+
+
+def test_export_refuses_trained_steps_whose_payload_retention_dropped(tmp_path: Path) -> None:
+    from pipeline.retain import retain
+    lake_dir = tmp_path / "lake"
+    batches = sampled_lake(lake_dir, steps=6)
+    kept = export(_config(lake_dir, tmp_path / "before", partitions=("train",),
+                          rows_per_shard=4))
+    report = retain(lake_dir, older_than=2)       # groups released at steps 1..4 lose their tokens
+    assert report.horizon == 4 and report.rows > 0
+    with pytest.raises(ExportError, match=r"dropped by `replaylake retain` \(partition train: "
+                                          r"\d+ trajectories \(\d+ response tokens\) trained at "
+                                          r"step\(s\) 1-4\).*--steps 5:"):
+        export(_config(lake_dir, tmp_path / "after", partitions=("train",)))
+    assert not (tmp_path / "after" / "train").exists()          # refused before writing
+    with pytest.raises(ExportError, match=r"step\(s\) 2-3\)"):
+        export(_config(lake_dir, tmp_path / "after", partitions=("train",), steps=(2, 3)))
+    export(_config(lake_dir, tmp_path / "late", partitions=("train",), steps=(5, 6)))
+    assert pq.read_table(_shards(tmp_path / "late", "train")).equals(
+        pa.concat_tables(batches["train"][4:6]))           # the steps retention kept, whole
+    resumed = export(_config(lake_dir, tmp_path / "before", partitions=("train",),
+                             rows_per_shard=4))
+    assert resumed["skipped"] == len(kept["shards"]) and resumed["written"] == 0

@@ -66,3 +66,66 @@ def test_refill_settings_may_change_freely(tmp_path):
 def test_unknown_allowed_keys_are_an_error(tmp_path):
     with pytest.raises(LakeError, match="allow_changes"):
         ReplayBuffer.async_(lake=tmp_path / "lake", allow_changes=("treshold",))
+
+
+MALFORMED = ["null", "[]", "{}", '{"versions": []}', '{"versions": [{"config": null}]}',
+             '{"versions": [{"from_seq": 0, "config": {"rules": [1]}}]}', '"text"']
+
+
+@pytest.fixture(scope="module")
+def recorded_lake(tmp_path_factory):
+    lake = tmp_path_factory.mktemp("config") / "lake"
+    with ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3) as buf:
+        add_group(buf, "a", 1)
+        buf.release(buf.sample(1, "train", 1))
+    return lake
+
+
+@pytest.mark.parametrize("text", MALFORMED)
+def test_a_malformed_config_record_is_refused_naming_the_file_and_never_overwritten(
+        recorded_lake, tmp_path, text):
+    import shutil
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    (lake / "_config.json").write_text(text)
+    for read in (lake_config.read, lake_config.current,
+                 lambda p: ReplayBuffer.async_(lake=p, max_off_policy_threshold=3)):
+        with pytest.raises(LakeError, match=rf"{lake / '_config.json'} is not a lake "
+                                            r"configuration record: .*restore it from a backup"):
+            read(lake)
+    assert (lake / "_config.json").read_text() == text
+
+
+@pytest.mark.parametrize("command", [["whatif", "--lake"], ["audit", "--lake"], ["report", "--no-progress"],
+                                     ["sql", "-c", "select 1", "--lake"]])
+@pytest.mark.parametrize("text", ["[]", '{"versions": []}'])
+def test_commands_over_a_malformed_config_print_one_error_line(recorded_lake, tmp_path, command,
+                                                               text):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    (lake / "_config.json").write_text(text)
+    result = CliRunner().invoke(app, [*command, str(lake)] + (
+        ["-o", str(tmp_path / "report.html")] if command[0] == "report" else []))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    if command[0] == "sql":               # reads no configuration: answers as before
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {lake / '_config.json'} is not a lake configuration")
+
+
+def test_whatif_over_a_config_without_its_decision_settings_names_them(recorded_lake, tmp_path):
+    import shutil
+
+    from pipeline.whatif import recorded_settings
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    (lake / "_config.json").write_text('{"versions": [{"from_seq": 0, "config": {}}]}')
+    with pytest.raises(LakeError, match="records no preset, max_off_policy_threshold, "
+                                        "max_off_policy_strategy, filter_groups_metric"):
+        recorded_settings(lake)

@@ -164,7 +164,7 @@ def test_a_window_without_batches_a_missing_lake_and_an_unknown_partition_are_cl
         tmp_path: Path) -> None:
     lake = shared_run("async").lake
     assert "no batch was handed out" in _cli_error(str(lake), "--steps", "500:600")
-    assert "no lake directory" in _cli_error(str(tmp_path / "nowhere"))
+    assert "no lake at" in _cli_error(str(tmp_path / "nowhere"))
     assert "no partition 'test'" in _cli_error(str(lake), "--partition", "test")
     assert "name the lake once" in _cli_error()
 
