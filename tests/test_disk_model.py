@@ -1,11 +1,12 @@
 """The power-loss model itself, on tiny literal strace logs: what a disk may hold after the power
-goes (see tests/support/disk_model.py), and how the strace log is read."""
+goes (see tests/support/disk_model.py), and how the strace log is read and followed."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
+from tests.support.disk_calls import Replay
 from tests.support.disk_model import Disk
 from tests.support.syscall_trace import parse
 
@@ -40,10 +41,10 @@ class Log:
 
 
 def disks_after(root, before: dict, lines: list[str]) -> list[dict]:
-    disk = Disk(root, root, before)
+    replay = Replay(Disk(root, before), root)
     for call in parse("\n".join(lines)):
-        disk.apply(call)
-    return sorted((img for _, img in disk.crash_images()), key=lambda i: sorted(i.items()))
+        replay.apply(call)
+    return sorted((img for _, img in replay.disk.crash_images()), key=lambda i: sorted(i.items()))
 
 
 def test_an_fsynced_new_file_may_vanish_until_its_directory_is_fsynced(tmp_path):

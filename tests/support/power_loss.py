@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.disk_model import ACK, MARKER_FILE, SYNCS, Disk, Image, digest, on_disk
+from tests.support.disk_calls import ACK, MARKER_FILE, SYNCS, Replay
+from tests.support.disk_model import Disk, Image, digest, on_disk
 from tests.support.lake import ROOT, python_env
 from tests.support.syscall_trace import Call, Fd, record
 
@@ -52,15 +53,15 @@ def trace(job: list[str], root: Path, trace_file: Path, timeout: float = 300) ->
     before = on_disk(root)
     calls = record([sys.executable, "-m", "tests.support.power_loss_runs", *job], trace_file,
                    cwd=ROOT, env=python_env(), timeout=timeout)
-    disk = Disk(root, ROOT, before)
+    replay = Replay(Disk(root, before), ROOT)
     for call in calls:
-        disk.apply(call)
-    replayed, real = disk.image(), on_disk(root)
+        replay.apply(call)
+    replayed, real = replay.disk.image(), on_disk(root)
     wrong = sorted(p for p in set(replayed) | set(real) if replayed.get(p, 0) != real.get(p, 0))
     if wrong:
         raise AssertionError(f"the disk model replays the run to other files than it left: "
                              f"{wrong[:5]}")
-    return Traced(root, before, calls, disk.acks)
+    return Traced(root, before, calls, replay.acks)
 
 
 def _is_ack(call: Call) -> bool:
@@ -118,14 +119,14 @@ def crashes(traced: Traced, per_kind: int | None, tail: str) -> Iterator[Crash]:
     for point, op, kind in moments(traced, tail):
         groups.setdefault((op, kind), []).append(point)
     chosen = {p: op for (op, _), points in groups.items() for p in spread(points, per_kind)}
-    disk = Disk(traced.root, ROOT, traced.before)
+    replay = Replay(Disk(traced.root, traced.before), ROOT)
     seen: set[tuple[str, int]] = set()
     for i in range(len(traced.calls) + 1):
         if i in chosen:
-            for how, image in disk.crash_images():
-                key = (digest(image), len(disk.acks))
+            for how, image in replay.disk.crash_images():
+                key = (digest(image), len(replay.acks))
                 if key not in seen:
                     seen.add(key)
-                    yield Crash(chosen[i], len(disk.acks), how, image)
+                    yield Crash(chosen[i], len(replay.acks), how, image)
         if i < len(traced.calls):
-            disk.apply(traced.calls[i])
+            replay.apply(traced.calls[i])

@@ -3,7 +3,7 @@
 - ``ingest LAKE OUT FSYNC``: the crash matrix's async workload (`jobs.crash_workload`: ingest
   across two partitions, status changes, samples that evict and refill, releases, a batch held
   across steps). After each acknowledged call it writes a marker naming the call (see
-  `disk_model.ACK`) and records what a restart must reproduce from then on: the highest seq
+  `disk_calls.ACK`) and records what a restart must reproduce from then on: the highest seq
   visible and the buffer's live state. OUT gets those records (a pickle) at the end.
 - ``compact LAKE`` and ``retain LAKE OLDER_THAN``: the jobs, then one marker when they return.
 
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.disk_model import ACK, MARKER_FILE
+from tests.support.disk_calls import ACK, MARKER_FILE
 
 SEED = 0
 KIND = "async"
