@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 export PYTHONHASHSEED ?= 0
 
-.PHONY: run test venv lint bench clean test-vllm
+.PHONY: run test venv lint bench clean test-vllm tools
 
 $(STAMP): pyproject.toml pipeline/_segments.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,12 +27,19 @@ $(RUN_STAMP): pyproject.toml pipeline/_segments.c
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(RUN_STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) tools
+
+# System tools the test suite runs: strace records the system calls of the power-loss and fsync
+# tests. Installed with apt-get where it is missing and we are root (CI); otherwise those tests
+# fail naming the package.
+tools:
+	@command -v strace >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace)
 
 run: $(RUN_STAMP)
 	$(BIN)/replaylake demo
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/python -m pytest
 
 # vLLM 0.33 brings its own CUDA torch (~10 GB): it gets its own venv, never .venv. The import works

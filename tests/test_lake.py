@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import pytest
 from pipeline import LakeError, ReplayBuffer
 from pipeline.lake import LakeWriter, read_table, segment_files
 from tests.support.lake import ROOT, python_env, traj, write_script
+from tests.support.syscall_trace import require_strace
 
 
 def test_a_failed_lake_write_raises_lake_error_and_later_writes_stay_readable(tmp_path,
@@ -58,13 +58,12 @@ FSYNC_RUN = """
 """
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to watch the syscalls")
 def test_fsync_makes_new_files_and_their_directories_durable(tmp_path):
     """Watched with strace: every new file is fsync'ed, and so is every directory a new name was
     added to, after the name was added (so a new segment cannot vanish on power loss)."""
     lake, trace = tmp_path / "new" / "lake", tmp_path / "trace.txt"
     script = write_script(tmp_path, "fsync_run.py", FSYNC_RUN)
-    subprocess.run(["strace", "-f", "-e", "trace=openat,fsync", "-o", str(trace), sys.executable,
+    subprocess.run([require_strace(), "-f", "-e", "trace=openat,fsync", "-o", str(trace), sys.executable,
                     str(script), str(lake)], check=True, cwd=ROOT, env=python_env(), timeout=120)
     fds: dict[tuple[str, str], str] = {}
     created, synced = {}, {}

@@ -3,6 +3,8 @@ its modules, e.g. ``from tests.support.lake import traj, add_group``:
 
 - ``lake``: trajectory rows, one-call groups, lake read-backs, child pythons.
 - ``lake_damage``: damage a lake the way a crash or a bad disk would.
+- ``syscall_trace``, ``disk_model``, ``disk_calls``, ``power_loss``, ``power_loss_runs``: record a
+  run's system calls with strace and rebuild the disks a power loss could leave.
 - ``policies``: groups with given rewards, a scripted refill, background producers.
 - ``ray_producers``: producer code Ray workers run (importable by reference).
 - ``sql_runs``: deterministic buffer runs writing a real lake for the SQL tests.
