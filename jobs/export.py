@@ -48,6 +48,7 @@ from jobs.export_manifest import (
     MANIFEST_FORMAT,
     ExportError,
     atomic,
+    made_durably,
     check_out,
     intact,
     read_done,
@@ -154,7 +155,7 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
 def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -> dict[str, Any]:
     """Write one shard in every requested format; returns the files' manifest entries."""
     base = cfg.out / partition / f"shard-{index:05d}"
-    base.parent.mkdir(parents=True, exist_ok=True)
+    made_durably(base.parent)
     files = {}
     if "parquet" in cfg.formats:
         per_row = max(1, rows.nbytes // max(rows.num_rows, 1))
@@ -184,7 +185,7 @@ def export(cfg: ExportConfig, rows_fn: Any = None) -> dict[str, Any]:
 
     selections = _selections(cfg)
     check_out(cfg.out)
-    cfg.out.mkdir(parents=True, exist_ok=True)
+    made_durably(cfg.out)
     for stale in cfg.out.glob("**/.*.tmp-*"):
         stale.unlink()                       # a killed run's half-written file
     done = read_done(cfg.out, cfg.selection())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ReplayLakeError
+from pipeline.lake_files import fsync_dir, replace_durably
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "replaylake-export/1"
@@ -37,13 +38,21 @@ def sha256(path: Path) -> str:
 
 
 def atomic(path: Path, write: Any) -> dict[str, Any]:
-    """Write via ``write(tmp_path)`` then rename into place; returns the file's size and sha256."""
+    """Write via ``write(tmp_path)``, then put it in place durably (its bytes fsynced, renamed,
+    the directory fsynced, and so every directory the export created: a power loss after the
+    manifest names a shard leaves the shard there); returns the file's size and sha256."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_durably(tmp, path)
     return {"bytes": path.stat().st_size, "sha256": sha256(path)}
+
+
+def made_durably(d: Path) -> None:
+    """Create ``d`` (and its missing parents), each new name fsynced into its parent."""
+    new = [p for p in (d, *d.parents) if not p.exists()]
+    d.mkdir(parents=True, exist_ok=True)
+    for p in reversed(new):
+        fsync_dir(p.parent)
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
