@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+from decimal import Decimal
 from typing import Any
 
 FORMATS = ("table", "vertical", "csv", "json", "parquet")
@@ -120,7 +121,15 @@ def csv_text(table: Any) -> str:
 
 def json_text(table: Any) -> str:
     """A JSON array of row objects (null for NULL), ending in a newline."""
-    return json.dumps(rows_of(table), default=str, indent=1) + "\n"
+    return json.dumps(rows_of(table), default=_json_value, indent=1) + "\n"
+
+
+def _json_value(v: Any) -> Any:
+    """A whole decimal (a 128-bit integer: DuckDB's SUM of integers, the token-weighted sums) is
+    a JSON number; anything else JSON lacks is its text."""
+    if isinstance(v, Decimal) and v == v.to_integral_value():
+        return int(v)
+    return str(v)
 
 
 def render(table: Any, fmt: str, note: str = "") -> str:

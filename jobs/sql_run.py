@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs import sql_render
-from jobs.sql_session import split
+from pipeline.sql_guard import statements
 
 DEFAULT_MAX_ROWS = 40
 
@@ -30,14 +30,14 @@ def run_text(con: Any, sql: str, *, fmt: str, max_rows: int, write: Callable[[st
              output: str | None = None) -> int:
     """Run every statement of ``sql``; print (or write to ``output``) each result. Returns the
     number of result sets. Guard errors and DuckDB errors propagate to the caller."""
-    statements = split(con, sql)
-    if output is not None and sum(s.kind != "SET" for s in statements) != 1:
+    todo = statements(sql)
+    if output is not None and sum(s.kind != "SET" for s in todo) != 1:
         from pipeline.errors import ReplayLakeError
-        raise ReplayLakeError(f"--output takes the result of one query; got {len(statements)} "
+        raise ReplayLakeError(f"--output takes the result of one query; got {len(todo)} "
                               "statements")
     shown = 0
     terminal = fmt in ("table", "vertical") and output is None
-    for st in statements:
+    for st in todo:
         got = fetch(con, st.text, max_rows if terminal and max_rows > 0 else None, st.kind)
         if got is None:
             write("ok\n")

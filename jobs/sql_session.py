@@ -2,70 +2,19 @@
 inside ad-hoc SQL as a table macro, and a statement guard that refuses anything but reading.
 
 The analysis connection already has file, extension and network access switched off, so nothing
-can reach the lake's files. The guard adds a clear, early refusal for every statement kind that
-is not a read (writes to the in-memory catalog, ATTACH, COPY, INSTALL/LOAD, SET, PRAGMA, ...),
-so a user learns at once that this is a read-only tool instead of meeting a DuckDB error later.
-`SET VARIABLE` stays allowed: the `filter_metric` variable chooses what the zero-variance views
-compare, and a variable is not configuration.
+can reach the lake's files. The guard (`pipeline.sql_guard`) refuses every statement that is not
+a read, judged by what DuckDB will execute: writes to the in-memory catalog (which would change
+what the session's views answer), ATTACH, COPY, INSTALL/LOAD, SET, PRAGMA, and an EXPLAIN ANALYZE
+of any of those. `SET VARIABLE` stays allowed: the `filter_metric` variable chooses what the
+zero-variance views compare, and a variable is not configuration.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ReplayLakeError
-
-# Statement kinds that only read.
-_READS = {"SELECT", "EXPLAIN"}
-_WHAT = {
-    "INSERT": "writes", "UPDATE": "writes", "DELETE": "writes", "CREATE": "creating objects",
-    "DROP": "dropping objects", "ALTER": "altering objects", "COPY": "COPY (use --output FILE)",
-    "ATTACH": "ATTACH", "DETACH": "DETACH", "LOAD": "INSTALL/LOAD of extensions",
-    "SET": "SET (configuration is locked; only SET VARIABLE is allowed)", "PRAGMA": "PRAGMA",
-    "EXPORT": "EXPORT DATABASE", "CALL": "CALL", "TRANSACTION": "transactions",
-    "VACUUM": "VACUUM", "ANALYZE": "ANALYZE", "PREPARE": "PREPARE", "EXECUTE": "EXECUTE",
-}
-_SET_VARIABLE = re.compile(r"^\s*set\s+variable\s", re.IGNORECASE)
-# A named query's name as a macro would shadow a view of that name; those stay views.
-
-
-class ReadOnlyError(ReplayLakeError, PermissionError):
-    """A statement that is not a read was given to the read-only SQL tool."""
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One statement of the user's input: its text and whether it yields rows."""
-
-    text: str
-    kind: str
-
-
-def split(con: Any, sql: str) -> list[Statement]:
-    """The statements of ``sql`` in order, each checked by the guard (raises ReadOnlyError)."""
-    import duckdb
-    try:
-        parsed = duckdb.extract_statements(sql)
-    except duckdb.Error:
-        # let DuckDB report the syntax error when it runs the text
-        return [Statement(sql, "SELECT")]
-    out = []
-    for st in parsed:
-        kind = st.type.name
-        text = st.query.strip().rstrip(";")
-        if kind not in _READS and not (kind == "SET" and _SET_VARIABLE.match(text)):
-            what = _WHAT.get(kind, kind)
-            raise ReadOnlyError(f"refused: `replaylake sql` is read-only, so {what} cannot run "
-                                f"here (statement: {_short(text)})")
-        out.append(Statement(text, kind))
-    return out
-
-
-def _short(text: str, width: int = 60) -> str:
-    one = " ".join(text.split())
-    return one if len(one) <= width else one[: width - 1] + "…"
 
 
 def macro_sql(q: Any) -> str:

@@ -14,7 +14,7 @@ from jobs.sql_run import run_text
 PROMPT, MORE = "replaylake> ", "       ...> "
 HELP = """\
 Statements end with ';' and may span several lines. Read-only: only SELECT (and WITH,
-DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) and SET VARIABLE run.
+DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a query) and SET VARIABLE run.
   .tables              tables, views and named queries (table macros: select * from lineage('g1'))
   .schema NAME         columns of a table or view, or a named query's signature
   .queries             every named query with its parameters
@@ -31,7 +31,8 @@ def history_path() -> Path:
 
 
 def complete(buffer: str) -> bool:
-    """Whether the buffer holds whole statements: it ends with `;` outside quotes and comments."""
+    """Whether the buffer holds whole statements: it ends with `;` outside quotes and comments
+    (`-- ...` to the line's end, `/* ... */`; a quote inside a comment opens nothing)."""
     quote = None
     last = ""
     i = 0
@@ -42,9 +43,12 @@ def complete(buffer: str) -> bool:
                 quote = None
         elif ch in ("'", '"'):
             quote = ch
-        elif buffer.startswith("--", i):
-            j = buffer.find("\n", i)
-            i = len(buffer) if j < 0 else j
+        elif buffer.startswith(("--", "/*"), i):
+            end = "\n" if ch == "-" else "*/"
+            j = buffer.find(end, i + 2)
+            if j < 0:   # the rest is comment: an open block comment is not a statement end
+                return end == "\n" and last == ";"
+            i = j + len(end)
             continue
         elif not ch.isspace():
             last = ch

@@ -15,7 +15,10 @@ Why this and not a read-only database file: the lake is Arrow IPC streams and Pa
 DuckDB database, and DuckDB cannot open an in-memory database read-only. With external access off
 the only things a statement can touch are this connection's in-memory catalog (a user may create
 temp views in it) and the Arrow datasets the Python side registered, which DuckDB scans read-only.
-So no statement run through this interface can modify the lake.
+So no statement run through this interface can modify the lake. The catalog, though, is
+writable: a statement can drop or replace a view and change what later statements answer. Text
+you did not write (a pasted script, a dashboard's field) goes through `read_sql`, which runs
+reads only (`pipeline.sql_guard`), as `replaylake sql` does.
 
 Several derived views are the declarations the live buffer compiles, run here over the lake:
 `group_aggregates` (what every eviction rule reads), `provenance` (the staleness and span
@@ -45,6 +48,7 @@ from pipeline.errors import ConfigError
 from pipeline.lake import read_table
 from pipeline.lake_identity import require_lake
 from pipeline.lake_scan import LakeScan, cut_seq, scan_lake
+from pipeline.sql_guard import statements
 from schemas import CANDIDATES, GROUP_TRAJECTORIES, LAKE_TABLES
 from sql import loader
 
@@ -201,6 +205,23 @@ def _drop(key: int) -> None:
     scan = _SCANS.pop(key, None)
     if scan is not None:
         scan.close()
+
+
+def read_sql(con: duckdb.DuckDBPyConnection, sql: str,
+             params: Mapping[str, object] | None = None) -> duckdb.DuckDBPyRelation | None:
+    """Run every statement of ``sql`` if all are reads (else `ReadOnlyError` before any runs):
+    the last statement's relation, or None when it yields no rows (`SET VARIABLE`). ``params``
+    bind `$name` placeholders of the last statement."""
+    todo = statements(sql, where="read_sql")
+    for st in todo[:-1]:
+        con.execute(st.text)
+    if not todo:
+        return None
+    last = todo[-1]
+    if last.kind == "SET":
+        con.execute(last.text, params or None)
+        return None
+    return con.sql(last.text, params=params or None)
 
 
 def refresh(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:

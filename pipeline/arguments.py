@@ -5,7 +5,7 @@ import operator
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.ingest import check_partition
+from pipeline.ingest import STEP_LIMIT, STEP_RULE, check_partition
 
 
 def partition_arg(partition: str | None, partition_id: str | None, where: str) -> str:
@@ -20,9 +20,11 @@ def partition_arg(partition: str | None, partition_id: str | None, where: str) -
 
 
 def step_arg(where: str, global_steps: Any) -> int:
-    """A trainer step: an int >= 0 (bool refused)."""
-    if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
-        raise ConfigError(f"{where}: global_steps={global_steps!r} must be an int >= 0")
+    """A trainer step: an int >= 0 and below STEP_LIMIT, as every step ingest takes (bool
+    refused)."""
+    if isinstance(global_steps, bool) or not isinstance(global_steps, int) \
+            or not 0 <= global_steps < STEP_LIMIT:
+        raise ConfigError(f"{where}: global_steps={global_steps!r} {STEP_RULE}")
     return global_steps
 
 

@@ -60,7 +60,7 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
         frame = frame.with_columns(
             span_tokens=pl.when(has).then(_SPAN.list.eval(_N_TOKENS.cast(pl.Int64)).list.sum()),
             span_version_sum=pl.when(has).then(
-                _SPAN.list.eval(_N_TOKENS.cast(pl.Int64) * _VERSION).list.sum()),
+                _SPAN.list.eval(_N_TOKENS.cast(pl.Int128) * _VERSION).list.sum()),
             span_version_min=_SPAN.list.eval(_VERSION.filter(_N_TOKENS > 0)).list.min())
     items = declared.compiled_items(PROVENANCE)
     return frame.with_columns(*(e.alias(k) for k, e in items.items()),

@@ -259,6 +259,8 @@ class ReplayBuffer(BufferReads):
         is never sampled or accepted again. Returns the uids retired (unknown or already removed
         ones are skipped)."""
         uids = uid_list("retire", uids)
+        if global_steps is not None:
+            step_arg("retire", global_steps)
         with self._state.cond:
             part = self._state.parts.get(partition)
             if part is None:

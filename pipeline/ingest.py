@@ -23,6 +23,12 @@ from schemas.conform import rows_where
 from schemas.tables import N_RESPONSE_TOKENS
 
 STATUSES = ("pending", "running", "finished", "failure")
+# Every step and weight version is below this (4611686018427387904): spans, staleness and group
+# spans are differences of two steps plus one, which then always fit in a signed 64-bit integer,
+# so the live buffer (polars, which wraps on overflow) and DuckDB over the lake (which refuses)
+# compute the same values; the token-weighted sums are computed in 128 bits by both.
+STEP_LIMIT = 2**62
+STEP_RULE = "must be an integer >= 0 and < 2**62 (4611686018427387904)"
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
 _SAFE_PARTITION = re.compile(r"[A-Za-z0-9_.\-]+")
 _VALID: set[str] = set()   # partition ids already found usable (a run has a handful)
@@ -75,9 +81,9 @@ def validate_groups(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
     problems = _partition_list_problems(partitions) + _empty_uid_problems(uids)
     # a python min over ~64 values: a numpy compare costs ~40 us between polls (cold), ~3 warm
     steps = table.column("global_steps").to_pylist()
-    if min(steps, default=0) < 0:
-        problems.append(Problem("global_steps", tuple(i for i, v in enumerate(steps) if v < 0),
-                                "must be an integer >= 0"))
+    if min(steps, default=0) < 0 or max(steps, default=0) >= STEP_LIMIT:
+        problems.append(Problem("global_steps", tuple(
+            i for i, v in enumerate(steps) if not 0 <= v < STEP_LIMIT), STEP_RULE))
     n_col = table.column("n")
     if n_col.null_count < len(n_col):          # the shorthand without n: all null
         bad_n = tuple(i for i, v in enumerate(n_col.to_pylist()) if v is not None and v < 1)
@@ -162,8 +168,8 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
             _np(table, "reward")
         session, index = _np(table, "session_id"), _np(table, "index")
         for name, mask, msg in (
-            ("min_global_steps", mn < 0, "must be >= 0"),
-            ("max_global_steps", mx < 0, "must be >= 0"),
+            ("min_global_steps", (mn < 0) | (mn >= STEP_LIMIT), STEP_RULE),
+            ("max_global_steps", (mx < 0) | (mx >= STEP_LIMIT), STEP_RULE),
             ("min_global_steps", mn > mx, "min_global_steps > max_global_steps"),
             ("session_id", session < 0, "must be >= 0"),
             ("index", index < 0, "must be >= 0"),
@@ -187,15 +193,17 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
 
 
 def _numbers_may_be_bad(table: pa.Table, keys: list[list]) -> bool:
-    """False when no session, index or version is negative, no min above its max and no reward
-    NaN; True may be a false alarm (e.g. +inf and -inf rewards), which the masks then clear.
+    """False when no session, index or version is negative, no version reaches STEP_LIMIT, no
+    min above its max and no reward NaN; True may be a false alarm (e.g. +inf and -inf
+    rewards), which the masks then clear.
 
     Python over the (non-null, conformed) columns: between two polls the caches are cold, and
     there a put's eight numpy calls cost ~70 us, these lists ~30 (measured after a `sample`)."""
     lo = table.column("min_global_steps").to_pylist()
     hi = table.column("max_global_steps").to_pylist()
     return (min(keys[2], default=0) < 0 or min(keys[3], default=0) < 0
-            or min(lo, default=0) < 0 or (lo != hi and any(a > b for a, b in zip(lo, hi)))
+            or min(lo, default=0) < 0 or max(hi, default=0) >= STEP_LIMIT
+            or (lo != hi and any(a > b for a, b in zip(lo, hi)))
             or math.isnan(sum(table.column("reward").to_pylist())))
 
 

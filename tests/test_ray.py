@@ -80,7 +80,7 @@ def test_errors_raised_inside_the_actor_reach_the_caller_with_their_type(actor):
     assert timeout.value.counts["pending"] == 1
     with pytest.raises(UnknownBatchError):
         actor.release(12345)
-    with pytest.raises(IngestError, match="must be >= 0"):
+    with pytest.raises(IngestError, match="must be an integer >= 0"):
         actor.put([traj("g0", 0, min_gs=-1)])   # refused whole inside the actor
     assert actor.counts("train")["pending"] == 1
 

@@ -142,7 +142,8 @@ def test_provenance_and_off_policy_metrics_agree_between_engines(seed: int) -> N
     con.register("batch_rows", rows.select(
         "partition", "step", "batch_id", "uid", "seq", "global_steps", "min_global_steps",
         "max_global_steps", "is_padding", "n_response_tokens", "span_tokens", "span_version_sum",
-        "span_version_min").to_arrow())
+        "span_version_min").with_columns(   # 128-bit sums cross to Arrow as decimals
+            pl.col(pl.Int128).cast(pl.Decimal(38, 0))).to_arrow())
     prov = loader.run(con, "provenance")
     for col in ("span", "staleness", "staleness_worst", "group_span", "token_staleness_sum"):
         assert prov.column(col).to_pylist() == rows[col].to_list()   # rows come in seq order

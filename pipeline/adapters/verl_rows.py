@@ -16,8 +16,9 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.adapters import verl_fields as vf
-from pipeline.errors import MissingMetricError
-from schemas import TRAJECTORIES_INPUT
+from pipeline.errors import IngestError, MissingMetricError
+from pipeline.ingest import STEP_LIMIT, STEP_RULE
+from schemas import TRAJECTORIES_INPUT, Problem
 
 _TOKENS = (("prompt_ids", "prompts", pa.int32()), ("response_ids", "responses", pa.int32()),
            ("response_mask", "response_mask", pa.int8()),
@@ -91,6 +92,7 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
         reward.append(0.0 if r is None else r)              # no rm_scores written yet
         info.append(None if extra is None else reward_info_of(extra))
         padding.append(bool(tag.get("is_padding", False)))
+    _check_versions(partition, [todo[i][0] for i in keep], lo, hi)
     cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
             "max_global_steps": hi, "reward": reward, "reward_info": info,
             "is_padding": padding, "versions_inferred": inferred}
@@ -106,3 +108,13 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
             data[name] = pa.array([[]] * n, pa.list_(typ))
     return pa.table({f.name: data[f.name] if f.name in data else pa.nulls(n, f.type)
                      for f in TRAJECTORIES_INPUT}, schema=TRAJECTORIES_INPUT)
+
+
+def _check_versions(partition: str, keys: list[str], lo: list, hi: list) -> None:
+    """Weight versions outside the steps ingest takes, named by their TransferQueue keys (one
+    past int64 would otherwise fail inside pyarrow with no key named)."""
+    bad = [k for k, a, b in zip(keys, lo, hi) if not (0 <= a < STEP_LIMIT and 0 <= b < STEP_LIMIT)]
+    if bad:
+        raise IngestError(f"verl trajectories of partition {partition!r}", [Problem(
+            "min_global_steps/max_global_steps", (), f"{STEP_RULE}; keys {bad[:5]}"
+            + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))])

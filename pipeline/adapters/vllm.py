@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import ReplayLakeError
+from pipeline.ingest import STEP_LIMIT, STEP_RULE
 
 PARTIAL_FINISH = ("abort", "error")
 Spans = list[tuple[int, int]]   # runs of (version, n_tokens)
@@ -123,9 +124,11 @@ def completion_spans(completion: Any, *, version_of: Callable[[Any], int] = defa
 
 def versions_row(spans: Spans | None, n_tokens: int, global_steps: int | None,
                  where: str) -> dict[str, Any]:
-    """``min/max_global_steps`` and ``version_spans`` columns from spans or the fallback step."""
+    """``min/max_global_steps`` and ``version_spans`` columns from spans or the fallback step;
+    a version or step outside the steps ingest takes is refused here, naming the completion."""
     if spans:
         versions = [v for v, _ in spans]
+        _check_steps(where, "weight version", versions)
         return {"min_global_steps": min(versions), "max_global_steps": max(versions),
                 "version_spans": [{"version": v, "n_tokens": n} for v, n in spans]}
     if spans is not None and n_tokens == 0 and global_steps is None:
@@ -134,8 +137,17 @@ def versions_row(spans: Spans | None, n_tokens: int, global_steps: int | None,
         raise VllmOutputError(f"{where}: vLLM reported no weight_versions and no global_steps "
                               "was given; pass global_steps= (the weight version that served "
                               "the request)")
+    _check_steps(where, "global_steps=", [int(global_steps)])
     return {"min_global_steps": int(global_steps), "max_global_steps": int(global_steps),
             "version_spans": None}
+
+
+def _check_steps(where: str, what: str, steps: list[int]) -> None:
+    bad = next((v for v in steps if not 0 <= v < STEP_LIMIT), None)
+    if bad is not None:
+        sep = "" if what.endswith("=") else " "
+        raise VllmOutputError(f"{where}: {what}{sep}{bad} {STEP_RULE}; map your labels to "
+                              "trainer steps with version_of=")
 
 
 def trajectory_row(*, partition: str, uid: str, session_id: int, prompt_ids: Sequence[int],

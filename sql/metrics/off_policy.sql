@@ -2,7 +2,8 @@
 -- description: the off-policy metrics of trained rows per partition and step, over non-padding
 --   rows only (a step with none has no row): spans, staleness and worst staleness (mean, max,
 --   min), staleness weighted by response tokens, and the exact per-token staleness where
---   version spans were reported. The live buffer compiles these aggregates for each batch; the
+--   version spans were reported (token-weighted sums in 128 bits, so no step below the ingest
+--   limit overflows them). The live buffer compiles these aggregates for each batch; the
 --   lake runs the file over the `provenance` view.
 -- params: none
 -- reads: provenance
@@ -25,7 +26,8 @@ select
     max(staleness_worst) as trajectory_staleness_worst_max,
     min(staleness_worst) as trajectory_staleness_worst_min,
     cast(sum(n_response_tokens) as bigint) as n_response_tokens,
-    sum(staleness * n_response_tokens) / nullif(sum(n_response_tokens), 0) as token_staleness_mean,
+    sum(staleness::hugeint * n_response_tokens) / nullif(sum(n_response_tokens), 0)
+        as token_staleness_mean,
     cast(sum(span_tokens) as bigint) as n_span_tokens,
     sum(token_staleness_sum) / nullif(sum(span_tokens), 0) as token_staleness_exact_mean,
     max(case when span_tokens > 0 then token_staleness_max end) as token_staleness_exact_max

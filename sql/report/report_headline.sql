@@ -44,7 +44,7 @@ per_rows as (
         coalesce(sum(n_response_tokens), 0)::bigint as response_tokens,
         avg(staleness) as staleness_mean,
         max(staleness) as staleness_max,
-        sum(staleness * n_response_tokens) / nullif(sum(n_response_tokens), 0)
+        sum(staleness::hugeint * n_response_tokens) / nullif(sum(n_response_tokens), 0)
             as token_staleness_mean,
         avg(span) as span_mean,
         max(span) as span_max

@@ -3,8 +3,9 @@
 --   every group selected into a batch, as the batch held it (the group's current incarnation,
 --   rows that arrived before the selection), with the step of the selection, the group's dispatch
 --   step at that moment, the response length and the row's version-span sums: span_tokens (tokens
---   covered), span_version_sum (sum of n_tokens * version) and span_version_min (oldest version
---   that produced a token), all null when the row reported no version spans. The response length
+--   covered), span_version_sum (sum of n_tokens * version, in 128 bits: a 64-bit sum overflows
+--   for versions near the step limit) and span_version_min (oldest version that produced a
+--   token), all null when the row reported no version spans. The response length
 --   is the count stored at ingest, so the token payload is never read; prompt_id is the group's.
 -- params: none
 -- reads: decisions, group_events, trajectories
@@ -69,7 +70,7 @@ final as (
             list_transform(version_spans, lambda s: s.n_tokens::bigint)), 0)::bigint
         end as span_tokens,
         case when version_spans is not null then coalesce(list_sum(
-            list_transform(version_spans, lambda s: s.n_tokens::bigint * s.version)), 0)::bigint
+            list_transform(version_spans, lambda s: s.n_tokens::hugeint * s.version)), 0)::hugeint
         end as span_version_sum,
         list_min(list_transform(
             list_filter(version_spans, lambda s: s.n_tokens > 0), lambda s: s.version))::bigint

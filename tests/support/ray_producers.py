@@ -30,3 +30,40 @@ def produce(client: Any, producer: int, groups: int, gs: int) -> list[str]:
         client.update_status(partition="train", uids=[uid], status="finished")
         uids.append(uid)
     return uids
+
+
+def big_group(uid: str, tokens: int, gs: int = 1) -> Any:
+    """One group's trajectories as an Arrow table with ``tokens`` response tokens per session:
+    a put large enough that a kill lands inside it."""
+    import numpy as np
+    import pyarrow as pa
+
+    from schemas import TRAJECTORIES_INPUT
+    offsets = pa.array(np.arange(GROUP + 1, dtype=np.int32) * tokens)
+    responses = pa.ListArray.from_arrays(offsets, pa.array(np.zeros(GROUP * tokens, np.int32)))
+    rows = {"partition": ["train"] * GROUP, "uid": [uid] * GROUP, "session_id": list(range(GROUP)),
+            "index": [0] * GROUP, "min_global_steps": [gs - 1] * GROUP,
+            "max_global_steps": [gs - 1] * GROUP, "reward": [float(s % 2) for s in range(GROUP)],
+            "prompt_ids": [[1, 2]] * GROUP, "response_ids": responses,
+            "is_padding": [False] * GROUP, "versions_inferred": [False] * GROUP}
+    return pa.table({f.name: rows[f.name] if f.name in rows else pa.nulls(GROUP, f.type)
+                     for f in TRAJECTORIES_INPUT}, schema=TRAJECTORIES_INPUT)
+
+
+class LoggedProducer:
+    """A rollout worker (the body of a Ray actor) that logs `start uid` before each put and
+    `done uid` once the buffer acknowledged it, so a test that kills its process knows which put
+    was in flight."""
+
+    def pid(self) -> int:
+        import os
+        return os.getpid()
+
+    def put_groups(self, client: Any, uids: list[str], tokens: int, log: str) -> None:
+        for uid in uids:
+            table = big_group(uid, tokens)
+            with open(log, "a") as f:
+                f.write(f"start {uid}\n")
+            client.put(table)
+            with open(log, "a") as f:
+                f.write(f"done {uid}\n")
