@@ -9,6 +9,7 @@ their data plane (`before_poll`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,7 +158,12 @@ class _Call:
                               uids=tuple(ev.uids), credits=tuple(ev.credits))
         if cfg.refill_fn is not None:
             st.replaces = []
-            dispatch = cfg.refill.after_poll(outcome, st, ctx) + part.refill_owed
+            wanted = cfg.refill.after_poll(outcome, st, ctx)
+            if part.refill_asking:     # an earlier ask has not returned: never ask twice
+                part.refill_owed += wanted
+                part.refill_replaces = part.refill_replaces + st.replaces
+            else:
+                dispatch = wanted + part.refill_owed
         now = time.monotonic()
         if dispatch:
             # owed first: should the refill row fail to be written, the next poll (of this or a
@@ -177,7 +183,7 @@ class _Call:
                 return Ready(uids, CallMetrics(scalars, {} if ctx.validation
                                                else acc.reward_counts)), 0, None
             return _select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None
-        _check_time(ctx, self.timeout, self.deadline, now, part, state)
+        _check_time(ctx, self.timeout, self.deadline, now, part, state, st)
         if st.refilled and now - self.last_warn >= WARN_EVERY_S:
             self.last_warn = now
             log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
@@ -193,16 +199,57 @@ class _Call:
         """Ask ``refill_fn`` for ``dispatch`` prompts, the lock released: it registers the new
         groups through this very buffer. If it raises, the lake records the ask as failed (a
         `refill_failed` row beside its `refill` row: readers count only served asks) and the
-        prompts stay owed: the next poll, of this or a later call, asks again."""
-        try:
-            self.cfg.refill_fn(dispatch)
-        except BaseException as exc:
-            self._ask_failed(part, poll, dispatch, exc)
-            raise
-        with self.state.cond, interrupts.held():
-            self.asked = None
-            part.refill_owed = 0
-            part.refill_replaces = []
+        prompts stay owed: the next poll, of this or a later call, asks again.
+
+        With a deadline, refill_fn runs in a helper thread that the call waits for until the
+        deadline only: a rollout side that stops answering ends `sample` in `SampleTimeout`
+        naming refill_fn, never holds it. The ask then stays in flight (`refill_asking`: no
+        poll asks again; what polls want meanwhile is owed) until refill_fn returns, which
+        settles it as if the call had waited."""
+        self.asked = None          # from here on, the ask's own end settles it
+        replaced = len(part.refill_replaces)
+
+        def ask() -> None:
+            try:
+                self.cfg.refill_fn(dispatch)
+            except BaseException as exc:
+                with self.state.cond:
+                    part.refill_asking = False
+                self._ask_failed(part, poll, dispatch, exc)
+                raise
+            with self.state.cond, interrupts.held():   # what was owed meanwhile stays owed
+                part.refill_asking = False
+                part.refill_owed -= dispatch
+                part.refill_replaces = part.refill_replaces[replaced:]
+
+        if self.deadline is None:
+            ask()
+            return
+        with self.state.cond:
+            part.refill_asking = True
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                ask()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the waiting call
+                errors.append(exc)
+                if time.monotonic() >= self.deadline:
+                    log.warning("refill_fn(%d) of %s raised after the call timed out: %r "
+                                "(the prompts stay owed)", dispatch, _call(self.ctx), exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="replaylake-refill", daemon=True).start()
+        if not done.wait(max(self.deadline - time.monotonic(), 0.0)):
+            with self.state.cond:
+                raise SampleTimeout(
+                    f"{_call(self.ctx)} timed out after {self.timeout}s: refill_fn({dispatch}) "
+                    "has not returned (the rollout side is not answering); the ask stays in "
+                    "flight and its groups count as soon as they arrive", part.counts())
+        if errors:
+            raise errors[0]
 
     def _ask_failed(self, part: PartitionState, poll: int, dispatch: int,
                     exc: BaseException) -> None:
@@ -216,20 +263,32 @@ class _Call:
                 "count": dispatch, "replaces": list(part.refill_replaces)}])
 
 
+def _call(ctx: PollContext) -> str:
+    return (f"sample(global_steps={ctx.step}, partition={ctx.partition!r}, "
+            f"batch_size={ctx.batch_size})")
+
+
 def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None, now: float,
-                part: PartitionState, state: BufferState) -> None:
-    """Every poll honours the timeout, also one that just asked for a refill."""
+                part: PartitionState, state: BufferState, st: CallState) -> None:
+    """Every poll honours the timeout, also one that just asked for a refill; the error says
+    why the batch is short as far as the buffer can tell."""
     if deadline is None or now < deadline:
         return
     hint = ""
-    if not part.groups and not part.candidates.alive_count:
+    if st.refilled:
+        flying = len(part.inflight)
+        seen = ", ".join(f"{n} {r}" for r, n in sorted(st.evicted.items()) if n) or "none"
+        hint = (f"; this call asked refill_fn for {st.refilled} new prompt(s) and "
+                + (f"{flying} group(s) still in flight (pending/running) have not finished: "
+                   "their rollouts are late or stalled" if flying else
+                   "none of them is in flight: refill_fn returned without registering them, "
+                   f"or they were evicted in turn (evicted in this call: {seen})"))
+    elif not part.groups and not part.retired and not part.candidates.alive_count:
         known = sorted(p for p in state.parts if p != ctx.partition and state.parts[p].groups)
         hint = (f"; partition {ctx.partition!r} has never received a group (known partitions: "
                 f"{known or 'none'})")
-    raise SampleTimeout(
-        f"sample(global_steps={ctx.step}, partition={ctx.partition!r}, "
-        f"batch_size={ctx.batch_size}) timed out after {timeout}s with "
-        f"{part.candidates.alive_count} sampleable group(s){hint}", part.counts())
+    raise SampleTimeout(f"{_call(ctx)} timed out after {timeout}s with "
+                        f"{part.candidates.alive_count} sampleable group(s){hint}", part.counts())
 
 
 def _ready(cfg: BufferConfig, part: PartitionState, ctx: PollContext, o: PollOutcome,

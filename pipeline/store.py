@@ -128,6 +128,7 @@ class PartitionState:
         self.retired: set[str] = set()           # removed uids: never accepted again
         self.refill_owed = 0                     # refills decided but not yet acknowledged
         self.refill_replaces: list[str] = []     # the evicted uids those refills replace
+        self.refill_asking = False               # refill_fn still running past a call's deadline
         self.unreported: Any = None              # EvictionMetrics of calls that raised
         self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
         #                  sample chose and has not returned yet (see sampling._Call)

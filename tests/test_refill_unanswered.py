@@ -87,11 +87,6 @@ def test_groups_that_arrive_late_but_before_the_deadline_let_sample_go_on(preset
     assert buf.sample(1, "train", 1, timeout=5).uids == ["late"]
 
 
-CAUSE = ("the SampleTimeout message does not name the refills yet: the lead applies the change "
-         "proposed in /work/notes/h4.md to pipeline/sampling.py, then removes this marker")
-
-
-@pytest.mark.xfail(strict=True, reason=CAUSE)
 @pytest.mark.parametrize("preset", ["async", "sync"])
 def test_the_timeout_says_the_refilled_prompts_never_arrived(preset: str) -> None:
     error, _ = _timed_sample(_flat_then(preset, Silent(step=1)))
@@ -100,7 +95,6 @@ def test_the_timeout_says_the_refilled_prompts_never_arrived(preset: str) -> Non
     assert "never received" not in str(error)
 
 
-@pytest.mark.xfail(strict=True, reason=CAUSE)
 def test_a_partition_whose_groups_were_all_evicted_is_not_said_to_have_received_none() -> None:
     buf = make("async", None, max_off_policy_threshold=2)
     group(buf, "old", 0, [0.0, 1.0])                       # stale at step 9: evicted
@@ -109,7 +103,6 @@ def test_a_partition_whose_groups_were_all_evicted_is_not_said_to_have_received_
     assert "never received a group" not in str(error.value)
 
 
-@pytest.mark.xfail(strict=True, reason=CAUSE)
 @pytest.mark.parametrize("preset", ["async", "sync"])
 def test_the_timeout_says_the_refilled_groups_are_still_in_flight(preset: str) -> None:
     error, _ = _timed_sample(_flat_then(preset, _stalled()))
@@ -117,9 +110,6 @@ def test_the_timeout_says_the_refilled_groups_are_still_in_flight(preset: str) -
     assert f"{ASKED[preset]} group(s) still in flight" in str(error)
 
 
-@pytest.mark.xfail(strict=True, reason="sample calls refill_fn with no deadline, so a refill_fn "
-                   "that blocks holds sample past its timeout (the lead's fix is proposed in "
-                   "/work/notes/h4.md)")
 @pytest.mark.parametrize("preset", ["async", "sync"])
 def test_a_refill_fn_that_blocks_cannot_hold_sample_past_its_timeout(preset: str) -> None:
     answered = threading.Event()
@@ -138,8 +128,6 @@ def test_a_refill_fn_that_blocks_cannot_hold_sample_past_its_timeout(preset: str
         answered.set()                     # let the refill thread (and a held sample) end
 
 
-@pytest.mark.xfail(strict=True, reason="sample calls refill_fn with no deadline (the lead's fix "
-                   "is proposed in /work/notes/h4.md)")
 def test_after_a_blocked_refill_times_out_the_next_call_waits_for_that_ask_and_goes_on() -> None:
     answered = threading.Event()
     calls: list[int] = []
