@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401  (pa.dataset in annotations)
 
+from pipeline import lake_orphans as orphans
 from pipeline.errors import ConfigError, LakeError
 from pipeline.lake import read_table
 from pipeline.lake_scan import LakeScan, cut_seq, scan_lake
@@ -122,8 +123,10 @@ def read_lake(lake_dir: str | os.PathLike,
     if unknown or not tables:
         raise ConfigError(f"read_lake(tables={tables!r}): name lake tables among "
                           f"{', '.join(BASE_TABLES)}")
-    read = {name: _dedupe(read_table(root, name)) for name in tables}
-    return _consistent(read, tables[0])
+    read = _consistent({name: _dedupe(read_table(root, name)) for name in tables}, tables[0])
+    if "group_events" in read:      # the rule `connect` and a restore apply (see lake_orphans)
+        orphans.refuse(root, orphans.summary(orphans.orphans_in(read)))
+    return read
 
 
 def register(con: duckdb.DuckDBPyConnection,
@@ -178,12 +181,20 @@ def connect(lake_dir: str | os.PathLike, *,
         con = duckdb.connect(":memory:")
         set_filter_metric(con, filter_metric)
         register(con, scan.tables)
+        refuse_orphans(con, lake_dir)
         lock(con)
     except BaseException:
         scan.close()
         raise
     _keep(con, scan)
     return con
+
+
+def refuse_orphans(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
+    """Raise LakeDamageError if the lake holds rows of groups whose registration is gone,
+    outside the partitions where a salvage set registrations aside: the same rule a restore
+    and `lake check` apply (see `lake_orphans`), so SQL never counts what a restore refuses."""
+    orphans.refuse(lake_dir, loader.run(con, "no_orphan_rows"))
 
 
 # the scan behind each open connection: its scratch files go when the connection does
@@ -208,5 +219,10 @@ def _drop(key: int) -> None:
 def refresh(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
     """Re-scan the lake into an existing connection (rows appended since connect become visible)."""
     scan = scan_lake(lake_dir)
-    register(con, scan.tables)
+    try:
+        register(con, scan.tables)
+        refuse_orphans(con, lake_dir)
+    except BaseException:
+        scan.close()
+        raise
     _keep(con, scan)

@@ -12,6 +12,7 @@ from jobs.audit import run_audits
 from pipeline.analysis import connect
 from pipeline.journal import Journal
 from pipeline.lake import LakeWriter, read_table
+from pipeline.lake_files import QUARANTINE_DIR
 from schemas import LAKE_TABLES
 from sql.loader import in_folder, run
 from tests.support.sql_runs import Run, shared_run
@@ -96,7 +97,20 @@ def _trained_at_step_zero(lake: Path) -> str:
     return g["uid"]
 
 
+def _orphan_in_a_salvaged_partition(lake: Path) -> str:
+    """A trajectory of a group never registered, where a salvage set group events aside (so
+    readers read on, as they do after a salvage that lost a registration)."""
+    writer = LakeWriter(lake)
+    try:
+        writer.record_removed([f"{QUARANTINE_DIR}/then/group_events/partition=train/lost.arrow"])
+    finally:
+        writer.close()
+    _append(lake, "trajectories", [_traj({"partition": "train", "uid": "ghost"})])
+    return "ghost"
+
+
 TAMPERS: dict[str, Callable[[Path], str]] = {
+    "no_orphan_rows": _orphan_in_a_salvaged_partition,
     "no_future_versions": _trained_at_step_zero,
     "no_group_in_two_batches": _in_two_batches,
     "no_partial_group_in_batch": _late_trajectory_of_sampled,
@@ -127,3 +141,4 @@ def test_audit_fires_on_a_tampered_lake(audit: str, tmp_path: Path) -> None:
     params = {"threshold": r.threshold} if audit == "stale_bound_respected" else {}
     found = run(connect(lake), audit, **params).to_pylist()
     assert found and {row["uid"] for row in found} == {uid}
+
