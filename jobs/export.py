@@ -50,7 +50,6 @@ from jobs.export_manifest import (
     atomic,
     check_out,
     intact,
-    made_durably,
     read_done,
     shard_path,
     write_manifest,
@@ -62,6 +61,7 @@ from jobs.export_rows import (
     trained_rows,
 )
 from pipeline.lake import read_table
+from pipeline.lake_files import mkdir_durably
 from pipeline.lake_identity import require_lake
 from schemas import BATCH_PROVENANCE, TRAJECTORIES
 
@@ -155,7 +155,7 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
 def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -> dict[str, Any]:
     """Write one shard in every requested format; returns the files' manifest entries."""
     base = cfg.out / partition / f"shard-{index:05d}"
-    made_durably(base.parent)
+    mkdir_durably(base.parent)
     files = {}
     if "parquet" in cfg.formats:
         per_row = max(1, rows.nbytes // max(rows.num_rows, 1))
@@ -185,7 +185,7 @@ def export(cfg: ExportConfig, rows_fn: Any = None) -> dict[str, Any]:
 
     selections = _selections(cfg)
     check_out(cfg.out)
-    made_durably(cfg.out)
+    mkdir_durably(cfg.out)
     for stale in cfg.out.glob("**/.*.tmp-*"):
         stale.unlink()                       # a killed run's half-written file
     done = read_done(cfg.out, cfg.selection())

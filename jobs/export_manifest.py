@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ReplayLakeError
-from pipeline.lake_files import fsync_dir, replace_durably
+from pipeline.lake_files import replace_durably
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "replaylake-export/1"
@@ -45,14 +45,6 @@ def atomic(path: Path, write: Any) -> dict[str, Any]:
     write(tmp)
     replace_durably(tmp, path)
     return {"bytes": path.stat().st_size, "sha256": sha256(path)}
-
-
-def made_durably(d: Path) -> None:
-    """Create ``d`` (and its missing parents), each new name fsynced into its parent."""
-    new = [p for p in (d, *d.parents) if not p.exists()]
-    d.mkdir(parents=True, exist_ok=True)
-    for p in reversed(new):
-        fsync_dir(p.parent)
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:

@@ -4,10 +4,12 @@
     replaylake lake salvage --lake runs/demo/lake    # needs the lake closed (takes the lock)
 
 `check` only reads and is safe while a buffer writes. A torn tail (the write a crash interrupted)
-is listed but is not damage: readers ignore it. `salvage` moves damaged files whole into
-`<lake>/_quarantine/<when>/` and writes back every acknowledged write that still verifies; a buffer
-then opens the lake again. The writes it could not keep are counted, and their bytes stay in the
-quarantine.
+is listed but is not damage: readers ignore it. Damage is a file that does not verify, a logged
+segment that is gone, a segment whose writer's log is gone (`unlogged`), or rows of groups whose
+registration is gone (`orphans`). `salvage` is refused while a buffer holds the lake; it moves
+damaged files whole into `<lake>/_quarantine/<when>/` and writes back every acknowledged write
+that still verifies; a buffer then opens the lake again. The writes it could not keep are counted,
+and their bytes stay in the quarantine.
 """
 from __future__ import annotations
 
@@ -46,8 +48,8 @@ def salvage(lake: LakeOption) -> None:
         replaylake lake salvage --lake runs/demo/latest/lake
     """
     from pipeline.lake_check import describe
-    from pipeline.lake_check import salvage as run_salvage
     from pipeline.lake_identity import require_lake
+    from pipeline.lake_salvage import salvage as run_salvage
     report = run_salvage(require_lake(lake))
     for line in describe(report):
         typer.echo(line)
@@ -58,6 +60,9 @@ def salvage(lake: LakeOption) -> None:
         typer.echo(f"quarantined  {path}")
     typer.echo(f"kept {report.kept_writes} acknowledged write(s) that verify; "
                f"lost {report.lost_writes} (their bytes are in the quarantine)")
+    if report.set_aside_rows:
+        typer.echo(f"set aside {report.set_aside_rows} row(s) of groups whose registration is "
+                   "gone (listed in the quarantine's orphans.json); restores skip them")
 
 
 if __name__ == "__main__":

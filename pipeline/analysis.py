@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401  (pa.dataset in annotations)
 
+from pipeline import lake_orphans as orphans
 from pipeline.errors import ConfigError
 from pipeline.lake import read_table
 from pipeline.lake_identity import require_lake
@@ -77,7 +78,8 @@ BATCH_ROWS = pa.schema([
     pa.field("is_padding", pa.bool_()),
     pa.field("n_response_tokens", pa.int64()),
     pa.field("span_tokens", pa.int64()),      # tokens covered by version spans (null: none)
-    pa.field("span_version_sum", pa.int64()),  # sum of n_tokens * version (null: none)
+    # sum of n_tokens * version (null: none), in 128 bits (DuckDB HUGEINT): 64 would overflow
+    pa.field("span_version_sum", pa.decimal128(38, 0)),
     pa.field("span_version_min", pa.int64()),  # oldest version with tokens (null: none)
     pa.field("seq", pa.int64()),              # the trajectory's seq
     pa.field("prompt_id", pa.int64()),        # the group's dataset id (null: none given)
@@ -124,8 +126,10 @@ def read_lake(lake_dir: str | os.PathLike,
     if unknown or not tables:
         raise ConfigError(f"read_lake(tables={tables!r}): name lake tables among "
                           f"{', '.join(BASE_TABLES)}")
-    read = {name: _dedupe(read_table(root, name)) for name in tables}
-    return _consistent(read, tables[0])
+    read = _consistent({name: _dedupe(read_table(root, name)) for name in tables}, tables[0])
+    if "group_events" in read:      # the rule `connect` and a restore apply (see lake_orphans)
+        orphans.refuse(root, orphans.summary(orphans.orphans_in(read)))
+    return read
 
 
 def register(con: duckdb.DuckDBPyConnection,
@@ -180,12 +184,20 @@ def connect(lake_dir: str | os.PathLike, *,
         con = duckdb.connect(":memory:")
         set_filter_metric(con, filter_metric)
         register(con, scan.tables)
+        refuse_orphans(con, lake_dir)
         lock(con)
     except BaseException:
         scan.close()
         raise
     _keep(con, scan)
     return con
+
+
+def refuse_orphans(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
+    """Raise LakeDamageError if the lake holds rows of groups whose registration is gone,
+    outside the partitions where a salvage set registrations aside: the same rule a restore
+    and `lake check` apply (see `lake_orphans`), so SQL never counts what a restore refuses."""
+    orphans.refuse(lake_dir, loader.run(con, "no_orphan_rows"))
 
 
 # the scan behind each open connection: its scratch files go when the connection does
@@ -227,5 +239,10 @@ def read_sql(con: duckdb.DuckDBPyConnection, sql: str,
 def refresh(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
     """Re-scan the lake into an existing connection (rows appended since connect become visible)."""
     scan = scan_lake(require_lake(lake_dir))
-    register(con, scan.tables)
+    try:
+        register(con, scan.tables)
+        refuse_orphans(con, lake_dir)
+    except BaseException:
+        scan.close()
+        raise
     _keep(con, scan)

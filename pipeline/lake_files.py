@@ -13,7 +13,9 @@ verified: that is what tells a torn tail (ignored) from damage anywhere else (re
 Each writer also keeps a log, `_log/log-<writer>.arrow`: one `segment` record per segment it
 created (so a segment that disappears is noticed), one `commit` record per call that spanned
 several partitions (so a call torn between its files is read as never made), and `removed` records
-a salvage (or a job that rewrites segments) writes for files it took away on purpose.
+a salvage (or a job that rewrites segments) writes for files it took away on purpose. A writer
+creates its log before its first segment's first write, so a segment whose writer's log is gone
+is damage, never a crash's leftover.
 """
 from __future__ import annotations
 
@@ -171,6 +173,18 @@ def table_of(path: Path) -> str:
     return path.name.split("-")[0]
 
 
+WRITER_TAG_LENGTH = 12      # a writer's tag: 12 hex digits, then the file's 4-digit number
+
+
+def writer_of(path: Path) -> str | None:
+    """The tag of the writer that created a segment (`<table>-<first seq>-<tag><n>.arrow`) or a
+    log (`log-<tag><n>.arrow`); None for a name of neither form."""
+    parts = path.name.split(".")[0].split("-")
+    last = parts[-1] if len(parts) in (2, 3) else ""
+    tag = last[:WRITER_TAG_LENGTH]
+    return tag if len(last) > WRITER_TAG_LENGTH and last[WRITER_TAG_LENGTH:].isdigit() else None
+
+
 def fsync_dir(path: Path) -> None:
     """fsync a directory, so the names added to it survive power loss."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -178,6 +192,14 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def mkdir_durably(d: Path) -> None:
+    """Create ``d`` and its missing parents, each new name fsynced into its parent directory."""
+    new = [p for p in (d, *d.parents) if not p.exists()]
+    d.mkdir(parents=True, exist_ok=True)
+    for p in reversed(new):
+        fsync_dir(p.parent)
 
 
 def replace_durably(tmp: Path, target: Path, *, synced: str | None = None,

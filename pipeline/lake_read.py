@@ -2,10 +2,11 @@
 
 A stream's checksum file says which of its bytes were acknowledged (see `lake_files`). Reading a
 stream verifies those bytes and parses them; bytes past the last checksum record are the torn tail
-of a write that never returned, and are ignored. Everything else is damage and raises
-`LakeDamageError` naming the file and the byte offset: a checksum mismatch, a stream shorter than
-its acknowledged length, a damaged checksum record, a stream without its checksum file, a segment
-its writer logged that is gone. `replaylake lake check` lists such damage; `salvage` moves it
+of a write that never returned (at most one write), and are ignored. Everything else is damage and
+raises `LakeDamageError` naming the file and the byte offset: a checksum mismatch, a stream
+shorter than its acknowledged length, a damaged checksum record, a stream without its checksum
+file, more than one write past the last record, a segment its writer logged that is gone, a
+segment whose writer's log is gone. `replaylake lake check` lists such damage; `salvage` moves it
 aside and keeps every write that still verifies.
 
 Safe while a writer appends: the checksum file is read first, and a writer writes a stream's
@@ -25,11 +26,15 @@ import pyarrow.parquet as pq
 from pipeline.errors import LakeDamageError
 from pipeline.lake_files import (
     CALL_KEY,
+    LOG_DIR,
     LOG_SCHEMA,
+    RECORD_SIZE,
     log_files,
     refused,
     segment_files,
+    sum_path,
     table_of,
+    writer_of,
 )
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
@@ -39,10 +44,63 @@ from schemas.evolve import upgrade
 HIGHEST_SEQ_KEY = b"replaylake.highest_seq"
 
 
-def read_log(root: str | os.PathLike) -> pa.Table:
-    """Every record of every writer's log."""
+def log_records(root: str | os.PathLike) -> pa.Table:
+    """Every record of every writer's log, as they are (`read_log` also checks none is gone)."""
     parts = [b for p in log_files(root) for b, _ in batches(p)]
     return pa.Table.from_batches(parts, schema=LOG_SCHEMA)
+
+
+def read_log(root: str | os.PathLike) -> pa.Table:
+    """Every record of every writer's log; a segment whose writer's log is gone is damage
+    (see `unlogged_segments`), so no reader takes a missing log for calls never committed."""
+    log = log_records(root)
+    gone = unlogged_segments(root, log)
+    if gone:
+        raise LakeDamageError(gone[0], 0, unlogged_message(writer_of(gone[0])))
+    return log
+
+
+def unlogged_message(writer: str | None) -> str:
+    """What is wrong with a segment whose writer's log is gone, and what to do."""
+    return (f"its writer's log ({LOG_DIR}/log-{writer}*.arrow) is missing, so that writer's "
+            "multi-partition calls cannot be told from calls never committed, nor its missing "
+            f"segments noticed; copy the lake's {LOG_DIR} directory back (copy and sync tools "
+            "that skip names starting with `_` leave it out)")
+
+
+def logged_writers(root: str | os.PathLike, log: pa.Table) -> set[str]:
+    """The tags of the writers whose log is in the lake, or was set aside by a salvage (which
+    records a `removed` record for a log it could keep nothing of)."""
+    tags = {writer_of(p) for p in log_files(root)}
+    kinds, paths = log.column("kind").to_pylist(), log.column("path").to_pylist()
+    for k, p in zip(kinds, paths):
+        if k == "removed" and p and Path(p).parent.name == LOG_DIR:
+            tags.add(writer_of(Path(p)) or Path(p).name.removeprefix("log-"))
+    tags.discard(None)
+    return tags
+
+
+def unlogged_segments(root: str | os.PathLike, log: pa.Table) -> list[Path]:
+    """Live segments holding acknowledged writes whose writer has no log. A writer creates its
+    log, and records a segment in it, before the segment's first write, so no crash leaves such
+    a segment: its log was deleted (or not copied). The logs are listed again for a segment that
+    looks unlogged, since a writer that started after the first listing has a log by now."""
+    known = logged_writers(root, log) | {None}      # None: a name no writer gives a segment
+    suspects = [p for t in LAKE_TABLES for p in segment_files(root, t)
+                if p.suffix == ".arrow" and writer_of(p) not in known
+                and _written(p) and not compacted_path(p).exists()]
+    if suspects:
+        known = logged_writers(root, log)
+        suspects = [p for p in suspects if writer_of(p) not in known]
+    return suspects
+
+
+def _written(path: Path) -> bool:
+    """Whether a stream holds an acknowledged write (or, without a checksum file, any byte)."""
+    try:
+        return sum_path(path).stat().st_size >= RECORD_SIZE
+    except FileNotFoundError:
+        return path.exists() and path.stat().st_size > 0
 
 
 def committed_calls(root: str | os.PathLike, log: pa.Table | None = None) -> set[tuple[str, str]]:

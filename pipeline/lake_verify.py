@@ -7,9 +7,11 @@ with the segment's size. Here each acknowledged write is read, checked against i
 only then handed on (to the Arrow stream reader, or dropped), so what is held at any moment is one
 write: one call's rows of one partition, whatever the size of the segment or the lake.
 
-The rules are those of `lake_files`: bytes past the last checksum record are a torn tail (ignored);
-a damaged record, a stream shorter than its acknowledged length, a write whose CRC does not match,
-acknowledged bytes that do not parse as Arrow, or a stream without its checksum file are damage
+The rules are those of `lake_files`: bytes past the last checksum record are a torn tail (ignored)
+when they are at most one write, as a crash leaves them; a damaged record, a stream shorter than
+its acknowledged length, a write whose CRC does not match, acknowledged bytes that do not parse as
+Arrow, a stream without its checksum file, and unrecorded bytes that hold more than one write or
+follow the end-of-stream marker (a checksum file that lost records: see `lake_frames`) are damage
 (`LakeDamageError`, naming the file and the first byte of the write at fault). A consumer that
 iterates `batches` may have seen earlier batches before damage further on is raised: every caller
 lets the error end what it was doing, so nothing read from a damaged stream is ever kept.
@@ -25,8 +27,7 @@ import pyarrow as pa
 
 from pipeline.errors import LakeDamageError
 from pipeline.lake_files import RECORD_SIZE, Record, sum_path, unpack_records
-
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"     # the Arrow end-of-stream marker
+from pipeline.lake_frames import EOS, frames
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Verified:
     size: int = 0                                    # acknowledged bytes
     ends: list[int] = field(default_factory=list)    # where each acknowledged write ends
     torn: int = 0                                    # bytes past the last record (ignored)
-    closed: bool = False                             # ends with the end-of-stream marker
+    closed: bool = False                             # its last write is the end-of-stream marker
 
 
 def _records(path: Path) -> list[Record] | None:
@@ -72,7 +73,6 @@ class _Writes:
         self.start = 0             # where the loaded write starts in the stream
         self.buf = b""             # the loaded write
         self.pos = 0               # read position in the stream
-        self.last = b""            # the last write loaded (for the end-of-stream marker)
         try:
             self.file = open(path, "rb", buffering=0)
         except FileNotFoundError:
@@ -81,12 +81,52 @@ class _Writes:
                                       "acknowledged bytes were recorded for it") from None
             return
         self.file_size = os.fstat(self.file.fileno()).st_size
-        if self.file_size < self.end:
+        try:
+            if self.file_size < self.end:
+                raise LakeDamageError(path, self.file_size, f"the file ends at byte "
+                                      f"{self.file_size}, but {self.end} bytes of it were "
+                                      "acknowledged")
+            self.ends_closed = self._ends_closed()
+            self._check_tail()
+        except LakeDamageError:
             self.close()
-            raise LakeDamageError(path, self.file_size, f"the file ends at byte {self.file_size}, "
-                                  f"but {self.end} bytes of it were acknowledged")
+            raise
 
     closed = False
+    ends_closed = False
+
+    def _ends_closed(self) -> bool:
+        """Whether the last acknowledged write is the end-of-stream marker (the stream was
+        finished: nothing may follow it)."""
+        if not self.records:
+            return False
+        start = self.records[-2].end if len(self.records) > 1 else 0
+        f = frames(self.file.fileno(), start, self.end)
+        return f.end == self.end and f.kinds[-1:] == (EOS,)
+
+    def _check_tail(self) -> None:
+        """Bytes past the last record must be at most one write: the writer records each write
+        before it starts the next, so a crash leaves no more. More is a checksum file that lost
+        records (cut short, say), and reading it as a torn tail would drop acknowledged writes."""
+        size = self.file_size
+        if size == self.end:
+            return
+        if self.ends_closed:
+            raise LakeDamageError(self.path, self.end, f"{size - self.end} byte(s) follow the "
+                                  "end-of-stream marker, after which nothing is ever written")
+        if _one_write_at_most(self.file.fileno(), self.end, size):
+            return
+        # a live writer may have recorded writes since the checksum file was read: what is past
+        # the records now is at most the one write in flight, unless records are missing
+        again = _records(self.path)
+        end = again[-1].end if again else 0
+        if end >= size or _one_write_at_most(self.file.fileno(), end, size):
+            return
+        found = frames(self.file.fileno(), end, size)
+        raise LakeDamageError(self.path, end, (
+            f"the {size - end} byte(s) past its last checksum record hold {found.writes()} whole "
+            "write(s), but a crash leaves at most one unacknowledged write: its checksum file "
+            f"{sum_path(self.path).name} lost records"))
 
     def load(self) -> bool:
         """Read and check the next write; False at the end of the acknowledged bytes."""
@@ -98,7 +138,7 @@ class _Writes:
         data = self._read(stop - start)
         if len(data) < stop - start or not rec.matches(data):
             raise LakeDamageError(self.path, start, f"checksum mismatch in bytes {start}..{stop}")
-        self.start, self.buf, self.last = start, data, data
+        self.start, self.buf = start, data
         self.next += 1
         return True
 
@@ -147,8 +187,13 @@ class _Writes:
 
     def verified(self) -> Verified:
         return Verified(self.path, self.end, [r.end for r in self.records],
-                        max(self.file_size - self.end, 0),
-                        self.end >= len(_EOS) and self.last.endswith(_EOS))
+                        max(self.file_size - self.end, 0), self.ends_closed)
+
+
+def _one_write_at_most(fd: int, start: int, stop: int) -> bool:
+    """Whether bytes ``start..stop`` of a stream are (a prefix of) one write."""
+    f = frames(fd, start, stop, limit=3)
+    return f.writes() == 0 or (f.writes() == 1 and f.end == stop)
 
 
 def verify(path: Path) -> Verified:

@@ -18,45 +18,34 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.lake import highest_seq, read_table
+from pipeline.lake_orphans import key, orphan_mask, orphans_in, refuse, registered_keys, summary
 from pipeline.state import BufferState
 
 _REPLAYED = ("group_events", "trajectories", "decisions")
 log = logging.getLogger("replaylake")
 
 
-def _key(t: pa.Table) -> pa.Array:
-    return pc.binary_join_element_wise(t.column("partition"), t.column("uid"), "\x00")
-
-
-def _orphans_dropped(tables: dict[str, pa.Table], registered: pa.Array) -> int:
-    """Drop rows of groups whose registration is not in the lake (only after `lake salvage` set
-    a damaged segment aside): they cannot be restored. Returns how many were dropped."""
-    dropped = 0
-    for name, t in tables.items():
-        keep = pc.is_in(_key(t), registered)
-        if name == "group_events":
-            keep = pc.or_(keep, pc.equal(t.column("event"), "registered"))
-        elif name == "decisions":
-            keep = pc.or_kleene(keep, pc.is_null(t.column("uid")))
-        keep = pc.fill_null(keep, False)
-        n = t.num_rows - pc.sum(keep).as_py() if t.num_rows else 0
-        if n:
-            tables[name] = t.filter(keep)
-            dropped += n
-    return dropped
+def _orphans_dropped(lake: str | os.PathLike, tables: dict[str, pa.Table]) -> int:
+    """Drop the rows of groups whose registration is not in the lake, where a salvage set
+    registrations aside (they cannot be restored); anywhere else they are damage (see
+    `lake_orphans`). Returns how many were dropped."""
+    found = orphans_in(tables)
+    refuse(lake, summary(found))
+    registered = registered_keys(tables["group_events"])
+    for name in found:
+        tables[name] = tables[name].filter(pc.invert(orphan_mask(name, tables[name], registered)))
+    return sum(t.num_rows for t in found.values())
 
 
 def restore(state: BufferState, lake: str | os.PathLike) -> None:
     tables = {name: read_table(lake, name) for name in ("group_events", "decisions")}
     dec = tables["decisions"]
     gone = dec.filter(pc.is_in(dec.column("kind"), pa.array(["evict", "discard", "release"])))
-    gone_keys = pc.unique(_key(gone)) if gone.num_rows else None
+    gone_keys = pc.unique(key(gone)) if gone.num_rows else None
     tables["trajectories"] = read_table(
         lake, "trajectories",
-        keep=None if gone_keys is None else (lambda t: pc.invert(pc.is_in(_key(t), gone_keys))))
-    ev = tables["group_events"]
-    registered = pc.unique(_key(ev.filter(pc.equal(ev.column("event"), "registered"))))
-    dropped = _orphans_dropped(tables, registered)
+        keep=None if gone_keys is None else (lambda t: pc.invert(pc.is_in(key(t), gone_keys))))
+    dropped = _orphans_dropped(lake, tables)
     if dropped:
         log.warning("restore of %s: %d row(s) belong to groups whose registration is not in the "
                     "lake (set aside by `replaylake lake salvage`); they were skipped", lake,

@@ -14,8 +14,9 @@ import pytest
 from pipeline import ReplayBuffer
 from pipeline.analysis import BASE_TABLES, DERIVED_VIEWS, connect, refresh
 from pipeline.errors import LakeError
-from pipeline.lake import segment_files
+from pipeline.lake import read_table, segment_files
 from sql.loader import run
+from tests.support.lake_damage import tear_last_write
 from tests.support.sql_runs import Run, one, shared_run
 
 
@@ -89,9 +90,10 @@ def test_a_torn_segment_tail_is_skipped(sync_run: Run, tmp_path: Path) -> None:
     shutil.copytree(sync_run.lake, lake)
     n = one(connect(lake), "select count(*) from trajectories")[0]
     seg = next(p for p in segment_files(lake, "trajectories") if p.suffix == ".arrow")
-    with open(seg, "ab") as f:
-        f.write(b"\xff\xff\xff\xff\x10\x00\x00\x00torn")   # a record batch cut off mid-write
-    assert one(connect(lake), "select count(*) from trajectories")[0] == n
+    tear_last_write(seg, 8)              # as if killed before the end-of-stream marker ...
+    tear_last_write(seg)                 # ... while its last batch was half written
+    torn = one(connect(lake), "select count(*) from trajectories")[0]
+    assert torn == read_table(lake, "trajectories").num_rows < n
 
 
 def test_queries_while_a_buffer_appends_see_consistent_prefixes(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from jobs.audit import run_audits
 from pipeline.analysis import connect
 from pipeline.journal import Journal
 from pipeline.lake import LakeWriter, read_table
+from pipeline.lake_files import QUARANTINE_DIR
 from schemas import LAKE_TABLES
 from sql.loader import in_folder, run
 from tests.support.sql_runs import Run, shared_run
@@ -96,7 +97,39 @@ def _trained_at_step_zero(lake: Path) -> str:
     return g["uid"]
 
 
+def _trajectory_sent_twice(lake: Path) -> str:
+    """A trajectory of a sampled group stored again under its own key: accepted twice."""
+    g = _group(lake, "sampled")
+    _append(lake, "trajectories", [dict(_traj(g), session_id=0)])
+    return g["uid"]
+
+
+def _finished_without_a_session(lake: Path) -> str:
+    """A group registered for 3 sessions that finished holding one (trajectories lost)."""
+    event = {"partition": "train", "uid": "short", "global_steps": 1}
+    _append(lake, "group_events", [dict(event, event="registered", n=3)])
+    _append(lake, "trajectories", [dict(_traj(event), session_id=0)])
+    _append(lake, "group_events", [dict(event, event="running"), dict(event, event="finished")])
+    return "short"
+
+
+def _orphan_in_a_salvaged_partition(lake: Path) -> str:
+    """A trajectory of a group never registered, where a salvage set group events aside (so
+    readers read on, as they do after a salvage that lost a registration)."""
+    writer = LakeWriter(lake)
+    try:
+        writer.record_removed([f"{QUARANTINE_DIR}/then/group_events/partition=train/lost.arrow"])
+    finally:
+        writer.close()
+    _append(lake, "trajectories", [_traj({"partition": "train", "uid": "ghost"})])
+    return "ghost"
+
+
 TAMPERS: dict[str, Callable[[Path], str]] = {
+    "finished_groups_complete": _finished_without_a_session,
+    "no_orphan_rows": _orphan_in_a_salvaged_partition,
+    "no_trajectory_twice": _trajectory_sent_twice,
+    "no_trajectory_in_two_batches": _in_two_batches,
     "no_future_versions": _trained_at_step_zero,
     "no_group_in_two_batches": _in_two_batches,
     "no_partial_group_in_batch": _late_trajectory_of_sampled,
@@ -127,3 +160,24 @@ def test_audit_fires_on_a_tampered_lake(audit: str, tmp_path: Path) -> None:
     params = {"threshold": r.threshold} if audit == "stale_bound_respected" else {}
     found = run(connect(lake), audit, **params).to_pylist()
     assert found and {row["uid"] for row in found} == {uid}
+
+
+def test_audit_fails_after_a_salvage_lost_a_finished_groups_trajectories(lake: Path) -> None:
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+    from pipeline import ReplayBuffer
+    from pipeline.lake import segment_files
+    from pipeline.lake_salvage import salvage
+    from tests.support.lake import add_group
+    from tests.support.lake_damage import write_ends, zero_bytes
+    with ReplayBuffer.sync(lake=lake) as buf:
+        for uid in ("g0", "g1", "g2"):
+            add_group(buf, uid, 1, [0.0, 1.0, 0.0, 1.0], n=4)
+    [seg] = segment_files(lake, "trajectories")
+    zero_bytes(seg, write_ends(seg)[0] + 5, 4)     # g1's put: its four trajectories
+    assert salvage(lake).lost_writes == 1
+    res = CliRunner().invoke(app, ["audit", "--lake", str(lake)])
+    assert res.exit_code == 1, res.output
+    assert "FAIL  finished_groups_complete (1 violating row(s))" in res.output
+    assert "'uid': 'g1', 'n_expected': 4, 'n_sessions': 0, 'missing': [0, 1, 2, 3]" in res.output

@@ -13,9 +13,10 @@ import pytest
 from jobs import soak
 from pipeline import ReplayBuffer
 from pipeline.lake import segment_files
-from pipeline.lake_check import check, salvage
+from pipeline.lake_check import check
 from pipeline.lake_files import sum_path
 from pipeline.lake_read import LakeDamageError
+from pipeline.lake_salvage import salvage
 from tests.support.lake_damage import write_ends, zero_bytes
 
 WORKERS = 2

@@ -2,15 +2,18 @@
 lake check` lists it, and `salvage` sets it aside keeping every write that still verifies."""
 from __future__ import annotations
 
+import os
+
 import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
 from pipeline import LakeError, ReplayBuffer
 from pipeline.lake import read_table, segment_files
-from pipeline.lake_check import check, salvage
+from pipeline.lake_check import check
 from pipeline.lake_files import QUARANTINE_DIR, sum_path
 from pipeline.lake_read import LakeDamageError
+from pipeline.lake_salvage import salvage
 from tests.support.lake import add_group
 from tests.support.lake_damage import tear_last_write, write_ends, zero_bytes
 
@@ -126,6 +129,15 @@ def test_salvage_refuses_while_a_buffer_has_the_lake_open(lake):
         zero_bytes(seg, 20, 4)
         res = cli.invoke(app, ["lake", "salvage", "--lake", str(lake)])
         assert res.exit_code == 2 and "already open for writing" in res.output
+
+
+def test_salvage_refuses_while_a_buffer_holds_the_lake_even_undamaged_naming_the_holder(lake):
+    with ReplayBuffer.sync(lake=lake) as buf:
+        add_group(buf, "a", 1, [0.0, 1.0])
+        res = cli.invoke(app, ["lake", "salvage", "--lake", str(lake)])
+        assert res.exit_code == 2, res.output
+        assert f"already open for writing by pid {os.getpid()} on " in res.output
+        assert "nothing to salvage" not in res.output
 
 
 def test_a_damaged_compacted_file_is_refused_and_salvage_sets_it_aside(lake):

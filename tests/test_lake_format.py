@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from jobs.cli import app
 from pipeline import ReplayBuffer
 from pipeline.lake import LakeWriter, read_table, segment_files
-from pipeline.lake_check import check, salvage
+from pipeline.lake_check import check
 from pipeline.lake_files import (
     CALL_KEY,
     CRC32,
@@ -24,6 +24,7 @@ from pipeline.lake_files import (
     unpack_records,
 )
 from pipeline.lake_read import LakeDamageError
+from pipeline.lake_salvage import salvage
 from pipeline.lake_stream import WRITE_PIECE, Stream
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES

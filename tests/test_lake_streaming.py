@@ -95,14 +95,16 @@ def test_damage_in_the_middle_of_a_streamed_segment_names_the_write_that_holds_i
 def test_verify_reports_the_acknowledged_size_and_a_torn_tail(tmp_path):
     lake = tmp_path / "lake"
     writer = LakeWriter(lake)
-    writer.append("trajectories", payload_rows(0).slice(0, 1))
-    writer.close()
-    [seg] = segment_files(lake, "trajectories")
-    size = seg.stat().st_size
-    with open(seg, "ab") as f:
-        f.write(b"\1" * 100)              # a write that never got its checksum record
-    v = verify(seg)
-    assert (v.size, v.torn, v.ends[-1]) == (size, 100, size)
+    try:
+        writer.append("trajectories", payload_rows(0).slice(0, 1))
+        [seg] = segment_files(lake, "trajectories")
+        size = seg.stat().st_size
+        with open(seg, "ab") as f:
+            f.write(b"\1" * 100)          # a write that never got its checksum record
+        v = verify(seg)
+        assert (v.size, v.torn, v.ends[-1], v.closed) == (size, 100, size, False)
+    finally:
+        writer.close()
 
 
 def test_a_checksum_file_without_its_stream_and_without_records_is_an_empty_stream(tmp_path):

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from pipeline import LakeError, ReplayBuffer
+from pipeline.errors import LakeDamageError
 from pipeline.analysis import connect, read_lake
 from pipeline.compact import compact
 from pipeline.retain import retain
@@ -103,11 +104,15 @@ def test_a_lake_a_buffer_opened_but_never_wrote_to_is_a_lake(tmp_path) -> None:
     assert connect(tmp_path / "new").sql("select count(*) from groups").fetchall() == [(0,)]
 
 
-def test_a_lake_copied_without_its_underscore_files_is_still_a_lake(run_dir, tmp_path) -> None:
+def test_a_lake_copied_without_its_underscore_files_is_a_damaged_lake_not_a_stranger(
+        run_dir, tmp_path) -> None:
+    """Its table directories make it a lake; its missing writer log makes it damaged (the log
+    is what tells an uncommitted call and a missing segment), named as such."""
     import shutil
     shutil.copytree(run_dir / "lake", tmp_path / "copy",
                     ignore=shutil.ignore_patterns("_*"))     # a sync tool skipping "hidden" files
-    assert connect(tmp_path / "copy").sql("select count(*) from groups").fetchall() == [(1,)]
+    with pytest.raises(LakeDamageError, match=r"writer's log .* is missing.*copy the lake's _log"):
+        connect(tmp_path / "copy")
 
 
 def test_the_python_readers_refuse_a_directory_that_is_not_a_lake(run_dir) -> None:

@@ -50,3 +50,10 @@ def flip_bytes(path: Path, offset: int, n: int = 8) -> None:
         old = f.read(n)
         f.seek(offset)
         f.write(bytes(b ^ 0xFF for b in old))
+
+
+def cut_records(path: Path, drop: int | None = None) -> None:
+    """Cut a stream's checksum file short by ``drop`` records (None: to nothing), its stream left
+    whole: what a copy or a disk that lost the file's end leaves, never a crash."""
+    n = len(unpack_records(sum_path(path).read_bytes()))
+    os.truncate(sum_path(path), 0 if drop is None else (n - drop) * RECORD_SIZE)

@@ -1,0 +1,96 @@
+"""Where the Arrow IPC messages of a stream's unrecorded bytes begin and end, without reading bodies.
+
+Why: the bytes of a stream past its last checksum record are either the one write a crash
+interrupted (a torn tail, ignored) or damage (a checksum file that lost records). A crash leaves
+at most one unacknowledged write, because the writer records each write before it starts the next
+one, so telling the two apart means counting the whole writes in those bytes. A write is one IPC
+message (a record batch, or the end-of-stream marker), and a stream's first write is the schema
+message followed by one of those. Counting reads each message's 8-byte prefix and its metadata
+(a few hundred bytes), never its body, so a tail of hundreds of MB costs a few reads per message.
+
+The framing is the stream format's own: a 0xFFFFFFFF continuation marker, the metadata length
+(int32, 0 for the end-of-stream marker), the flatbuffer `Message` (header type and body length
+are read from it), then the body. Bytes that do not frame that way (a write cut short, zeros a
+power loss left) end the count: they are at most the rest of one write.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+CONTINUATION = b"\xff\xff\xff\xff"
+SCHEMA, RECORD_BATCH, EOS = 1, 3, -1      # flatbuffer MessageHeader types; EOS: the marker
+_MESSAGE_HEADER_TYPE, _MESSAGE_BODY_LENGTH = 1, 3    # field ids in the flatbuffer `Message`
+
+
+@dataclass(frozen=True)
+class Frames:
+    """The whole messages found from ``start``, their kinds in order, and where the last ends."""
+
+    start: int
+    kinds: tuple[int, ...]
+    end: int                       # the end of the last whole message (``start`` if none)
+
+    def writes(self) -> int:
+        """How many writes the whole messages make: a stream's first write is its schema
+        message together with the message after it."""
+        n = len(self.kinds)
+        return n - 1 if self.start == 0 and n and self.kinds[0] == SCHEMA else n
+
+    @property
+    def batches(self) -> int:
+        return self.kinds.count(RECORD_BATCH)
+
+
+def _field(meta: bytes, table: int, vtable: int, index: int, fmt: str) -> int:
+    """A scalar field of a flatbuffer table (0 when absent, its default)."""
+    (vt_size,) = struct.unpack_from("<H", meta, vtable)
+    at = 4 + 2 * index
+    if at + 2 > vt_size:
+        return 0
+    (offset,) = struct.unpack_from("<H", meta, vtable + at)
+    return struct.unpack_from(fmt, meta, table + offset)[0] if offset else 0
+
+
+def _header(meta: bytes) -> tuple[int, int] | None:
+    """(header type, body length) of a flatbuffer `Message`; None if it does not parse."""
+    try:
+        (table,) = struct.unpack_from("<I", meta, 0)
+        (back,) = struct.unpack_from("<i", meta, table)
+        vtable = table - back
+        if not 0 <= vtable < len(meta):
+            return None
+        kind = _field(meta, table, vtable, _MESSAGE_HEADER_TYPE, "<B")
+        body = _field(meta, table, vtable, _MESSAGE_BODY_LENGTH, "<q")
+    except struct.error:
+        return None
+    if kind not in (SCHEMA, RECORD_BATCH) or body < 0 or body % 8:
+        return None
+    return kind, body
+
+
+def frames(fd: int, start: int, stop: int, limit: int | None = None) -> Frames:
+    """The whole messages in bytes ``start..stop`` of the open file ``fd`` (at most ``limit``)."""
+    kinds: list[int] = []
+    pos = start
+    while pos + 8 <= stop and (limit is None or len(kinds) < limit):
+        head = os.pread(fd, 8, pos)
+        if len(head) < 8 or head[:4] != CONTINUATION:
+            break
+        (size,) = struct.unpack_from("<i", head, 4)
+        if size == 0:
+            kinds.append(EOS)
+            pos += 8
+            continue
+        if size < 0 or pos + 8 + size > stop:
+            break
+        parsed = _header(os.pread(fd, size, pos + 8))
+        if parsed is None or pos + 8 + size + parsed[1] > stop:
+            break
+        kinds.append(parsed[0])
+        pos += 8 + size + parsed[1]
+    return Frames(start, tuple(kinds), pos)
+
+
+__all__ = ["Frames", "frames", "SCHEMA", "RECORD_BATCH", "EOS"]
