@@ -186,7 +186,7 @@ def connect(lake_dir: str | os.PathLike, *,
     return con
 
 
-# the scan behind each open connection: its scratch files go when the connection does
+# the scan behind each open connection: its mapped files are let go when the connection is
 _SCANS: dict[int, LakeScan] = {}
 
 

@@ -1,8 +1,9 @@
 """Check a lake for damage, and salvage it: set aside what cannot be read, keep every write that can.
 
 `check` reads every stream the way a restore does and lists what it finds: damage (refused by
-readers), torn tails (ignored by readers; a crash's leftovers), logged segments that are gone, and
-segments whose Parquet copy is in place (a compaction's leftovers, not read: readers count the copy).
+readers), torn tails (ignored by readers; a crash's leftovers), logged segments that are gone,
+segments whose Parquet copy is in place (a compaction's leftovers, not read: readers count the copy)
+and Parquet files a newer rewrite replaces (a retention's leftovers, not read either).
 `salvage` takes the writer lock, moves each damaged file (and its checksum file) whole into
 `_quarantine/<when>/`, and writes back in its place a stream of every write that still verifies
 against its own checksum record, with fresh checksums; a segment that is gone gets a `removed`
@@ -32,7 +33,8 @@ from pipeline.lake_files import (
     table_of,
     unpack_records,
 )
-from pipeline.lake_read import LakeDamageError, compacted_path, missing_segments
+from pipeline.lake_names import generation_path, newest_copy, superseded
+from pipeline.lake_read import LakeDamageError, missing_segments
 from pipeline.lake_verify import verify
 from schemas import LAKE_TABLES
 
@@ -40,7 +42,8 @@ from schemas import LAKE_TABLES
 @dataclass(frozen=True)
 class Finding:
     """One thing `check` found: ``kind`` is damage | missing | torn | compacted (a segment
-    whose Parquet copy is in place: a leftover, not read)."""
+    whose Parquet copy is in place: a leftover, not read) | superseded (a Parquet file a newer
+    rewrite replaces: a leftover, not read)."""
 
     kind: str
     path: Path
@@ -77,14 +80,14 @@ def check(root: str | os.PathLike) -> Report:
     root = Path(root)
     report = Report()
     for path in _streams(root):
-        if compacted_path(path).exists():
+        if newest_copy(path) is not None:
             report.findings.append(_leftover(path))
             continue
         report.streams += 1
         try:
             v = verify(path)
         except LakeDamageError as exc:
-            if compacted_path(path).exists():    # compacted (and deleted) while we read it
+            if newest_copy(path) is not None:    # compacted (and deleted) while we read it
                 report.streams -= 1
                 report.findings.append(_leftover(path))
                 continue
@@ -96,7 +99,12 @@ def check(root: str | os.PathLike) -> Report:
                                            f"{v.torn} byte(s) of an unacknowledged write "
                                            "(ignored by readers)"))
     for table in LAKE_TABLES:
-        for path in sorted((root / table).rglob("*.parquet")) if (root / table).exists() else []:
+        files = sorted((root / table).rglob("*.parquet")) if (root / table).exists() else []
+        old = set(superseded(files))
+        for path in files:
+            if path in old:
+                report.findings.append(Finding("superseded", path, 0, SUPERSEDED))
+                continue
             report.streams += 1
             try:
                 _read_row_groups(path)
@@ -109,6 +117,10 @@ def check(root: str | os.PathLike) -> Report:
     for path in gone:
         report.findings.append(Finding("missing", path, 0, "logged by its writer, now gone"))
     return report
+
+
+SUPERSEDED = ("a newer rewrite of it is in place (ignored by readers; the next `replaylake "
+              "compact` or `retain` deletes it)")
 
 
 def _leftover(path: Path) -> Finding:
@@ -198,7 +210,7 @@ def salvage(root: str | os.PathLike) -> Report:
             shutil.move(path, dest)
             report.quarantined.append(dest)
             report.lost_writes += 1
-            gone += [path, path.with_suffix(".arrow")]   # and the segment it was compacted from
+            gone += [path, generation_path(path, -1)]   # and the segment it was compacted from
         for path in damaged:
             good, lost = _good_writes(path)
             stream, dropped = _rebuilt(path, good)

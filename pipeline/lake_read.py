@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import LakeDamageError
 from pipeline.lake_files import CALL_KEY, LOG_SCHEMA, log_files, segment_files, table_of
+from pipeline.lake_names import current, generation_path, newest_copy, read_newest
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
 from schemas.evolve import upgrade
@@ -56,33 +57,37 @@ def missing_segments(root: str | os.PathLike, log: pa.Table | None = None) -> li
         if k != "segment" or p in removed:
             continue
         f = Path(root) / p
-        if not f.exists() and not compacted_path(f).exists():
+        if not f.exists() and newest_copy(f) is None:
             out.append(f)
     return out
 
 
 def compacted_path(path: Path) -> Path:
     """Where `replaylake compact` puts a segment's rows: same directory and stem, `.parquet`."""
-    return path.with_suffix(".parquet")
+    return generation_path(path, 0)
 
 
 def live_files(root: str | os.PathLike, table: str,
                partitions: list[str] | None = None) -> list[Path]:
-    """`segment_files` without a segment whose compacted copy is already there: compaction
-    renames the Parquet file into place before it deletes the segment, so a reader listing the
-    directory in between sees both, and must count the rows once."""
-    files = segment_files(root, table, partitions)
-    done = {f for f in files if f.suffix == ".parquet"}
-    return [f for f in files if f.suffix == ".parquet" or compacted_path(f) not in done]
+    """`segment_files` with only the newest file of each segment (`lake_names`): compaction
+    renames the Parquet copy into place before it deletes the segment, and retention renames a
+    rewrite into place before it deletes the file it rewrote, so a reader listing the directory
+    in between sees both, and must count the rows once."""
+    return current(segment_files(root, table, partitions))
 
 
 def read_parquet(path: Path) -> pa.Table:
-    """A compacted segment; a file Parquet cannot read is damage like any other."""
+    """A compacted segment (its newest rewrite, if a job replaced it since it was listed); a
+    file Parquet cannot read is damage like any other."""
+    return read_newest(path, _read_parquet)
+
+
+def _read_parquet(path: Path) -> pa.Table:
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
         if not path.exists():
-            raise
+            raise FileNotFoundError(f"{path} is gone") from exc
         raise LakeDamageError(path, 0, f"the Parquet file cannot be read ({exc})") from exc
 
 
@@ -101,8 +106,9 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> p
             if call is None or (table, call.decode()) in committed:
                 keep.append(batch)
     except LakeDamageError:
-        if compacted_path(path).exists():   # compacted (and deleted) since it was listed
-            return pq.read_table(compacted_path(path))
+        copy = newest_copy(path)            # compacted (and deleted) since it was listed
+        if copy is not None:
+            return read_parquet(copy)
         raise
     if keep and keep[0].schema != LAKE_TABLES[table]:    # written before a column was added
         return upgrade(table, pa.Table.from_batches(keep))
@@ -158,22 +164,30 @@ def highest_seq(root: str | os.PathLike) -> int:
     """The highest `seq` of any complete record batch in any segment of any table, committed or
     not (-1 for an empty lake): a restart must number after it, so no seq of a torn call is
     ever handed out again."""
-    best = -1
-    for table in LAKE_TABLES:
-        for path in segment_files(root, table):
-            if path.suffix == ".parquet":
-                meta = pq.read_metadata(path)
-                kept = (meta.metadata or {}).get(HIGHEST_SEQ_KEY)
-                if kept is not None:    # the segment it replaced, torn or uncommitted rows too
-                    best = max(best, int(kept))
-                col = meta.schema.to_arrow_schema().get_field_index("seq")
-                for g in range(meta.num_row_groups):
-                    stats = meta.row_group(g).column(col).statistics
-                    if stats is not None and stats.has_min_max:
-                        best = max(best, int(stats.max))
-                    else:
-                        best = max(best, int(pc.max(pq.read_table(path, columns=["seq"])
-                                                    .column(0)).as_py() or -1))
-            else:
-                best = max(best, _stream_max_seq(path))
+    return max((_file_max_seq(p) for t in LAKE_TABLES for p in live_files(root, t)), default=-1)
+
+
+def _file_max_seq(path: Path) -> int:
+    """The highest seq a segment held, read from whichever of its files is there (a job may
+    replace the one listed before it is read)."""
+    if path.suffix == ".parquet":
+        return read_newest(path, _parquet_max_seq)
+    best = _stream_max_seq(path)
+    if path.exists():
+        return best
+    copy = newest_copy(path)            # compacted since it was listed
+    return best if copy is None else max(best, _file_max_seq(copy))
+
+
+def _parquet_max_seq(path: Path) -> int:
+    meta = pq.read_metadata(path)
+    kept = (meta.metadata or {}).get(HIGHEST_SEQ_KEY)
+    best = -1 if kept is None else int(kept)   # the segment it replaced, torn rows and all
+    col = meta.schema.to_arrow_schema().get_field_index("seq")
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            seqs = pq.read_table(path, columns=["seq"]).column(0)
+            return max(best, int(pc.max(seqs).as_py() or -1))
+        best = max(best, int(stats.max))
     return best
