@@ -75,27 +75,43 @@ def superseded(files: list[Path]) -> list[Path]:
     return [f for f in files if f not in keep]
 
 
+# How often a segment's directory is listed again when its file is gone and the listing holds no
+# copy of it: a directory too large for one read is listed in several, each seeing it at another
+# moment, so a listing taken while a job renamed a newer file in and deleted the one before can
+# hold neither (seen on ext4 with a few thousand entries). Another listing sees the newer one.
+LISTINGS = 10
+
+
 def newest_copy(path: Path) -> Path | None:
     """The newest Parquet file of ``path``'s segment on disk now; None when there is none."""
     s = stem(path)
-    try:
-        found = [f for f in path.parent.glob(f"{s}*{PARQUET}") if stem(f) == s]
-    except OSError:
-        return None
-    return max(found, key=generation, default=None)
+    for _ in range(LISTINGS):
+        try:
+            found = [generation(f) for f in path.parent.glob(f"{s}*{PARQUET}") if stem(f) == s]
+        except OSError:
+            return None
+        if found:
+            gen = max(found)
+            while generation_path(path, gen + 1).exists():   # renamed in since the listing
+                gen += 1
+            return generation_path(path, gen)
+        if path.exists():
+            return None
+    return None
 
 
 def read_newest(path: Path, read: Callable[[Path], T]) -> T:
     """``read(path)``; if ``path`` is gone since it was listed (a job replaced it by a newer
     generation, which it renames into place before removing the old one), ``read`` that."""
-    try:
-        return read(path)
-    except FileNotFoundError:
-        newer = newest_copy(path)
-        if newer is None or generation(newer) <= generation(path):
-            raise
-        return read_newest(newer, read)
+    while True:
+        try:
+            return read(path)
+        except FileNotFoundError:
+            newer = newest_copy(path)
+            if newer is None or generation(newer) <= generation(path):
+                raise
+            path = newer
 
 
 __all__ = ["stem", "generation", "generation_path", "next_generation", "current", "superseded",
-           "newest_copy", "read_newest", "ARROW", "PARQUET"]
+           "newest_copy", "read_newest", "ARROW", "PARQUET", "LISTINGS"]

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import LakeDamageError
 from pipeline.lake_files import CALL_KEY, LOG_SCHEMA, log_files, segment_files, table_of
-from pipeline.lake_names import current, generation_path, newest_copy, read_newest
+from pipeline.lake_names import current, generation_path, newest_copy, read_newest, stem
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
 from schemas.evolve import upgrade
@@ -50,16 +50,7 @@ def committed_calls(root: str | os.PathLike, log: pa.Table | None = None) -> set
 def missing_segments(root: str | os.PathLike, log: pa.Table | None = None) -> list[Path]:
     """Segments a writer logged that are gone without a `removed` record (salvage writes one)."""
     log = read_log(root) if log is None else log
-    kinds, paths = log.column("kind").to_pylist(), log.column("path").to_pylist()
-    removed = {p for k, p in zip(kinds, paths) if k == "removed"}
-    out = []
-    for k, p in zip(kinds, paths):
-        if k != "segment" or p in removed:
-            continue
-        f = Path(root) / p
-        if not f.exists() and newest_copy(f) is None:
-            out.append(f)
-    return out
+    return [f for f in _logged(root, log) if not f.exists() and newest_copy(f) is None]
 
 
 def compacted_path(path: Path) -> Path:
@@ -67,13 +58,36 @@ def compacted_path(path: Path) -> Path:
     return generation_path(path, 0)
 
 
-def live_files(root: str | os.PathLike, table: str,
-               partitions: list[str] | None = None) -> list[Path]:
+def live_files(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
+               log: pa.Table | None = None) -> list[Path]:
     """`segment_files` with only the newest file of each segment (`lake_names`): compaction
     renames the Parquet copy into place before it deletes the segment, and retention renames a
     rewrite into place before it deletes the file it rewrote, so a reader listing the directory
-    in between sees both, and must count the rows once."""
-    return current(segment_files(root, table, partitions))
+    in between sees both, and must count the rows once.
+
+    With the writers' ``log``, a logged segment of which the listing holds no file is looked up
+    by name: a directory too large for one read is listed in several, each of which sees it at
+    another moment, so a listing taken while a job renamed one file of a segment in and deleted
+    another can hold neither (seen on ext4 with a few thousand entries)."""
+    files = segment_files(root, table, partitions)
+    if log is not None:
+        listed = {(f.parent, stem(f)) for f in files}
+        for f in _logged(root, log, table, partitions):
+            if (f.parent, stem(f)) not in listed:
+                found = f if f.exists() else newest_copy(f)
+                files += [found] if found is not None else []
+        files.sort(key=lambda f: (str(f.parents[1]), f.suffix == ".parquet", str(f)))
+    return current(files)
+
+
+def _logged(root: str | os.PathLike, log: pa.Table, table: str | None = None,
+            partitions: list[str] | None = None) -> list[Path]:
+    """The segments (of ``table``, in ``partitions``) writers logged and no salvage removed."""
+    kinds, paths = log.column("kind").to_pylist(), log.column("path").to_pylist()
+    removed = {p for k, p in zip(kinds, paths) if k == "removed"}
+    out = [Path(root) / p for k, p in zip(kinds, paths) if k == "segment" and p not in removed]
+    return [f for f in out if (table is None or table_of(f) == table) and (
+        partitions is None or f.parents[1].name.removeprefix("partition=") in partitions)]
 
 
 def read_parquet(path: Path) -> pa.Table:
@@ -129,7 +143,7 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
     if gone:
         raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
     parts = []
-    for path in live_files(root, table, partitions):
+    for path in live_files(root, table, partitions, log):
         t = read_segment(path, committed)
         if t.num_rows and keep is not None:
             t = t.filter(keep(t))
@@ -164,7 +178,9 @@ def highest_seq(root: str | os.PathLike) -> int:
     """The highest `seq` of any complete record batch in any segment of any table, committed or
     not (-1 for an empty lake): a restart must number after it, so no seq of a torn call is
     ever handed out again."""
-    return max((_file_max_seq(p) for t in LAKE_TABLES for p in live_files(root, t)), default=-1)
+    log = read_log(root)
+    return max((_file_max_seq(p) for t in LAKE_TABLES for p in live_files(root, t, log=log)),
+               default=-1)
 
 
 def _file_max_seq(path: Path) -> int:

@@ -202,7 +202,7 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
         seqs: dict[str, np.ndarray] = {}
         for table, schema in LAKE_TABLES.items():
             files = []
-            for i, path in enumerate(live_files(root, table)):
+            for i, path in enumerate(live_files(root, table, log=log)):
                 out = work / f"{table}-{i:06d}.arrow"
                 if path.suffix == ".parquet":
                     files.append(_parquet(path, table, out))

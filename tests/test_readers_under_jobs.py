@@ -8,6 +8,7 @@ Parquet copies and retention rewrites Parquet files; neither may make a reader f
 twice or miss one, or see a row with half its payload."""
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -19,8 +20,10 @@ import pytest
 from jobs.audit import run_audits
 from pipeline.analysis import connect
 from pipeline.compact import compact
-from pipeline.lake import highest_seq
+from pipeline.lake import highest_seq, read_table
 from pipeline.lake_check import check
+from pipeline.lake_names import next_generation
+from pipeline.lake_read import live_files
 from pipeline.report_data import gather
 from pipeline.retain import retain
 from tests.support.lake import lake_history
@@ -165,3 +168,41 @@ def test_readers_never_fail_nor_see_a_mixture_while_compaction_and_retention_run
     assert problems == [], "\n".join(p[:300] for p in problems[:5])
     assert sql["compaction"] >= 12 and sql["retention"] >= 36
     assert reads[("retention", "_jobs")] >= 2
+
+
+def test_a_reader_listing_a_large_directory_while_a_segment_changes_files_misses_no_row(base):
+    """A directory too large for one read is listed in several, each seeing it at another
+    moment: a listing taken while a job renames a segment's next file in and deletes the one
+    before can hold neither. Here one trajectory segment goes from generation to generation (a
+    new name for its file, then the old name removed, as retention does) in a tight loop, in a
+    window directory of 3,000 entries; readers must still count each of its rows once."""
+    lake = shutil.copytree(base["lake"], base["work"] / "large")
+    compact(lake)
+    want = read_table(lake, "trajectories").column("seq").to_pylist()
+    first = next(p for p in live_files(lake, "trajectories") if p.suffix == ".parquet")
+    for i in range(3000):                   # entries readers ignore, only to make it large
+        (first.parent / f"pad-{i:05d}").touch()
+    stop = threading.Event()
+
+    def job() -> None:
+        cur = first
+        while not stop.is_set():
+            new = next_generation(cur)
+            os.link(cur, new)               # the same rows under the next generation's name
+            os.unlink(cur)
+            cur = new
+            time.sleep(0.0002)              # let the readers' thread run
+
+    t = threading.Thread(target=job)
+    t.start()
+    wrong, reads, until = 0, 0, time.monotonic() + 3
+    try:
+        while time.monotonic() < until:
+            reads += 1
+            wrong += read_table(lake, "trajectories").column("seq").to_pylist() != want
+            wrong += highest_seq(lake) != base["top"]
+    finally:
+        stop.set()
+        t.join(30)
+    print(f"\n{reads} reads beside {first.name}'s changing files: {wrong} wrong")
+    assert reads >= 5 and wrong == 0
