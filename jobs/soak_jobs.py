@@ -68,19 +68,20 @@ def run(job: str, lake: Path) -> None:
         retain(lake, h)
 
 
-def answers(lake: Path, con: Any = None) -> list:
+def answers(lake: Path, con: Any = None, queries: tuple[str, ...] | list[str] = QUERIES) -> list:
     """Every query's rows, on a fresh connection (or ``con``, left open)."""
     from pipeline.analysis import connect
     mine = con is None
     con = connect(lake) if mine else con
     try:
-        return [con.sql(q).fetchall() for q in QUERIES]
+        return [con.sql(q).fetchall() for q in queries]
     finally:
         if mine:
             con.close()
 
 
 def parquet_names(lake: Path) -> list[str]:
+    """Every Parquet file of the lake, relative to it: which generation each segment is at."""
     from pipeline.lake_files import segment_files
     from schemas import LAKE_TABLES
     return sorted(str(p.relative_to(lake)) for t in LAKE_TABLES for p in segment_files(lake, t)
@@ -213,4 +214,4 @@ def run_jobs(jref: JobReference, workdir: Path, chosen: list[tuple[str, str]] | 
 
 
 __all__ = ["JobReference", "job_reference", "job_targets", "run_jobs", "kill_job", "check_job",
-           "HORIZONS", "QUERIES"]
+           "answers", "parquet_names", "HORIZONS", "QUERIES"]

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from jobs.soak_jobs import answers as ask
+from jobs.soak_jobs import parquet_names
 from pipeline import ReplayBuffer, lake_kill
 from pipeline.analysis import connect
 from pipeline.compact import compact
@@ -46,19 +48,7 @@ PAYLOAD = "select uid, session_id, len(response_ids), response_ids from trajecto
 
 def answers(lake: Path, payload: bool = True, con=None) -> list[list[tuple]]:
     """The queries' answers, on a fresh connection (or ``con``, which is left open)."""
-    mine = con is None
-    con = connect(lake) if mine else con
-    try:
-        return [con.sql(q).fetchall() for q in QUERIES + ([PAYLOAD] if payload else [])]
-    finally:
-        if mine:
-            con.close()
-
-
-def parquet_names(lake: Path) -> list[str]:
-    """Every Parquet file of the lake, relative to it: which generation each segment is at."""
-    return sorted(str(p.relative_to(lake)) for t in LAKE_TABLES for p in segment_files(lake, t)
-                  if p.suffix == ".parquet")
+    return ask(lake, con, QUERIES + ([PAYLOAD] if payload else []))
 
 
 def restored_counts(lake: Path) -> dict[str, dict]:
