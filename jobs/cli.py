@@ -51,8 +51,8 @@ COMMANDS: dict[str, Job] = {
                  "Run every audit query over a lake; exit code 1 when any audit finds a "
                  "violation."),
     "soak": Job("jobs.soak", "main",
-                "Kill the buffer at every lake write point, many times over; exit 1 on any broken "
-                "restart."),
+                "Kill the buffer at every lake write point, and compaction and retention at "
+                "theirs, many times over; exit 1 on any broken restart or reader."),
     "export": Job("jobs.export", "main",
                   "Export the trained data of chosen steps/partitions as shards with a manifest "
                   "(resumable)."),

@@ -22,8 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lake import committed_calls, read_segment, segment_files
+from pipeline.lake import committed_calls, read_segment
 from pipeline.lake_identity import require_lake
+from pipeline.lake_read import live_files
 from schemas import LAKE_TABLES
 
 
@@ -40,7 +41,7 @@ def lake_dataset(lake: str | Path, table: str, partitions: list[str] | None = No
     filters each file on the worker that reads it). Row order is not defined: sort by ``seq``."""
     ray = _ray()
     lake = require_lake(lake).resolve()   # workers do not share the driver's working directory
-    files = [str(p) for p in segment_files(lake, table, partitions)]
+    files = [str(p) for p in live_files(lake, table, partitions)]   # each segment's rows once
     committed = committed_calls(lake)
     schema = LAKE_TABLES[table]
 

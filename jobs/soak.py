@@ -14,7 +14,13 @@ child replays it with `REPLAYLAKE_KILL_AT` armed and dies there by SIGKILL. On t
    reads all of it once, with no seq and no trajectory twice;
 4. the audit queries (sql/audits/) return no rows over all of it.
 
-The test suite runs part of one round (over 300 kills); this job runs every point, thousands of times.
+Then, on each workload's finished lake, compaction and retention are killed at every point where
+they write (`jobs.soak_jobs`): after each kill every reader must see the lake it saw before the
+job (a connection made before it answers exactly as before), a re-run must leave exactly what an
+untouched run leaves, and a restart must pass the checks above.
+
+The test suite runs part of one round (over 300 kills, and each job point once); this job runs
+every point, thousands of times.
 """
 from __future__ import annotations
 
@@ -50,10 +56,11 @@ __all__ = ["Reference", "check", "history", "kill_at", "open_buffer", "reference
 _FORKS: Any = None
 # imported (never run) by the fork server, so a kill child starts warm
 _PRELOAD = ["jobs.crash_workload", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "numpy",
-            "polars", "pipeline", "pipeline.buffer", "pipeline.restore", "pipeline.sampling", "pipeline.lake"]
+            "polars", "pipeline", "pipeline.buffer", "pipeline.restore", "pipeline.sampling", "pipeline.lake",
+            "pipeline.compact", "pipeline.retain", "jobs.soak_jobs"]
 
 
-def _forkserver():
+def forkserver():
     """Kill children are forked from a fork server that has imported the library and run
     nothing: forking this process instead would copy thread pools (polars', Arrow's) whose threads
     do not exist in the child, and the child would hang on its first parallel query."""
@@ -85,7 +92,7 @@ def kill_at(ref: Reference, target: str, lake: Path) -> int:
     """Run the workload on ``lake`` in a child that dies at ``target``; returns how many calls it
     had acknowledged."""
     shutil.rmtree(lake, ignore_errors=True)
-    ctx = _forkserver()
+    ctx = forkserver()
     acks = ctx.Value("i", 0, lock=False)
     proc = ctx.Process(target=_child, args=(ref.kind, ref.fsync, ref.seed, target, str(lake),
                                             acks))
@@ -98,12 +105,20 @@ def kill_at(ref: Reference, target: str, lake: Path) -> int:
 
 def check(ref: Reference, lake: Path, calls: int) -> None:
     """Every check of a restart after a kill (raises AssertionError naming what broke)."""
-    from jobs.audit import run_audits
     seen = history(lake)
     top = max((s for s, _, _ in seen), default=-1)
     assert top in ref.boundaries | {-1}, f"visible rows end inside a write (seq {top})"
     assert seen == [h for h in ref.history if h[0] <= top], "the history is not the reference's"
     assert top >= ref.acked[calls], f"acknowledged rows lost: seq {top} < {ref.acked[calls]}"
+    check_restart(ref, lake, calls, seen)
+
+
+def check_restart(ref: Reference, lake: Path, calls: int, seen: list[tuple]) -> None:
+    """A buffer restored on ``lake`` (whose history reads ``seen``, ``calls`` calls of the
+    workload acknowledged) equals the untouched run's state, keeps writing, and a second restart
+    reads everything once; every audit passes."""
+    from jobs.audit import run_audits
+    top = max((s for s, _, _ in seen), default=-1)
     buf, _ = open_buffer(ref.kind, lake, ref.fsync, ref.seed)
     try:
         for k in (calls, calls + 1):
@@ -136,15 +151,22 @@ def run_matrix(ref: Reference, workdir: Path, chosen: list[str] | None = None,
     ``workers`` > 1 spreads the kills over that many fresh processes (spawned, not forked, so
     no database or thread state of this process is copied)."""
     todo = chosen if chosen is not None else targets(ref)
+    return spread(_kill_each, ref, workdir, todo, progress, workers)
+
+
+def spread(each: Callable[..., list[str]], ref: Any, workdir: Path, todo: list,
+           progress: Callable[[int], Any] | None, workers: int) -> list[str]:
+    """``each(ref, workdir / "w<i>", chunk, progress)`` over chunks of ``todo``, in this process
+    or spread over ``workers`` spawned ones; every problem they return."""
     if workers <= 1:
-        return _kill_each(ref, workdir / "w0", todo, progress)
+        return each(ref, workdir / "w0", todo, progress)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     chunks = [todo[i:i + 8] for i in range(0, len(todo), 8)]
     problems: list[str] = []
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = {pool.submit(_kill_each, ref, workdir / f"w{i}", chunk): len(chunk)
+        futures = {pool.submit(each, ref, workdir / f"w{i}", chunk): len(chunk)
                    for i, chunk in enumerate(chunks)}
         for f in as_completed(futures):
             problems += f.result()
@@ -176,11 +198,15 @@ def main(
     workers: Annotated[int, typer.Option(help="processes killing in parallel")] = 2,
     workdir: Annotated[Path | None, typer.Option(help="scratch directory (default: a temp dir)")
                        ] = None,
+    jobs: Annotated[bool, typer.Option(
+        help="also kill compaction and retention at each of their points, on every "
+             "workload's finished lake")] = True,
     interrupts: Annotated[bool, typer.Option(
         help="also strike every point with Ctrl-C and with a failing write, the process going "
              "on (jobs/crash_interrupt.py)")] = True,
 ) -> None:
-    """Kill the buffer at every lake write point, many times over; exit 1 on any broken restart.
+    """Kill the buffer at every lake write point, and compaction and retention at theirs, many
+    times over; exit 1 on any broken restart or reader.
 
     Examples:
         replaylake soak --rounds 1 --no-fsync
@@ -188,43 +214,60 @@ def main(
         replaylake soak --rounds 1 --no-interrupts
     """
     from tqdm import tqdm
+
+    from jobs.soak_jobs import job_reference, job_targets, run_jobs
     base = Path(tempfile.mkdtemp(prefix="replaylake-soak-")) if workdir is None else workdir
     base.mkdir(parents=True, exist_ok=True)
     refs = [reference(kind, base, fsync=f, seed=s) for s in range(rounds)
             for kind in ("async", "sync") for f in ((False, True) if fsync else (False,))]
+    jrefs = [job_reference(r, base) for r in refs] if jobs else []
     total = sum(len(r.points) for r in refs)
+    job_kills = [t for j in jrefs for t in job_targets(j)]
     problems: list[str] = []
-    with tqdm(total=total, unit="kill", desc="soak") as bar:
+    job_problems: list[str] = []
+    with tqdm(total=total + len(job_kills), unit="kill", desc="soak") as bar:
         for ref in refs:
             problems += run_matrix(ref, base, progress=bar.update, workers=workers)
-    killed = len(problems)
-    struck, broken_strikes = 0, 0
-    if interrupts:
-        from jobs import crash_interrupt
-        todo = {id(r): [(t, h) for t in targets(r) for h in crash_interrupt.HOWS
-                        if crash_interrupt.applies(t, h)] for r in refs}
-        struck = sum(len(t) for t in todo.values())
-        with tqdm(total=struck, unit="strike", desc="interrupts") as bar:
-            for ref in refs:
-                found, _ = crash_interrupt.run_strikes(ref, todo[id(ref)], base / "strikes",
-                                                       workers=workers, progress=bar.update)
-                problems += found
-        broken_strikes = len(problems) - killed
-    for p in problems:
+        for jref in jrefs:
+            job_problems += run_jobs(jref, base, progress=bar.update, workers=workers)
+    strike_problems, struck = _strikes(refs, base, workers) if interrupts else ([], 0)
+    for p in problems + job_problems + strike_problems:
         typer.echo(p)
     kinds = {p.split(".", 1)[1] for r in refs for p in r.points}
     typer.echo(f"{total} kills at {len({p for r in refs for p in r.points})} distinct points "
                f"({len(kinds)} kinds of write point, {len(refs)} runs); "
-               f"{total - killed} restarts correct, {killed} broken")
+               f"{total - len(problems)} restarts correct, {len(problems)} broken")
+    if jobs:
+        per_job = {j: sum(k == j for k, _ in job_kills) for j in ("compact", "retain")}
+        points = {t.rsplit(":", 1)[0] for _, t in job_kills}
+        typer.echo(f"{per_job['compact']} compaction and {per_job['retain']} retention kills at "
+                   f"{len(points)} distinct points ({len(jrefs)} lakes); "
+                   f"{len(job_kills) - len(job_problems)} readers and restarts correct, "
+                   f"{len(job_problems)} broken")
     if interrupts:
         typer.echo(f"{struck} strikes (Ctrl-C and failing writes, the process going on); "
-                   f"{struck - broken_strikes} runs exact, {broken_strikes} broken")
+                   f"{struck - len(strike_problems)} runs exact, {len(strike_problems)} broken")
     if workdir is None:
         shutil.rmtree(base, ignore_errors=True)
-    if problems:
+    if problems or job_problems or strike_problems:
         raise typer.Exit(1)
 
 
+def _strikes(refs: list[Reference], base: Path, workers: int) -> tuple[list[str], int]:
+    """The interrupt matrix at every point of every workload, both ways (see crash_interrupt)."""
+    from tqdm import tqdm
+
+    from jobs import crash_interrupt
+    todo = {id(r): [(t, h) for t in targets(r) for h in crash_interrupt.HOWS
+                    if crash_interrupt.applies(t, h)] for r in refs}
+    problems: list[str] = []
+    with tqdm(total=sum(len(t) for t in todo.values()), unit="strike", desc="interrupts") as bar:
+        for ref in refs:
+            found, _ = crash_interrupt.run_strikes(ref, todo[id(ref)], base / "strikes",
+                                                   workers=workers, progress=bar.update)
+            problems += found
+    return problems, sum(len(t) for t in todo.values())
+
+
 if __name__ == "__main__":
-    from jobs.cli import run
-    run(main)       # through the one handler of user errors
+    typer.run(main)

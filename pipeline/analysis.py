@@ -200,7 +200,7 @@ def refuse_orphans(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) 
     orphans.refuse(lake_dir, loader.run(con, "no_orphan_rows"))
 
 
-# the scan behind each open connection: its scratch files go when the connection does
+# the scan behind each open connection: its mapped files are let go when the connection is
 _SCANS: dict[int, LakeScan] = {}
 
 

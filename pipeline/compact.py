@@ -30,7 +30,9 @@ held, uncommitted rows included, so a restart still numbers after every seq ever
 
 Idempotent: a segment with its Parquet file already in place is only deleted (a run killed
 between rename and delete), and so is a checksum file left without its segment (killed between
-the two deletes) and a hidden temporary file (killed before a rename); nothing else is rewritten.
+the two deletes), a hidden temporary file (killed before a rename) and a Parquet file a newer
+generation replaces (a retention killed before it deleted the file it rewrote, see
+`lake_names`); nothing else is rewritten.
 Two compactions (or a compaction and a retention) at once are refused by `_compact.lock`, so a
 temporary file found under that lock is always a dead run's. Each of these steps is a kill point
 (`lake_kill`: `compact.tmp_partial`, `.tmp_written`, `.renamed`, `.segment_deleted`, `.deleted`),
@@ -61,6 +63,7 @@ from pipeline.lake_files import (
     table_of,
 )
 from pipeline.lake_identity import require_lake
+from pipeline.lake_names import newest_copy, superseded
 from pipeline.lake_read import (
     HIGHEST_SEQ_KEY,
     _stream_max_seq,
@@ -197,8 +200,9 @@ def _delete_segment(path: Path) -> None:
 
 def _leftovers(root: Path, segments: list[Path]) -> tuple[list[Path], list[Path]]:
     """What a killed compaction or retention left: (segments, or checksum files alone, whose
-    Parquet copy is in place; hidden temporary files). Only called under the job lock."""
-    done = [p for p in segments if compacted_path(p).exists()]
+    Parquet copy is in place; hidden temporary files, and Parquet files a newer generation
+    replaces). Only called under the job lock."""
+    done = [p for p in segments if newest_copy(p) is not None]
     tmp: list[Path] = []
     for table in LAKE_TABLES:
         base = root / table
@@ -206,9 +210,10 @@ def _leftovers(root: Path, segments: list[Path]) -> tuple[list[Path], list[Path]
             continue
         for crc in base.glob("partition=*/window=*/*.arrow.crc"):
             seg = crc.with_name(crc.name.removesuffix(SUM_SUFFIX))
-            if not seg.exists() and compacted_path(seg).exists():
+            if not seg.exists() and newest_copy(seg) is not None:
                 done.append(seg)
         tmp.extend(base.glob("partition=*/window=*/.*.parquet.tmp"))
+        tmp.extend(superseded([p for p in segment_files(root, table) if p.suffix == ".parquet"]))
     return done, tmp
 
 

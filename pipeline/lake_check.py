@@ -3,8 +3,9 @@
 `check` reads every stream the way a restore does and lists what it finds: damage (refused by
 readers), torn tails (ignored by readers; a crash's leftovers), logged segments that are gone,
 segments whose writer's log is gone (`unlogged`), rows of groups whose registration is gone
-(`orphans`), and segments whose Parquet copy is in place (a compaction's leftovers, not read:
-readers count the copy). `pipeline.lake_salvage` sets the damage aside.
+(`orphans`), segments whose Parquet copy is in place (a compaction's leftovers, not read: readers
+count the copy) and Parquet files a newer rewrite replaces (a retention's leftovers, not read
+either). `pipeline.lake_salvage` sets the damage aside.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.lake_files import LOG_DIR, SUM_SUFFIX, refused, writer_of
+from pipeline.lake_names import newest_copy, superseded
 from pipeline.lake_orphans import find_orphans, orphan_damage, salvaged_partitions, summary
 from pipeline.lake_read import (
     LakeDamageError,
-    compacted_path,
     log_records,
     missing_segments,
     unlogged_message,
@@ -35,7 +36,7 @@ DAMAGE_KINDS = ("damage", "missing", "unlogged", "orphans")
 class Finding:
     """One thing `check` found: ``kind`` is damage | missing | unlogged | orphans (all refused
     by readers) | torn | compacted (a segment whose Parquet copy is in place: a leftover, not
-    read)."""
+    read) | superseded (a Parquet file a newer rewrite replaces: a leftover, not read)."""
 
     kind: str
     path: Path
@@ -73,14 +74,14 @@ def check(root: str | os.PathLike) -> Report:
     root = Path(root)
     report = Report()
     for path in _streams(root):
-        if compacted_path(path).exists():
+        if newest_copy(path) is not None:
             report.findings.append(_leftover(path))
             continue
         report.streams += 1
         try:
             v = verify(path)
         except LakeDamageError as exc:
-            if compacted_path(path).exists():    # compacted (and deleted) while we read it
+            if newest_copy(path) is not None:    # compacted (and deleted) while we read it
                 report.streams -= 1
                 report.findings.append(_leftover(path))
                 continue
@@ -92,7 +93,12 @@ def check(root: str | os.PathLike) -> Report:
                                            f"{v.torn} byte(s) of an unacknowledged write "
                                            "(ignored by readers)"))
     for table in LAKE_TABLES:
-        for path in sorted((root / table).rglob("*.parquet")) if (root / table).exists() else []:
+        files = sorted((root / table).rglob("*.parquet")) if (root / table).exists() else []
+        old = set(superseded(files))
+        for path in files:
+            if path in old:
+                report.findings.append(Finding("superseded", path, 0, SUPERSEDED))
+                continue
             report.streams += 1
             try:
                 _read_row_groups(path)
@@ -111,6 +117,10 @@ def check(root: str | os.PathLike) -> Report:
         for exc in orphan_damage(root, summary(find_orphans(root)), tolerated):
             report.findings.append(Finding("orphans", exc.path, exc.offset, exc.problem))
     return report
+
+
+SUPERSEDED = ("a newer rewrite of it is in place (ignored by readers; the next `replaylake "
+              "compact` or `retain` deletes it)")
 
 
 def _leftover(path: Path) -> Finding:

@@ -22,9 +22,12 @@ Jobs that rewrite the lake have points too: ``compact.tmp_partial`` (a row group
 Parquet file written, the file unfinished), ``compact.tmp_written`` (the temporary file complete
 and fsync'ed, not renamed), ``compact.renamed`` (the Parquet copy in place, its segment not yet
 deleted), ``compact.segment_deleted`` (the segment deleted, its checksum file not yet),
-``compact.deleted`` (both deleted); ``retain.tmp_written`` and ``retain.replaced`` (a rewritten
-file before and after it replaces the old one). A job arms on its first run in a process
-(`arm_once`), unless a lake writer armed first.
+``compact.deleted`` (both deleted); ``retain.tmp_written`` (a rewrite complete and fsync'ed,
+not renamed), ``retain.renamed`` (the rewrite in place under its new name, the file it rewrote
+not yet deleted), ``retain.deleted`` (that file deleted). A reader has one:
+``scan.scratch_written`` (a scratch copy of a live segment written, not yet mapped and unlinked).
+A job or a reader arms on its first run in a process (`arm_once`), unless a lake writer armed
+first.
 
 ``REPLAYLAKE_KILL_HOW`` says what happens at the armed point: ``kill`` (the default: SIGKILL, as
 above), ``interrupt`` (the process sends itself SIGINT and carries on, so Python raises

@@ -36,6 +36,7 @@ from pipeline.lake_files import (
     table_of,
     writer_of,
 )
+from pipeline.lake_names import current, generation_path, newest_copy, read_newest, stem
 from pipeline.lake_verify import batches
 from schemas import LAKE_TABLES
 from schemas.evolve import upgrade
@@ -88,7 +89,7 @@ def unlogged_segments(root: str | os.PathLike, log: pa.Table) -> list[Path]:
     known = logged_writers(root, log) | {None}      # None: a name no writer gives a segment
     suspects = [p for t in LAKE_TABLES for p in segment_files(root, t)
                 if p.suffix == ".arrow" and writer_of(p) not in known
-                and _written(p) and not compacted_path(p).exists()]
+                and _written(p) and newest_copy(p) is None]
     if suspects:
         known = logged_writers(root, log)
         suspects = [p for p in suspects if writer_of(p) not in known]
@@ -114,40 +115,60 @@ def committed_calls(root: str | os.PathLike, log: pa.Table | None = None) -> set
 def missing_segments(root: str | os.PathLike, log: pa.Table | None = None) -> list[Path]:
     """Segments a writer logged that are gone without a `removed` record (salvage writes one)."""
     log = read_log(root) if log is None else log
-    kinds, paths = log.column("kind").to_pylist(), log.column("path").to_pylist()
-    removed = {p for k, p in zip(kinds, paths) if k == "removed"}
-    out = []
-    for k, p in zip(kinds, paths):
-        if k != "segment" or p in removed:
-            continue
-        f = Path(root) / p
-        if not f.exists() and not compacted_path(f).exists():
-            out.append(f)
-    return out
+    return [f for f in _logged(root, log) if not f.exists() and newest_copy(f) is None]
 
 
 def compacted_path(path: Path) -> Path:
     """Where `replaylake compact` puts a segment's rows: same directory and stem, `.parquet`."""
-    return path.with_suffix(".parquet")
+    return generation_path(path, 0)
 
 
-def live_files(root: str | os.PathLike, table: str,
-               partitions: list[str] | None = None) -> list[Path]:
-    """`segment_files` without a segment whose compacted copy is already there: compaction
-    renames the Parquet file into place before it deletes the segment, so a reader listing the
-    directory in between sees both, and must count the rows once."""
+def live_files(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
+               log: pa.Table | None = None) -> list[Path]:
+    """`segment_files` with only the newest file of each segment (`lake_names`): compaction
+    renames the Parquet copy into place before it deletes the segment, and retention renames a
+    rewrite into place before it deletes the file it rewrote, so a reader listing the directory
+    in between sees both, and must count the rows once.
+
+    With the writers' ``log``, a logged segment of which the listing holds no file is looked up
+    by name: a directory too large for one read is listed in several, each of which sees it at
+    another moment, so a listing taken while a job renamed one file of a segment in and deleted
+    another can hold neither (seen on ext4 with a few thousand entries)."""
     files = segment_files(root, table, partitions)
-    done = {f for f in files if f.suffix == ".parquet"}
-    return [f for f in files if f.suffix == ".parquet" or compacted_path(f) not in done]
+    if log is not None:
+        listed = {(f.parent, stem(f)) for f in files}
+        for f in _logged(root, log, table, partitions):
+            if (f.parent, stem(f)) not in listed:
+                found = f if f.exists() else newest_copy(f)
+                files += [found] if found is not None else []
+        files.sort(key=lambda f: (str(f.parents[1]), f.suffix == ".parquet", str(f)))
+    return current(files)
+
+
+def _logged(root: str | os.PathLike, log: pa.Table, table: str | None = None,
+            partitions: list[str] | None = None) -> list[Path]:
+    """The segments (of ``table``, in ``partitions``) writers logged and no salvage removed."""
+    kinds, paths = log.column("kind").to_pylist(), log.column("path").to_pylist()
+    removed = {p for k, p in zip(kinds, paths) if k == "removed"}
+    out = [Path(root) / p for k, p in zip(kinds, paths) if k == "segment" and p not in removed]
+    return [f for f in out if (table is None or table_of(f) == table) and (
+        partitions is None or f.parents[1].name.removeprefix("partition=") in partitions)]
 
 
 def read_parquet(path: Path) -> pa.Table:
-    """A compacted segment; a file Parquet cannot read is damage like any other."""
+    """A compacted segment (its newest rewrite, if a job replaced it since it was listed); a
+    file Parquet cannot read is damage like any other."""
+    return read_newest(path, _read_parquet)
+
+
+def _read_parquet(path: Path) -> pa.Table:
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        if not path.exists() or refused(exc):
+        if refused(exc):
             raise
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is gone") from exc
         raise LakeDamageError(path, 0, f"the Parquet file cannot be read ({exc})") from exc
 
 
@@ -166,8 +187,9 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> p
             if call is None or (table, call.decode()) in committed:
                 keep.append(batch)
     except LakeDamageError:
-        if compacted_path(path).exists():   # compacted (and deleted) since it was listed
-            return pq.read_table(compacted_path(path))
+        copy = newest_copy(path)            # compacted (and deleted) since it was listed
+        if copy is not None:
+            return read_parquet(copy)
         raise
     if keep and keep[0].schema != LAKE_TABLES[table]:    # written before a column was added
         return upgrade(table, pa.Table.from_batches(keep))
@@ -188,7 +210,7 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
     if gone:
         raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
     parts = []
-    for path in live_files(root, table, partitions):
+    for path in live_files(root, table, partitions, log):
         t = read_segment(path, committed)
         if t.num_rows and keep is not None:
             t = t.filter(keep(t))
@@ -223,22 +245,32 @@ def highest_seq(root: str | os.PathLike) -> int:
     """The highest `seq` of any complete record batch in any segment of any table, committed or
     not (-1 for an empty lake): a restart must number after it, so no seq of a torn call is
     ever handed out again."""
-    best = -1
-    for table in LAKE_TABLES:
-        for path in segment_files(root, table):
-            if path.suffix == ".parquet":
-                meta = pq.read_metadata(path)
-                kept = (meta.metadata or {}).get(HIGHEST_SEQ_KEY)
-                if kept is not None:    # the segment it replaced, torn or uncommitted rows too
-                    best = max(best, int(kept))
-                col = meta.schema.to_arrow_schema().get_field_index("seq")
-                for g in range(meta.num_row_groups):
-                    stats = meta.row_group(g).column(col).statistics
-                    if stats is not None and stats.has_min_max:
-                        best = max(best, int(stats.max))
-                    else:
-                        best = max(best, int(pc.max(pq.read_table(path, columns=["seq"])
-                                                    .column(0)).as_py() or -1))
-            else:
-                best = max(best, _stream_max_seq(path))
+    log = read_log(root)
+    return max((_file_max_seq(p) for t in LAKE_TABLES for p in live_files(root, t, log=log)),
+               default=-1)
+
+
+def _file_max_seq(path: Path) -> int:
+    """The highest seq a segment held, read from whichever of its files is there (a job may
+    replace the one listed before it is read)."""
+    if path.suffix == ".parquet":
+        return read_newest(path, _parquet_max_seq)
+    best = _stream_max_seq(path)
+    if path.exists():
+        return best
+    copy = newest_copy(path)            # compacted since it was listed
+    return best if copy is None else max(best, _file_max_seq(copy))
+
+
+def _parquet_max_seq(path: Path) -> int:
+    meta = pq.read_metadata(path)
+    kept = (meta.metadata or {}).get(HIGHEST_SEQ_KEY)
+    best = -1 if kept is None else int(kept)   # the segment it replaced, torn rows and all
+    col = meta.schema.to_arrow_schema().get_field_index("seq")
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            seqs = pq.read_table(path, columns=["seq"]).column(0)
+            return max(best, int(pc.max(seqs).as_py() or -1))
+        best = max(best, int(stats.max))
     return best

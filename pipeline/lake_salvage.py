@@ -41,6 +41,7 @@ from pipeline.lake_files import (
     writer_of,
 )
 from pipeline.lake_frames import RECORD_BATCH, frames
+from pipeline.lake_names import generation_path
 from pipeline.lake_orphans import find_orphans, orphan_damage, salvaged_partitions, summary
 from pipeline.lake_read import batches, log_records
 from schemas import LAKE_TABLES
@@ -80,7 +81,7 @@ def _set_aside(root: Path, report: Report, qdir: Path) -> list[str]:
         damaged.remove(path)           # nothing in it can be verified apart: set aside whole
         moved += _quarantine(root, [path], qdir, report)
         report.lost_writes += 1
-        gone += [path, path.with_suffix(".arrow")]   # and the segment it was compacted from
+        gone += [path, generation_path(path, -1)]    # and the segment it was compacted from
     for path in damaged:
         good, lost = _good_writes(path)
         stream, dropped = _rebuilt(path, good)

@@ -6,21 +6,29 @@ when a query runs, with the query's projection and filters pushed into the scan,
 at a time, so a metadata query never touches the payload columns and an aggregate's memory is a
 few row groups, whatever the lake's size.
 
-Compacted Parquet files (`replaylake compact`) are scanned where they lie. Live IPC segments
+Every file a scan reads is memory mapped once, when the scan is taken, and the datasets read
+those mappings, never a path. Why: DuckDB scans a registered dataset afresh at every query, and a
+dataset of paths reopens its files each time; a job that replaces a file (retention's rewrite) or
+deletes it (compaction, once its copy is in place) would hand a connection made before it bytes
+that do not match what it planned over, or no file at all. A mapping keeps the very file the scan
+listed readable, whatever happens to its name, until the scan is dropped.
+
+Compacted Parquet files (`replaylake compact`) are mapped where they lie. Live IPC segments
 cannot be scanned in place: only replaylake's reader knows which of their bytes were acknowledged
 (checksum file), which batches belong to an uncommitted multi-partition call, and where a torn
 tail starts. So each live segment is read once through that reader (`lake_read.batches`, the very
 rules every reader applies) and its committed batches are streamed, gathered into record batches
-of about `SCRATCH_BATCH_BYTES`, to an uncompressed Arrow IPC file in a scratch directory, which
-the dataset then scans lazily, memory mapped. The scratch directory lives as long as the scan.
+of about `SCRATCH_BATCH_BYTES`, to an uncompressed Arrow IPC file in a scratch directory
+(`pipeline.scratch`), which is mapped and unlinked at once: the scan reads the mapping lazily,
+and once `scan_lake` returns nothing of it is left on disk, however its process ends later.
 
-Why memory mapped: over a plain file, pyarrow's IPC reader (26.0.1, checked) answers a scan that
-projects some of the columns by reading every record batch's metadata ahead on its I/O threads,
-whose completions point at the reader. A scan abandoned before its end (a `LIMIT`, a reader
-dropped after one batch) frees the reader while those reads are in flight, and the process dies
-with a segmentation fault when they complete. A memory-mapped file is zero-copy: the reader takes
-its whole-file path and every read completes at once, on the calling thread. Pages a query touches
-are the file's own (the kernel can drop them), mapped until the scan ends.
+Memory mapped also because, over a plain file, pyarrow's IPC reader (26.0.1, checked) answers a
+scan that projects some of the columns by reading every record batch's metadata ahead on its I/O
+threads, whose completions point at the reader. A scan abandoned before its end (a `LIMIT`, a
+reader dropped after one batch) frees the reader while those reads are in flight, and the process
+dies with a segmentation fault when they complete. A mapped buffer is zero-copy: every read of it
+completes at once, on the calling thread. Pages a query touches are the file's own (the kernel can
+drop them), mapped until the scan is dropped.
 
 The snapshot is cut at one seq for every table, exactly as `analysis._consistent` does for
 in-memory tables (computed from the `seq` column alone), so a scan taken while a buffer writes is
@@ -30,23 +38,22 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline import lake_kill, scratch
 from pipeline.errors import LakeError
 from pipeline.lake_files import CALL_KEY, table_of
+from pipeline.lake_names import newest_copy, read_newest
 from pipeline.lake_read import (
     LakeDamageError,
     batches,
     committed_calls,
-    compacted_path,
     live_files,
     missing_segments,
     read_log,
@@ -57,19 +64,16 @@ from schemas.evolve import DERIVED, missing_columns, upgrade_batch
 
 @dataclass
 class LakeScan:
-    """One snapshot of the lake as datasets; ``close()`` removes its scratch files."""
+    """One snapshot of the lake as datasets over mapped files; ``close()`` drops the mappings
+    (nothing of a scan is left on disk once `scan_lake` has returned)."""
 
     tables: dict[str, ds.Dataset]
-    scratch: Path
     parquet_files: int = 0
     live_segments: int = 0
     cut: int | None = None
-    _closed: bool = field(default=False, repr=False)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        self.tables.clear()
 
 
 def cut_seq(seqs: dict[str, np.ndarray], first: str) -> int | None:
@@ -99,10 +103,26 @@ def cut_seq(seqs: dict[str, np.ndarray], first: str) -> int | None:
 SCRATCH_BATCH_BYTES = 8 << 20
 
 
-def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path) -> Path | None:
+def _mapped(path: Path) -> pa.Buffer:
+    """The whole file as one zero-copy buffer, readable after the file is replaced or deleted."""
+    with pa.memory_map(str(path)) as f:
+        return f.read_buffer()
+
+
+def _taken(out: Path) -> pa.Buffer:
+    """A scratch file, mapped and then unlinked: from here on it takes no room on disk."""
+    lake_kill.hit("scan.scratch_written")
+    try:
+        return _mapped(out)
+    finally:
+        out.unlink()
+
+
+def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path
+               ) -> tuple[str, pa.Buffer] | None:
     """Stream the committed batches of a live segment into ``out`` (in batches of about
-    SCRATCH_BATCH_BYTES); the file to scan (the segment's Parquet copy if it was compacted since
-    it was listed), None if nothing counts."""
+    SCRATCH_BATCH_BYTES); (format, mapped file) to scan: the scratch file, or the segment's
+    Parquet copy if it was compacted since it was listed; None if nothing counts."""
     table = table_of(path)
     schema = LAKE_TABLES[table]
     rows = 0
@@ -126,38 +146,39 @@ def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path) -> Path |
                 w.write_batch(pa.concat_batches(pending))
     except LakeDamageError:
         out.unlink(missing_ok=True)
-        if compacted_path(path).exists():
-            return compacted_path(path)
+        copy = newest_copy(path)
+        if copy is not None:
+            return _parquet(copy, table, out)
         raise
     if rows == 0:
         out.unlink()
         return None
-    return out
+    return "ipc", _taken(out)
 
 
-def _old_parquet_copy(path: Path, table: str, out: Path) -> Path:
-    """A compacted file written before a derived column existed (`schemas.evolve`), streamed
-    row group by row group into ``out`` with that column computed; other files are scanned in
-    place (a missing nullable column reads as null)."""
-    if not set(missing_columns(table, pq.read_schema(path))) & DERIVED.keys():
-        return path
+def _parquet(path: Path, table: str, out: Path) -> tuple[str, pa.Buffer]:
+    """A compacted file, mapped (its newest rewrite if a job replaced it since it was listed).
+    One written before a derived column existed (`schemas.evolve`) is streamed row group by row
+    group into the scratch file ``out`` with that column computed; other files are scanned as
+    they are (a missing nullable column reads as null)."""
+    buf = read_newest(path, _mapped)
+    if not set(missing_columns(table, pq.read_schema(pa.BufferReader(buf)))) & DERIVED.keys():
+        return "parquet", buf
     with pa.ipc.new_file(out, LAKE_TABLES[table]) as w:
-        for batch in pq.ParquetFile(path).iter_batches():
+        for batch in pq.ParquetFile(pa.BufferReader(buf)).iter_batches():
             w.write_batch(upgrade_batch(table, batch))
-    return out
+    return "ipc", _taken(out)
 
 
-# the scratch IPC files are scanned memory mapped (see the module doc: never on I/O threads)
-_MAPPED = pafs.LocalFileSystem(use_mmap=True)
+_FORMATS = {"parquet": ds.ParquetFileFormat(), "ipc": ds.IpcFileFormat()}
 
 
-def _dataset(schema: pa.Schema, parquet: list[Path], ipc: list[Path]) -> ds.Dataset:
+def _dataset(schema: pa.Schema, files: list[tuple[str, pa.Buffer]]) -> ds.Dataset:
     parts = []
-    if parquet:
-        parts.append(ds.dataset([str(p) for p in parquet], format="parquet", schema=schema))
-    if ipc:
-        parts.append(ds.dataset([str(p) for p in ipc], format="ipc", schema=schema,
-                                filesystem=_MAPPED))
+    for kind, fmt in _FORMATS.items():
+        frags = [fmt.make_fragment(buf) for k, buf in files if k == kind]
+        if frags:
+            parts.append(ds.FileSystemDataset(frags, schema, fmt))
     if not parts:
         return ds.dataset(schema.empty_table())
     return parts[0] if len(parts) == 1 else ds.dataset(parts)
@@ -169,8 +190,9 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
     root = Path(lake_dir)
     if not root.is_dir():
         raise LakeError(f"no lake directory at {root}")
-    scratch = Path(tempfile.mkdtemp(prefix="replaylake-scan-", dir=scratch_root))
-    scan = LakeScan({}, scratch)
+    lake_kill.arm_once()
+    work = scratch.make(scratch_root)
+    scan = LakeScan({})
     try:
         log = read_log(root)
         committed = committed_calls(root, log)
@@ -179,18 +201,18 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
             raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
         seqs: dict[str, np.ndarray] = {}
         for table, schema in LAKE_TABLES.items():
-            parquet, ipc = [], []
-            for i, path in enumerate(live_files(root, table)):
+            files = []
+            for i, path in enumerate(live_files(root, table, log=log)):
+                out = work / f"{table}-{i:06d}.arrow"
                 if path.suffix == ".parquet":
-                    got = _old_parquet_copy(path, table, scratch / f"{table}-{i:06d}.arrow")
-                    (parquet if got.suffix == ".parquet" else ipc).append(got)
+                    files.append(_parquet(path, table, out))
                     continue
                 scan.live_segments += 1
-                got = _live_copy(path, committed, scratch / f"{table}-{i:06d}.arrow")
+                got = _live_copy(path, committed, out)
                 if got is not None:
-                    (parquet if got.suffix == ".parquet" else ipc).append(got)
-            scan.parquet_files += len(parquet)
-            data = _dataset(schema, parquet, ipc)
+                    files.append(got)
+            scan.parquet_files += sum(k == "parquet" for k, _ in files)
+            data = _dataset(schema, files)
             seqs[table] = data.to_table(columns=["seq"]).column("seq").to_numpy()
             scan.tables[table] = data
         scan.cut = cut_seq(seqs, next(iter(LAKE_TABLES)))
@@ -201,6 +223,8 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
     except BaseException:
         scan.close()
         raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return scan
 
 

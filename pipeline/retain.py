@@ -13,11 +13,19 @@ group events and metrics are untouched, so lineage and the staleness views answe
 thing changes: a retained trajectory's `len(response_ids)` reads 0.
 
 Only compacted files are rewritten (retention compacts the sealed segments first); a live
-writer's open segments are left for a later run. A file is rewritten to a hidden temporary file,
-fsync'ed and renamed over the old one, so a reader sees the old or the new file, with the same
-rows either way. Idempotent: files with nothing left to drop are not touched, and a run killed
-anywhere (kill points `retain.tmp_written`, `retain.replaced`) is finished by the next one (its
-compaction step deletes a dead run's temporary file).
+writer's open segments are left for a later run. A file is never rewritten in place, nor renamed
+over: a reader that planned over it (a DuckDB connection made before the run) would read bytes
+that are not the file it planned over. The rewrite is the segment's next generation
+(`lake_names`: `S.parquet` -> `S.r1.parquet` -> `S.r2.parquet` ...), written to a hidden
+temporary file, fsync'ed, renamed into place, the directory fsync'ed, and only then is the file
+it rewrote deleted. A reader listing in between counts the newest generation only; one that
+listed the old file reads the new one if the old is gone when it opens it; one that has mapped it
+(every SQL connection maps the files it scans, `lake_scan`) keeps reading it. Every reader sees
+each row once, with its payload or without it, never half of it.
+
+Idempotent: files with nothing left to drop are not touched, and a run killed anywhere (kill
+points `retain.tmp_written`, `retain.renamed`, `retain.deleted`) is finished by the next one (its
+compaction step deletes a dead run's temporary file, and a file a newer generation replaced).
 """
 from __future__ import annotations
 
@@ -33,8 +41,9 @@ import pyarrow.parquet as pq
 from pipeline import lake_kill
 from pipeline.compact import CompactReport, compact, job_lock
 from pipeline.errors import ConfigError
-from pipeline.lake_files import replace_durably
-from pipeline.lake_read import read_table, segment_files
+from pipeline.lake_files import fsync_dir, replace_durably
+from pipeline.lake_names import next_generation
+from pipeline.lake_read import live_files, read_table
 
 EMPTIED = ("prompt_ids", "response_ids")          # not nullable: emptied
 NULLED = ("response_mask", "rollout_log_probs")   # nullable: set to null
@@ -47,7 +56,8 @@ class RetainReport:
 
     horizon: int | None = None       # groups whose terminal decision is at or before this step
     groups: int = 0                  # groups old enough to lose their payload
-    rewritten: list[Path] = field(default_factory=list)
+    rewritten: list[Path] = field(default_factory=list)    # the new files (each the next
+                                                            # generation of the one it replaced)
     rows: int = 0                    # trajectories whose payload was dropped by this run
     bytes_before: int = 0
     bytes_after: int = 0
@@ -91,23 +101,28 @@ def _stripped(t: pa.Table, mask: pa.Array) -> pa.Table:
     return t
 
 
-def _rewrite(path: Path, gone: pa.Array) -> int:
-    """Drop the payload of ``gone`` groups' rows in one Parquet file; rows changed."""
+def _rewrite(path: Path, gone: pa.Array) -> tuple[Path, int] | None:
+    """Drop the payload of ``gone`` groups' rows of one Parquet file into its next generation,
+    which replaces it (module doc); (the new file, rows changed), None when nothing changed."""
     meta = pq.read_metadata(path)
     keys = pq.read_table(path, columns=["partition", "uid"])
     if not pc.any(pc.is_in(_key(keys), gone)).as_py():
-        return 0
+        return None
     t = pq.read_table(path)
     mask = pc.and_(pc.is_in(_key(t), gone), _has_payload(t))
     changed = int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
     if changed == 0:
-        return 0
+        return None
     t = _stripped(t, mask).replace_schema_metadata(meta.schema.to_arrow_schema().metadata)
-    tmp = path.with_name(f".{path.name}.tmp")
+    new = next_generation(path)
+    tmp = new.with_name(f".{new.name}.tmp")
     rows_per_group = max(meta.row_group(0).num_rows, 1) if meta.num_row_groups else None
     pq.write_table(t, tmp, compression="zstd", row_group_size=rows_per_group)
-    replace_durably(tmp, path, synced="retain.tmp_written", replaced="retain.replaced")
-    return changed
+    replace_durably(tmp, new, synced="retain.tmp_written", replaced="retain.renamed")
+    path.unlink()
+    fsync_dir(path.parent)
+    lake_kill.hit("retain.deleted")
+    return new, changed
 
 
 def retain(root: str | os.PathLike, older_than: int,
@@ -121,16 +136,16 @@ def retain(root: str | os.PathLike, older_than: int,
     with job_lock(root):
         report.horizon, gone = _old_groups(root, older_than)
         report.groups = len(gone)
-        files = [p for p in segment_files(root, "trajectories") if p.suffix == ".parquet"]
+        files = [p for p in live_files(root, "trajectories") if p.suffix == ".parquet"]
         if report.groups:
             for i, path in enumerate(files):
                 before = path.stat().st_size
-                changed = _rewrite(path, gone)
-                if changed:
-                    report.rewritten.append(path)
-                    report.rows += changed
+                done = _rewrite(path, gone)
+                if done is not None:
+                    report.rewritten.append(done[0])
+                    report.rows += done[1]
                     report.bytes_before += before
-                    report.bytes_after += path.stat().st_size
+                    report.bytes_after += done[0].stat().st_size
                 if progress is not None:
                     progress(i + 1, len(files))
     return report

@@ -131,7 +131,7 @@ class PartitionState:
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.unreported: Any = None              # EvictionMetrics of calls that raised
         self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
-        #                  sample chose and has not returned yet (see sampling._Call)
+        #                  sample chose and has not returned yet (see pipeline.selection)
 
     # --- producers ---------------------------------------------------------------------------
     def _fly(self, uid: str, gs: int) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.sampling import FUTURE_VERSIONS
+from pipeline.selection import FUTURE_VERSIONS
 
 
 @dataclass

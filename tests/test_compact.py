@@ -163,7 +163,7 @@ def test_compaction_while_a_writer_appends_loses_and_duplicates_nothing(tmp_path
                             text=True)
     compacted, seen = 0, 0
     while proc.poll() is None:
-        if not lake.exists():
+        if not (lake / "_writer.lock").exists():      # a lake once its writer made its lock
             continue
         compacted += len(compact(lake).compacted)
         t = read_table(lake, "trajectories")

@@ -1,11 +1,13 @@
 """Compaction and retention killed (SIGKILL) at every point where they write: a temporary Parquet
 file half written, complete but not renamed, renamed before its segment is deleted, a segment
-deleted before its checksum file, a retained file before and after it replaces the old one.
+deleted before its checksum file; a retention's rewrite complete but not renamed, renamed into
+place under its new name before the file it rewrote is deleted, and after that delete.
 
 After each kill, before anything is repaired, every reader must see exactly the lake it saw
-before the job (every acknowledged row once, the same query answers, no damage); a re-run of the
-job must then finish it, leaving exactly what an untouched run leaves, and a buffer must restore
-the same state from it."""
+before the job (every acknowledged row once, the same query answers, no damage), and a connection
+made before the job must go on answering exactly as it did; a re-run of the job must then finish
+it, leaving exactly what an untouched run leaves (the same files), and a buffer must restore the
+same state from it."""
 from __future__ import annotations
 
 import multiprocessing
@@ -17,11 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from jobs.soak_jobs import answers as ask
+from jobs.soak_jobs import parquet_names
 from pipeline import ReplayBuffer, lake_kill
 from pipeline.analysis import connect
 from pipeline.compact import compact
 from pipeline.lake import highest_seq, segment_files
 from pipeline.lake_check import check
+from pipeline.lake_names import superseded
 from pipeline.retain import EMPTIED, NULLED, retain
 from schemas import LAKE_TABLES
 from tests.support.lake import lake_history
@@ -41,12 +46,9 @@ QUERIES = [
 PAYLOAD = "select uid, session_id, len(response_ids), response_ids from trajectories order by seq"
 
 
-def answers(lake: Path, payload: bool = True) -> list[list[tuple]]:
-    con = connect(lake)
-    try:
-        return [con.sql(q).fetchall() for q in QUERIES + ([PAYLOAD] if payload else [])]
-    finally:
-        con.close()
+def answers(lake: Path, payload: bool = True, con=None) -> list[list[tuple]]:
+    """The queries' answers, on a fresh connection (or ``con``, which is left open)."""
+    return ask(lake, con, QUERIES + ([PAYLOAD] if payload else []))
 
 
 def restored_counts(lake: Path) -> dict[str, dict]:
@@ -56,10 +58,12 @@ def restored_counts(lake: Path) -> dict[str, dict]:
 
 
 def leftovers(lake: Path) -> list[Path]:
-    """Segments, lone checksum files and temporary files: nothing a finished job leaves."""
+    """Segments, lone checksum files, temporary files and files a newer rewrite replaces:
+    nothing a finished job leaves."""
     out = [p for t in LAKE_TABLES for p in segment_files(lake, t) if p.suffix == ".arrow"]
     for t in LAKE_TABLES:
         out += list((lake / t).rglob("*.crc")) + list((lake / t).rglob(".*.tmp"))
+        out += superseded(segment_files(lake, t))
     return out
 
 
@@ -131,6 +135,7 @@ def base(tmp_path_factory):
         "history": lake_history(lake), "answers": answers(lake), "top": highest_seq(lake),
         "counts": restored_counts(shutil.copytree(lake, work / "counted")),
         "retained_history": lake_history(retained), "retained_answers": answers(retained),
+        "names": parquet_names(compacted), "retained_names": parquet_names(retained),
         "compact_trace": compact_trace, "retain_trace": retain_trace,
     }
 
@@ -140,7 +145,8 @@ def test_the_jobs_reach_every_kill_point(base):
     assert set(base["compact_trace"]) == {"compact.tmp_partial", "compact.tmp_written",
                                           "compact.renamed", "compact.segment_deleted",
                                           "compact.deleted"}
-    assert set(base["retain_trace"]) == {"retain.tmp_written", "retain.replaced"}
+    assert set(base["retain_trace"]) == {"retain.tmp_written", "retain.renamed",
+                                         "retain.deleted"}
     assert base["retained_history"] != base["history"]      # retention dropped some payload
     assert without_payload(base["retained_history"]) == without_payload(base["history"])
 
@@ -151,14 +157,19 @@ def test_a_compaction_killed_anywhere_changes_nothing_and_a_rerun_finishes_it(ba
     for target in chosen:
         lake = base["work"] / f"compact-{target.replace(':', '-')}"
         shutil.copytree(base["lake"], lake)
+        held = connect(lake)                    # a reader that connected before the job
         kill("compact", lake, target)
         assert lake_history(lake) == base["history"], target        # read before any repair
         assert check(lake).damaged == [], target
         assert answers(lake) == base["answers"], target
+        assert answers(lake, con=held) == base["answers"], target
         compact(lake)
         assert leftovers(lake) == [], target
+        assert parquet_names(lake) == base["names"], target
         assert lake_history(lake) == base["history"], target
         assert answers(lake) == base["answers"], target
+        assert answers(lake, con=held) == base["answers"], target
+        held.close()
         assert highest_seq(lake) == base["top"], target
         assert check(lake).findings == [], target
         assert restored_counts(lake) == base["counts"], target
@@ -172,7 +183,10 @@ def test_a_retention_killed_anywhere_keeps_every_row_and_a_rerun_finishes_it(bas
     for target in chosen:
         lake = base["work"] / f"retain-{target.replace(':', '-')}"
         shutil.copytree(base["compacted"], lake)
+        held = connect(lake)                    # a reader that connected before the job
+        before = answers(lake, con=held)
         kill("retain", lake, target)
+        assert answers(lake, con=held) == before, target            # still the lake it saw
         mid = lake_history(lake)
         assert without_payload(mid) == without_payload(base["history"]), target
         for row, old, new in zip(mid["trajectories"], base["history"]["trajectories"],
@@ -181,7 +195,10 @@ def test_a_retention_killed_anywhere_keeps_every_row_and_a_rerun_finishes_it(bas
         assert check(lake).damaged == [], target
         assert answers(lake, payload=False) == meta, target
         retain(lake, OLDER_THAN)
+        assert answers(lake, con=held) == before, target
+        held.close()
         assert leftovers(lake) == [], target
+        assert parquet_names(lake) == base["retained_names"], target
         assert lake_history(lake) == base["retained_history"], target
         assert answers(lake) == base["retained_answers"], target
         assert check(lake).findings == [], target

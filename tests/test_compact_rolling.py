@@ -86,7 +86,7 @@ def test_a_writer_rolls_segments_so_most_of_a_running_buffers_data_is_compacted(
     proc = run_writer(script, lake, 12)
     seen, compacted = 0, 0
     try:
-        while proc.poll() is None and not lake.exists():
+        while proc.poll() is None and not (lake / "_writer.lock").exists():   # a lake now
             pass
         # compact over and over while the buffer appends; query between the runs
         import selectors

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from pipeline import LakeError, ReplayBuffer
-from pipeline.errors import LakeDamageError
 from pipeline.analysis import connect, read_lake
 from pipeline.compact import compact
+from pipeline.errors import LakeDamageError
 from pipeline.retain import retain
 from tests.support.lake import add_group
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -10,8 +11,10 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.export_ray import lake_dataset
+from pipeline.compact import compact
 from pipeline.lake import read_table
 from tests.support.torch_reference import sampled_lake
+from tests.test_compact_crash import kill
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -47,3 +50,20 @@ def test_a_lake_table_read_with_ray_data_holds_the_rows_read_table_returns(lake,
     expected = read_table(lake, table).to_pylist()
     assert [r["seq"] for r in rows] == [r["seq"] for r in expected]
     assert [r["uid"] for r in rows] == [r["uid"] for r in expected]
+
+
+@pytest.mark.parametrize("job, point", [("compact", "compact.renamed:1"),
+                                        ("retain", "retain.renamed:1")])
+def test_ray_data_counts_each_row_once_beside_the_leftovers_of_a_killed_job(lake, tmp_path,
+                                                                             job, point):
+    """A compaction killed with the Parquet copy in place and its segment not yet deleted, a
+    retention killed with its rewrite in place and the file it rewrote not yet deleted: both
+    files of the segment are on disk, and its rows count once."""
+    killed = shutil.copytree(lake, tmp_path / "lake")
+    if job == "retain":
+        compact(killed)
+    kill(job, killed, point)
+    for table in ("trajectories", "group_events", "decisions"):
+        rows = sorted(r["seq"] for r in lake_dataset(killed, table).take_all())
+        assert rows == read_table(killed, table).column("seq").to_pylist()
+        assert rows == read_table(lake, table).column("seq").to_pylist()
