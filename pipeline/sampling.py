@@ -100,6 +100,7 @@ class _Call:
         state, poll = self.state, 0
         while True:
             # every iteration is one poll: mirror, evaluate + evict, then refill, finish or wait
+            self._await_ask()
             if before_poll is not None:
                 before_poll()
             with state.cond:
@@ -226,10 +227,10 @@ class _Call:
         if self.deadline is None:
             ask()
             return
-        with self.state.cond:
-            part.refill_asking = True
         errors: list[BaseException] = []
         done = threading.Event()
+        with self.state.cond:
+            part.refill_asking, part.refill_done = True, done
 
         def run() -> None:
             try:
@@ -251,6 +252,23 @@ class _Call:
                     "flight and its groups count as soon as they arrive", part.counts())
         if errors:
             raise errors[0]
+
+    def _await_ask(self) -> None:
+        """Before a poll: wait (until the deadline) for a refill an earlier call asked for and
+        left in flight when it timed out or was interrupted, so that this call decides on what
+        that ask registered as a whole, as the earlier call would have, never on half of it."""
+        with self.state.cond:
+            part = self.state.part(self.ctx.partition)
+            done = part.refill_done if part.refill_asking else None
+        if done is None or done.is_set():
+            return
+        left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+        if not done.wait(left):
+            with self.state.cond:
+                raise SampleTimeout(
+                    f"{_call(self.ctx)} timed out after {self.timeout}s: a refill_fn an earlier "
+                    "call asked has not returned (the rollout side is not answering); its "
+                    "groups count as soon as they arrive", part.counts())
 
     def _ask_failed(self, part: PartitionState, poll: int, dispatch: int,
                     exc: BaseException) -> None:

@@ -129,6 +129,7 @@ class PartitionState:
         self.refill_owed = 0                     # refills decided but not yet acknowledged
         self.refill_replaces: list[str] = []     # the evicted uids those refills replace
         self.refill_asking = False               # refill_fn still running past a call's deadline
+        self.refill_done: Any = None             # ... and the threading.Event it sets on return
         self.unreported: Any = None              # EvictionMetrics of calls that raised
         self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
         #                  sample chose and has not returned yet (see pipeline.selection)
