@@ -8,7 +8,7 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: run test venv lint bench clean test-vllm tools
 
-$(STAMP): pyproject.toml pipeline/_segments.c
+$(STAMP): pyproject.toml pipeline/to_torch/_runs.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,wandb,verl]'
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml pipeline/_segments.c
 
 # `make run` needs only the core and wandb, not the test suite's verl stack: a fresh clone reaches
 # the demo in about half the install time.
-$(RUN_STAMP): pyproject.toml pipeline/_segments.c
+$(RUN_STAMP): pyproject.toml pipeline/to_torch/_runs.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[wandb]'
@@ -55,7 +55,7 @@ $(VLLM_VENV)/.installed:
 
 test-vllm: $(VLLM_VENV)/.installed
 	REPLAYLAKE_REAL_VLLM=1 PYTHONPATH=. $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider \
-		tests/test_vllm.py tests/test_vllm_resume.py
+		tests/adapters/vllm/test_vllm.py tests/adapters/vllm/test_vllm_resume.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline schemas sql jobs tests

@@ -5,7 +5,7 @@
 Each audit returns the rows that break its invariant (empty = pass). Audits with parameters need
 them on the command line (`stale_bound_respected` needs --threshold, the run's
 max_off_policy_threshold under `drop`); without them they are reported as skipped, not passed.
-Read-only and safe while a buffer writes (pipeline.analysis.connect takes a consistent snapshot).
+Read-only and safe while a buffer writes (pipeline.analysis.views.connect takes a consistent snapshot).
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ class AuditResult:
 def run_audits(lake: Path, threshold: int | None = None) -> list[AuditResult]:
     """Every audit of sql/audits/ over ``lake``, by name. The threshold defaults to the one the
     lake recorded (a `drop` run's max_off_policy_threshold)."""
-    from pipeline import lake_config
     from pipeline.analysis import connect
-    from pipeline.lake_identity import require_lake
+    from pipeline.lake import config as lake_config
+    from pipeline.lake import require_lake
     from sql import loader
 
     recorded = lake_config.current(require_lake(lake))

@@ -114,7 +114,7 @@ class _Run:
             self.stop.wait(0.5)
 
     def compact(self) -> None:
-        from pipeline.compact import compact
+        from pipeline.lake import compact
         while not self.stop.is_set():
             self.res.compacted_files += len(compact(self.lake).compacted)
             self.res.compactions += 1

@@ -31,7 +31,7 @@ QUERIES = {
 
 CHILD = """
 import json, sys, time
-from pipeline.analysis import connect
+from pipeline.analysis.views import connect
 from sql import loader
 sql = sys.argv[2] if " " in sys.argv[2] else loader.load(sys.argv[2]).text
 t0 = time.perf_counter()
@@ -109,8 +109,7 @@ def main(
     Examples:
         replaylake bench sql-memory --out runs/bench/sql_memory --gb 3
     """
-    from pipeline.compact import compact
-    from pipeline.lake_identity import require_lake
+    from pipeline.lake import compact, require_lake
 
     out.mkdir(parents=True, exist_ok=True)
     if lake is not None:

@@ -3,7 +3,7 @@
 For each batch size and layout, one run times four things on the same synthetic batch, in turn
 within every repeat (a noisy neighbour slows all alike):
 
-- ``ours``: ``pipeline.to_torch.batch_to_torch`` (Arrow buffers -> new tensors every call);
+- ``ours``: ``pipeline.to_torch.convert.batch_to_torch`` (Arrow buffers -> new tensors every call);
 - ``memcpy``: the same output arrays (same shapes and dtypes, allocated the same way, freed the
   same way) filled by a plain copy of as many bytes: the limit of writing that output into fresh
   allocations on this machine;
@@ -121,8 +121,7 @@ def measure(table: pa.Table, layout: str, repeats: int) -> dict[str, Any]:
 
     The four alternate within each repeat, so a noisy neighbour on a shared machine slows all
     alike and the ratios stay honest."""
-    from pipeline.to_torch import batch_to_torch
-    from pipeline.to_torch_pool import TensorPool
+    from pipeline.to_torch import TensorPool, batch_to_torch
 
     ours = batch_to_torch(table, layout=layout)  # also the warm-up
     nbytes = sum(t.numel() * t.element_size() for t in ours.values())

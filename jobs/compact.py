@@ -1,4 +1,4 @@
-"""`replaylake compact`: rewrite the lake's sealed IPC segments as zstd Parquet (pipeline.compact).
+"""`replaylake compact`: rewrite the lake's sealed IPC segments as zstd Parquet (pipeline.lake.compaction).
 
     replaylake compact --lake runs/demo/lake
 
@@ -25,8 +25,7 @@ def main(
     """
     from tqdm import tqdm
 
-    from pipeline.compact import compact
-    from pipeline.lake_identity import require_lake
+    from pipeline.lake import compact, require_lake
 
     require_lake(lake)                       # before the progress bar starts
     start = time.perf_counter()

@@ -3,7 +3,7 @@
 The crash matrix kills the process at each write point of the crash workloads
 (`jobs.crash_workload`); this one strikes there and lets the process carry on, as a notebook
 user who presses Ctrl-C during a call and runs the cell again would. Two ways to strike
-(`pipeline.lake_kill`'s ``REPLAYLAKE_KILL_HOW``): ``interrupt`` sends the process SIGINT right
+(`pipeline.lake.kill`'s ``REPLAYLAKE_KILL_HOW``): ``interrupt`` sends the process SIGINT right
 there (Python raises KeyboardInterrupt at its next chance), ``raise`` raises an `OSError` right
 there (after the half write of a torn point), as a disk that fails at that step would.
 
@@ -152,7 +152,7 @@ def strike(ref: Reference, target: str, how: str, lake: Path) -> tuple[list[str]
     """Run the workload with a strike at ``target``: (the problems found, empty if it held;
     the calls that raised, e.g. ``put: KeyboardInterrupt``)."""
     from jobs.audit import run_audits
-    from pipeline import lake_kill
+    from pipeline.lake import kill as lake_kill
     shutil.rmtree(lake, ignore_errors=True)
     problems: list[str] = []
     box: dict[str, Retrying] = {}

@@ -136,8 +136,8 @@ class Reference:
 
 def reference(kind: str, workdir: Path, *, fsync: bool = False, seed: int = 0) -> Reference:
     """Run the workload untouched (tracing its kill points) and record what it did."""
-    from pipeline import lake_kill
-    from pipeline.lake_read import read_log
+    from pipeline.lake import kill as lake_kill
+    from pipeline.lake import read_log
     lake = workdir / f"ref-{kind}-{seed}-{int(fsync)}"
     shutil.rmtree(lake, ignore_errors=True)
     acked, states = [-1], [{}]
@@ -159,8 +159,8 @@ def reference(kind: str, workdir: Path, *, fsync: bool = False, seed: int = 0) -
 
 
 def _write_ends(lake: Path, log) -> set[int]:
-    from pipeline.lake_files import CALL_KEY, segment_files
-    from pipeline.lake_read import batches
+    from pipeline.lake import CALL_KEY, segment_files
+    from pipeline.lake import verified_batches as batches
     from schemas import LAKE_TABLES
     ends = set()
     for name in LAKE_TABLES:

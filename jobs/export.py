@@ -2,7 +2,7 @@
 
 *Trained data* is what the trainer got: every trajectory of every group a ``select`` decision
 handed out, with the provenance columns the Batch carried (``schemas.BATCH_PROVENANCE``,
-recomputed exactly as ``pipeline.batch.with_provenance`` does). Rows that a ``reissued`` event
+recomputed exactly as ``pipeline.decide.batch.with_provenance`` does). Rows that a ``reissued`` event
 dropped, and groups never selected (evicted, discarded, still live), are not exported.
 
 Layout (one directory per partition; rows ordered by ``batch_id`` then arrival ``seq``, i.e. the
@@ -12,7 +12,7 @@ order the trainer saw them; batch ids only grow, so a growing lake only appends 
     <out>/<partition>/shard-00000.parquet   zstd; row groups of <= --row-group-mb MiB of Arrow
                                             data (a streaming reader holds one at a time)
     <out>/<partition>/shard-00000.pt        with --format pt: torch.save of {tensor name: tensor}
-                                            from pipeline.to_torch (--tensor-layout), plus
+                                            from pipeline.to_torch.convert (--tensor-layout), plus
                                             per-row `batch_id` and `step`
 
 Every shard holds ``--rows-per-shard`` rows (the last of a partition fewer). The manifest lists
@@ -60,9 +60,7 @@ from jobs.export_rows import (
     trained_groups,
     trained_rows,
 )
-from pipeline.lake import read_table
-from pipeline.lake_files import mkdir_durably
-from pipeline.lake_identity import require_lake
+from pipeline.lake import mkdir_durably, read_table, require_lake
 from schemas import BATCH_PROVENANCE, TRAJECTORIES
 
 __all__ = ["ExportConfig", "ExportError", "attach_provenance", "export", "main", "parse_steps",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ReplayLakeError
-from pipeline.lake_files import replace_durably
+from pipeline.lake import replace_durably
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "replaylake-export/1"
@@ -76,7 +76,7 @@ def check_out(out: Path) -> None:
     """Refuse an output directory that is a lake, or that holds files but no export: the export
     would write its shards among them and delete what looks like its own temporary files. A
     directory holding only shard files (an export killed before its first manifest) is taken."""
-    from pipeline.lake_identity import is_lake
+    from pipeline.lake import is_lake
     if is_lake(out):
         raise ExportError(f"--out {out} is a replaylake lake; write the export somewhere else, "
                           f"e.g. {out.parent / 'export'}")

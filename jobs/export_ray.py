@@ -3,9 +3,9 @@
 Why the lake's own files and reader instead of `ray.data.read_parquet`: a running lake holds
 Arrow IPC segments (Parquet appears only where compaction has run), and a segment may hold record
 batches of a multi-partition call whose commit record never landed, which must be skipped. So each
-Ray task reads one file (IPC segment or compacted Parquet) with `pipeline.lake.read_segment`,
+Ray task reads one file (IPC segment or compacted Parquet) with `pipeline.lake.writer.read_segment`,
 honouring the commit records the driver collected once; the result is the same rows
-`pipeline.lake.read_table` returns, spread over the cluster.
+`pipeline.lake.writer.read_table` returns, spread over the cluster.
 
 `lake_dataset` serves analysis (any lake table as a `ray.data.Dataset`); `trained_rows_ray` is
 the row source of ``replaylake export --ray``: the payload is read and filtered and the provenance
@@ -22,9 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lake import committed_calls, read_segment
-from pipeline.lake_identity import require_lake
-from pipeline.lake_read import live_files
+from pipeline.lake import committed_calls, live_files, read_segment, require_lake
 from schemas import LAKE_TABLES
 
 

@@ -2,7 +2,7 @@
 
 *Trained data* is what the trainer got: every trajectory of every group a ``select`` decision
 handed out, with the provenance columns the Batch carried (``schemas.BATCH_PROVENANCE``,
-recomputed exactly as ``pipeline.batch.with_provenance`` does). Split in two so that the payload
+recomputed exactly as ``pipeline.decide.batch.with_provenance`` does). Split in two so that the payload
 part (`attach_provenance`) can run per lake file on Ray Data workers (`jobs.export_ray`) while the
 small metadata part (`trained_groups`) runs once on the driver.
 """

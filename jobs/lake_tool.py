@@ -27,9 +27,8 @@ def check(lake: LakeOption) -> None:
     Examples:
         replaylake lake check --lake runs/demo/latest/lake
     """
-    from pipeline.lake_check import check as run_check
-    from pipeline.lake_check import describe
-    from pipeline.lake_identity import require_lake
+    from pipeline.lake import check as run_check
+    from pipeline.lake import describe, require_lake
     report = run_check(require_lake(lake))
     for line in describe(report):
         typer.echo(line)
@@ -47,9 +46,8 @@ def salvage(lake: LakeOption) -> None:
     Examples:
         replaylake lake salvage --lake runs/demo/latest/lake
     """
-    from pipeline.lake_check import describe
-    from pipeline.lake_identity import require_lake
-    from pipeline.lake_salvage import salvage as run_salvage
+    from pipeline.lake import describe, require_lake
+    from pipeline.lake import salvage as run_salvage
     report = run_salvage(require_lake(lake))
     for line in describe(report):
         typer.echo(line)

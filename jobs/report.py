@@ -3,8 +3,8 @@
     replaylake report runs/demo/latest/lake -o report.html --steps 100:200
 
 Reads the lake through the read-only SQL connection (never the token payload), so it is safe
-while a buffer writes. Data: pipeline.report_data; figures: pipeline.report_figures; page:
-pipeline.report_html.
+while a buffer writes. Data: pipeline.analysis.report.data; figures: pipeline.analysis.report.figures; page:
+pipeline.analysis.report.html.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def main(
     """
     from tqdm import tqdm
 
-    from pipeline.lake_identity import require_lake
-    from pipeline.report_data import QUERIES, gather, parse_steps
+    from pipeline.analysis.report import QUERIES, gather, parse_steps
+    from pipeline.lake import require_lake
 
     root = lake_arg or lake
     if root is None or (lake_arg is not None and lake is not None and lake_arg != lake):
@@ -51,8 +51,7 @@ def main(
                       progress=lambda name: (bar.set_postfix_str(name), bar.update()))
         import matplotlib
         matplotlib.use("Agg")
-        from pipeline.report_figures import FIGURES, png_base64
-        from pipeline.report_html import render
+        from pipeline.analysis.report import FIGURES, png_base64, render
 
         bar.total = len(QUERIES) + len(FIGURES) * len(data.partitions) + 1
         bar.refresh()

@@ -1,5 +1,5 @@
 """`replaylake retain`: drop the token payload of old released/evicted/discarded groups
-(pipeline.retain); the decision log, group events, metrics and every row's metadata stay.
+(pipeline.lake.retention); the decision log, group events, metrics and every row's metadata stay.
 
     replaylake retain --lake runs/demo/lake --older-than 100
 
@@ -28,8 +28,7 @@ def main(
     """
     from tqdm import tqdm
 
-    from pipeline.lake_identity import require_lake
-    from pipeline.retain import retain
+    from pipeline.lake import require_lake, retain
 
     require_lake(lake)                       # before the progress bar starts
     with tqdm(unit="file", desc="retain", disable=not progress) as bar:

@@ -4,7 +4,7 @@
 
 A workload (ingest across two partitions, status changes, samples that evict, refill, select and
 discard, releases, a batch held across steps) runs once untouched to learn its kill points (see
-`pipeline.lake_kill`), its history and its state after every call. Then, for every point, a forked
+`pipeline.lake.kill`), its history and its state after every call. Then, for every point, a forked
 child replays it with `REPLAYLAKE_KILL_AT` armed and dies there by SIGKILL. On the lake it left:
 
 1. the lake holds exactly the untouched run's history up to a whole write: every acknowledged
@@ -56,8 +56,9 @@ __all__ = ["Reference", "check", "history", "kill_at", "open_buffer", "reference
 _FORKS: Any = None
 # imported (never run) by the fork server, so a kill child starts warm
 _PRELOAD = ["jobs.crash_workload", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "numpy",
-            "polars", "pipeline", "pipeline.buffer", "pipeline.restore", "pipeline.sampling", "pipeline.lake",
-            "pipeline.compact", "pipeline.retain", "jobs.soak_jobs"]
+            "polars", "pipeline", "pipeline.buffer", "pipeline.state.rebuild", "pipeline.decide.poll",
+            "pipeline.lake.writer", "pipeline.lake.compaction", "pipeline.lake.retention",
+            "jobs.soak_jobs"]
 
 
 def forkserver():
@@ -74,7 +75,7 @@ def forkserver():
 
 def _child(kind: str, fsync: bool, seed: int, target: str, lake: str, acks: Any) -> None:
     """The workload with ``target`` armed; it must die there (exit 3: it never got there)."""
-    from pipeline import lake_kill
+    from pipeline.lake import kill as lake_kill
     os.environ[lake_kill.ENV] = target
 
     def mark(_buf: Any) -> None:

@@ -1,5 +1,5 @@
 """The soak's rounds for the jobs that rewrite a lake: compaction and retention killed at every
-point where they write (`pipeline.lake_kill`: `compact.*`, `retain.*`), on the lake a crash
+point where they write (`pipeline.lake.kill`: `compact.*`, `retain.*`), on the lake a crash
 workload left (`jobs.crash_workload`).
 
 Each workload's finished lake is compacted once untouched, and retained untouched at three
@@ -59,8 +59,7 @@ class JobReference:
 
 def run(job: str, lake: Path) -> None:
     """The job as the soak runs it: one compaction, or retention at each of HORIZONS."""
-    from pipeline.compact import compact
-    from pipeline.retain import retain
+    from pipeline.lake import compact, retain
     if job == "compact":
         compact(lake)
         return
@@ -82,14 +81,14 @@ def answers(lake: Path, con: Any = None, queries: tuple[str, ...] | list[str] = 
 
 def parquet_names(lake: Path) -> list[str]:
     """Every Parquet file of the lake, relative to it: which generation each segment is at."""
-    from pipeline.lake_files import segment_files
+    from pipeline.lake import segment_files
     from schemas import LAKE_TABLES
     return sorted(str(p.relative_to(lake)) for t in LAKE_TABLES for p in segment_files(lake, t)
                   if p.suffix == ".parquet")
 
 
 def _traced(job: str, lake: Path) -> list[str]:
-    from pipeline import lake_kill
+    from pipeline.lake import kill as lake_kill
     os.environ[lake_kill.ENV] = "trace"
     try:
         lake_kill.arm()
@@ -134,7 +133,7 @@ def job_targets(jref: JobReference) -> list[tuple[str, str]]:
 
 
 def _child(job: str, lake: str, target: str) -> None:
-    from pipeline import lake_kill
+    from pipeline.lake import kill as lake_kill
     os.environ[lake_kill.ENV] = target
     lake_kill.arm()
     run(job, Path(lake))
@@ -160,8 +159,7 @@ def _whole_rows(seen: list[tuple], old: list[tuple], new: list[tuple], what: str
 
 def check_job(jref: JobReference, job: str, lake: Path, held: Any) -> None:
     """Every check after a job was killed on ``lake``; ``held`` connected before the job."""
-    from pipeline.lake import highest_seq
-    from pipeline.lake_check import check
+    from pipeline.lake import check, highest_seq
     old, new = jref.before[job], jref.after[job]
     h_old = jref.histories["lake" if job == "compact" else "compacted"]
     h_new = jref.histories["compacted" if job == "compact" else "retained"]

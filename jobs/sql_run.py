@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs import sql_render
-from pipeline.sql_guard import statements
+from pipeline.analysis import statements
 
 DEFAULT_MAX_ROWS = 40
 

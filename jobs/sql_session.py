@@ -2,7 +2,7 @@
 inside ad-hoc SQL as a table macro, and a statement guard that refuses anything but reading.
 
 The analysis connection already has file, extension and network access switched off, so nothing
-can reach the lake's files. The guard (`pipeline.sql_guard`) refuses every statement that is not
+can reach the lake's files. The guard (`pipeline.analysis.guard`) refuses every statement that is not
 a read, judged by what DuckDB will execute: writes to the in-memory catalog (which would change
 what the session's views answer), ATTACH, COPY, INSTALL/LOAD, SET, PRAGMA, and an EXPLAIN ANALYZE
 of any of those. `SET VARIABLE` stays allowed: the `filter_metric` variable chooses what the

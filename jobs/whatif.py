@@ -56,8 +56,7 @@ def main(
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
     """
-    from pipeline.whatif import recorded, recorded_settings, replay
-    from pipeline.whatif_future import future_summary
+    from pipeline.analysis.whatif import future_summary, recorded, recorded_settings, replay
     settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                 "filter_groups_metric": filter_metric, "max_response_length":
                 max_response_length}

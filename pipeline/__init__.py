@@ -1,18 +1,18 @@
 """replaylake's library: an off-policy-aware replay buffer for async LLM RL on Arrow tables.
 
 The public names below are imported on first use (PEP 562), not when the package is: importing
-one submodule (`pipeline.errors`, `pipeline.analysis`) must not pull in polars, pandas and the
+one submodule (`pipeline.errors`, `pipeline.analysis.views`) must not pull in polars, pandas and the
 whole buffer, which cost the command line about half a second per call, and made `sql.loader`
-(imported by `pipeline.declared`) unimportable on its own through a cycle."""
+(imported by `pipeline.decide.compile`) unimportable on its own through a cycle."""
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.batch import Batch
     from pipeline.buffer import ReplayBuffer
     from pipeline.config import BufferConfig, async_config, sync_config
+    from pipeline.decide import METRICS, Batch, Ready, StepAggregator
     from pipeline.errors import (
         BufferFullError,
         ConfigError,
@@ -31,17 +31,15 @@ if TYPE_CHECKING:
         UnknownGroupError,
         UnknownMetricError,
     )
-    from pipeline.metrics import METRICS, StepAggregator
-    from pipeline.sampling import Ready
-    from pipeline.store import GroupView
-    from pipeline.to_torch_pool import TensorPool
+    from pipeline.state import GroupView
+    from pipeline.to_torch import TensorPool
 
 # public name -> the submodule that defines it
 _HOMES: dict[str, str] = {
-    "Batch": "batch", "ReplayBuffer": "buffer", "BufferConfig": "config",
-    "async_config": "config", "sync_config": "config", "METRICS": "metrics",
-    "StepAggregator": "metrics", "Ready": "sampling", "GroupView": "store",
-    "TensorPool": "to_torch_pool",
+    "Batch": "decide.batch", "ReplayBuffer": "buffer", "BufferConfig": "config.buffer_config",
+    "async_config": "config.buffer_config", "sync_config": "config.buffer_config",
+    "METRICS": "decide.metrics", "StepAggregator": "decide.metrics", "Ready": "decide.poll",
+    "GroupView": "state.partition", "TensorPool": "to_torch.pool",
     **dict.fromkeys([
         "BufferFullError", "ConfigError", "EmptyBatchError", "IngestError", "InvariantError",
         "LakeDamageError", "LakeError", "MissingMetricError", "PoolError", "PresetKeywordError",

@@ -1,5 +1,6 @@
 """ReplayBuffer: the public API. It checks arguments, validates input and hands everything to the
-buffer's state (pipeline/state.py) and the sample loop (pipeline/sampling.py); no rule lives here.
+buffer's state (pipeline/state/buffer_state.py) and the sample loop (pipeline/decide/poll.py); no
+rule lives here.
 
 Threading: producers (many threads) and one consumer share one lock; `sample` waits on a condition
 that producers notify, re-polling at least every `poll_interval`. `refill_fn` is called with the
@@ -15,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline import decide, interrupts
+from pipeline import interrupts
 from pipeline.arguments import (
     batch_id_arg,
     batch_size_arg,
@@ -24,17 +25,15 @@ from pipeline.arguments import (
     step_arg,
     uid_list,
 )
-from pipeline.batch import Batch
 from pipeline.buffer_reads import BufferReads
-from pipeline.config import BufferConfig, async_config, sync_config
+from pipeline.config import BufferConfig, async_config, preset_kwargs, sync_config
+from pipeline.decide import Batch, Ready, run_call
+from pipeline.decide import evaluate as decide
+from pipeline.decide.policies import PollContext
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
 from pipeline.ingest import validate_groups, validate_status, validate_trajectories
-from pipeline.journal import Journal, by_column
 from pipeline.lake import LakeWriter
-from pipeline.policies.context import PollContext
-from pipeline.presets import preset_kwargs
-from pipeline.sampling import Ready, run_call
-from pipeline.state import BufferState, Listener
+from pipeline.state import BufferState, Journal, Listener, by_column
 
 log = logging.getLogger("replaylake")
 
@@ -45,7 +44,7 @@ class ReplayBuffer(BufferReads):
     Opening an existing lake directory restores the buffer exactly as the last acknowledged
     write left it. The lake records its configuration: a reopen whose decision settings differ
     (preset, filter metric, threshold, strategy, rules) is refused naming the keys, unless they
-    are listed in ``allow_changes`` (see pipeline/lake_config.py)."""
+    are listed in ``allow_changes`` (see pipeline/lake/config.py)."""
 
     def __init__(self, config: BufferConfig | None = None, *, lake: str | os.PathLike | None = None,
                  fsync: bool = False, allow_changes: tuple[str, ...] = (),
@@ -65,8 +64,8 @@ class ReplayBuffer(BufferReads):
         self._state = BufferState(Journal(writer), self.config.filter_metric)
         self._warned: set[str] = set()
         if lake is not None:
-            from pipeline import lake_config
-            from pipeline.restore import restore
+            from pipeline.lake import config as lake_config
+            from pipeline.state import restore
             try:
                 restore(self._state, lake)
                 lake_config.check_and_record(lake, self.config, self._state.journal.next_seq,

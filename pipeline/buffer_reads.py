@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipeline import aggregates, candidates, decide
 from pipeline.arguments import partition_arg, step_arg
-from pipeline.store import GroupView, view
+from pipeline.decide import aggregates
+from pipeline.decide import evaluate as decide
+from pipeline.state import GroupView, candidates, view
 
 if TYPE_CHECKING:
     from pipeline.config import BufferConfig

@@ -10,7 +10,7 @@ the relations it reads and the columns it returns::
     -- returns: partition, uid, batch_id, step, group_span
 
 Declarations the live buffer compiles (rules/) add `reason`/`check`, `horizon`, `metric`,
-`spread`, `value` and `credit` (see pipeline/rules.py). `params: none` declares a query without
+`spread`, `value` and `credit` (see pipeline/decide/rules.py). `params: none` declares a query without
 parameters; a header line starting with two spaces after
 `--` continues the previous field. The header is checked when the file is loaded (every field
 present, no unknown field, name == file stem, the declared params are exactly the `$name`
@@ -32,7 +32,7 @@ from pipeline.errors import ReplayLakeError
 SQL_DIR = Path(__file__).resolve().parent
 HEADER_FIELDS = ("name", "description", "params", "reads", "returns")
 # Fields only declarations compiled by the live engine carry (rules and checks; see
-# pipeline/declared.py): the eviction reason or check name, the horizon, the metric keys, ...
+# pipeline/decide/compile.py): the eviction reason or check name, the horizon, the metric keys, ...
 OPTIONAL_FIELDS = ("reason", "check", "horizon", "metric", "spread", "value", "credit")
 
 # DuckDB parameter types a header may declare, with the python values each accepts.

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import ReplayBuffer
-from pipeline.lake import read_table
+from pipeline.lake.writer import read_table
 from schemas import LAKE_TABLES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.lake_files import RECORD_SIZE, sum_path, unpack_records
+from pipeline.lake.files import RECORD_SIZE, sum_path, unpack_records
 
 
 def write_ends(path: Path) -> list[int]:

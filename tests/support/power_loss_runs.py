@@ -77,10 +77,10 @@ def main(argv: list[str]) -> None:
         return
     marker = _Marker()
     if job == "compact":
-        from pipeline.compact import compact
+        from pipeline.lake.compaction import compact
         compact(lake)
     elif job == "retain":
-        from pipeline.retain import retain
+        from pipeline.lake.retention import retain
         retain(lake, int(argv[2]))
     else:
         raise SystemExit(f"unknown job {job!r}")

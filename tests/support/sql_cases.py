@@ -1,5 +1,5 @@
 """Case files of the SQL tests: literal input rows -> typed lake tables and relations in DuckDB,
-and the comparison of a query's rows with a case's expected rows (run by tests/test_sql_cases.py).
+and the comparison of a query's rows with a case's expected rows (run by tests/analysis/test_sql_cases.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from pipeline.analysis import (
+from pipeline.analysis.views import (
     BASE_TABLES,
     DEFAULT_FILTER_METRIC,
     RELATIONS,

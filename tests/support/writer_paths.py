@@ -11,14 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline import to_torch_segments
+from pipeline.to_torch import runs as to_torch_segments
 
 
 @pytest.fixture(scope="module", params=["compiled", "numpy"], autouse=True)
 def both_writers(request: pytest.FixtureRequest) -> Iterator[str]:
     name = to_torch_segments.ENV_PURE_PYTHON
     if request.param == "compiled" and not to_torch_segments.HAVE_EXTENSION:
-        pytest.skip("the compiled extension pipeline._segments was not built")
+        pytest.skip("the compiled extension pipeline.to_torch._runs was not built")
     before = os.environ.get(name)
     os.environ[name] = "1" if request.param == "numpy" else "0"
     try:

@@ -1,0 +1,172 @@
+"""The replay buffer as a named Ray actor, and the client producers and trainers call it through.
+
+`RayReplayBuffer.start(...)` creates the actor (named, optionally detached) that owns one
+`ReplayBuffer` and its lake; `RayReplayBuffer.connect(name)` finds it from any process of the
+cluster. The client has the in-process buffer's method names and raises the same replaylake
+exception types (rebuilt from the actor's error envelope, see `ray_actor`). The client pickles to
+just its actor handle, so it can be passed to Ray tasks and actors (remote producers).
+
+Payloads cross the object store as Arrow: `put` conforms rows to the trajectory schema *on the
+caller's side* (so a malformed row is rejected before anything is shipped, with the same
+IngestError as in-process) and sends one Arrow IPC buffer; `sample` returns the batch table the
+same way.
+
+ray is imported lazily (inside functions): importing this module needs no ray.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline.adapters.ray.actor import (
+    BufferActor,
+    batch_from_wire,
+    rebuild_error,
+    table_to_ipc,
+)
+from pipeline.decide import Batch
+from pipeline.errors import IngestError
+from schemas import TRAJECTORIES_INPUT, conform
+
+DEFAULT_NAME = "replaylake"
+DEFAULT_MAX_CONCURRENCY = 32
+_TRAJECTORY_DEFAULTS = {"index": 0, "is_padding": False, "versions_inferred": False}
+
+
+def _unwrap(envelope: tuple, name: str) -> Any:
+    if envelope[0] == "ok":
+        return envelope[1]
+    _, cls, args, state = envelope
+    exc = rebuild_error(cls, args, state)
+    note = f"(raised inside the replaylake Ray actor {name!r})"
+    if note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)
+    raise exc
+
+
+class RayReplayBuffer:
+    """Client of the buffer actor: `register`, `update_status`, `put`, `sample`, `release`, ...
+
+    Every call blocks until the actor answers (like the in-process method); ``*_async`` variants
+    are not offered because producers already run in their own Ray tasks/actors."""
+
+    def __init__(self, handle: Any, name: str = DEFAULT_NAME):
+        self.handle = handle
+        self.name = name
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    @classmethod
+    def start(cls, *, lake: str | os.PathLike | None, preset: str = "async",
+              name: str = DEFAULT_NAME, namespace: str | None = None, detached: bool = False,
+              max_concurrency: int = DEFAULT_MAX_CONCURRENCY, fsync: bool = False,
+              refill: Any = None, actor_options: dict[str, Any] | None = None,
+              **buffer_kwargs: Any) -> RayReplayBuffer:
+        """Create the named actor and wait until its buffer is open (lake restored).
+
+        ``lake`` must be a path every node that runs the actor or reads the lake sees (a shared
+        file system); the actor is its only writer. ``refill``: None, ``"pull"`` (owed refills
+        are recorded; producers fetch them with `take_refills`) or ``(actor_handle, "method")``
+        (the actor calls ``handle.method.remote(count)`` and waits). ``buffer_kwargs`` are the
+        preset's keywords (max_off_policy_threshold, filter_groups_metric, poll_interval, ...).
+        """
+        import ray
+
+        if max_concurrency < 2:
+            from pipeline.errors import ConfigError
+            raise ConfigError(f"max_concurrency={max_concurrency!r} must be >= 2: a blocked "
+                              "`sample` needs other threads to serve the producers' `put`")
+        opts: dict[str, Any] = {"name": name, "max_concurrency": max_concurrency, "num_cpus": 0}
+        if namespace is not None:
+            opts["namespace"] = namespace
+        if detached:
+            opts["lifetime"] = "detached"
+        opts.update(actor_options or {})
+        lake_path = None if lake is None else os.path.abspath(os.fspath(lake))
+        handle = ray.remote(BufferActor).options(**opts).remote()
+        client = cls(handle, name)
+        try:   # a refused config or a locked lake raises its replaylake error here
+            client._call("open", preset, lake_path, fsync, refill, buffer_kwargs)
+        except BaseException:
+            ray.kill(handle)
+            raise
+        return client
+
+    @classmethod
+    def connect(cls, name: str = DEFAULT_NAME, namespace: str | None = None) -> RayReplayBuffer:
+        """The client of an already running actor (from any process connected to the cluster)."""
+        import ray
+        return cls(ray.get_actor(name, namespace=namespace), name)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+        return _unwrap(ray.get(getattr(self.handle, method).remote(*args)), self.name)
+
+    # --- producers -----------------------------------------------------------------------------
+    def register(self, data: Any = None, *, partition: str | None = None,
+                 uids: list[str] | None = None, global_steps: int | None = None,
+                 n: int | None = None) -> None:
+        kwargs = {"data": data} if data is not None else {
+            "partition": partition, "uids": list(uids or []), "global_steps": global_steps, "n": n}
+        self._call("register", kwargs)
+
+    def update_status(self, data: Any = None, *, partition: str | None = None,
+                      uids: list[str] | None = None, status: str | None = None) -> None:
+        kwargs = {"data": data} if data is not None else {
+            "partition": partition, "uids": list(uids or []), "status": status}
+        self._call("update_status", kwargs)
+
+    def put(self, trajectories: Any) -> int:
+        """Conform here, ship one Arrow IPC buffer, let the actor validate groups and store."""
+        table, problems = conform(trajectories, TRAJECTORIES_INPUT, _TRAJECTORY_DEFAULTS)
+        if problems:
+            raise IngestError("trajectories", problems)
+        return self._call("put", table_to_ipc(table))
+
+    def reissue(self, global_steps: int, partition_id: str | None = None) -> dict[str, list[str]]:
+        return self._call("reissue", global_steps, partition_id)
+
+    def take_refills(self) -> int:
+        """With ``refill="pull"``: how many new prompts the buffer asked for since the last call
+        (the count is handed out once); register that many to let a waiting `sample` go on."""
+        import ray
+        return ray.get(self.handle.take_refills.remote())
+
+    # --- the consumer --------------------------------------------------------------------------
+    def sample(self, global_steps: int, partition_id: str, batch_size: int,
+               timeout: float | None = None) -> Batch:
+        payload, meta = self._call("sample", global_steps, partition_id, batch_size, timeout)
+        return batch_from_wire(payload, meta)
+
+    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int,
+                            timeout: float | None = None) -> tuple[list[str], dict[str, float]]:
+        return self._call("wait_for_sampleable", global_steps, partition_id, target_count, timeout)
+
+    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
+        return self._call("get_sampleable_count", global_steps, partition_id)
+
+    def release(self, batch: Batch | int) -> None:
+        self._call("release", batch.batch_id if isinstance(batch, Batch) else int(batch))
+
+    def counts(self, partition_id: str) -> dict[str, int]:
+        return self._call("counts", partition_id)
+
+    def partitions(self) -> list[str]:
+        return self._call("partitions")
+
+    def close(self) -> None:
+        """Close the buffer (flush and unlock the lake); the actor stays up until `kill`."""
+        self._call("close")
+
+    def kill(self) -> None:
+        """Close the buffer, then end the actor (a detached actor lives until this is called)."""
+        import ray
+        try:
+            self.close()
+        finally:
+            ray.kill(self.handle)
+
+    def __enter__(self) -> RayReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()

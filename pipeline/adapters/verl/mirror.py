@@ -1,0 +1,317 @@
+"""Mirrors one TransferQueue partition into the core buffer, and TransferQueue effects back.
+
+verl's data plane is TransferQueue: prompt keys `uid` (tags `is_prompt`, `status`, `global_steps`)
+and trajectory keys `{uid}_{session}_{index}` (tags with `min/max_global_steps`, fields with
+`rm_scores` and `extra_fields`). Before each poll the adapter lists the partition once and feeds
+the *difference* since the last listing to the core, in the order the core needs: new prompt keys
+are registered, new trajectories put, then status changes applied (a group's trajectories are
+always written before its terminal status, and one listing is a consistent snapshot, so this
+order never rejects a trajectory verl would have used). Keys of selected groups that disappear
+(the trainer clears them after the step) release the batch.
+
+Keys the core must not accept are *orphans*: a late write that re-creates the key of a
+removed group (e.g. a status written after the prompt key was cleared), or a trajectory of a group
+that is removed or already terminal. They can never be trained on, and verl leaves them in
+TransferQueue forever (a leak); the adapter clears them. Keys it cannot attribute to a group it
+knows (a key that parses as neither kind, and not a removed uid) are left alone: they are not its
+to delete. Trajectory keys of a uid no prompt key names yet (e.g. the trainer's padding rows
+`pad<hex>_<i>_0`) wait until one does or they vanish. A key listed without any tag (its put
+has created it but not yet written its tags: TransferQueue does the two in turn, and a listing
+may fall between them) is classified by the first listing that shows its tags, as verl, which
+re-reads every key on every poll, sees it then. A trajectory key of a *selected* group that
+the mirror has never seen (only after a restart on a lake) is tracked, not cleared: the trainer
+may still hold that batch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pipeline.adapters.verl.effects import MirrorEffects
+from pipeline.adapters.verl.keys import (
+    IGNORED,
+    PROMPT,
+    TRAJ,
+    UNTAGGED,
+    WAITING,
+    check_prompts,
+    parse_key,
+)
+from pipeline.adapters.verl.rows import trajectory_rows
+from pipeline.config import is_validation
+
+log = logging.getLogger("replaylake.verl")
+
+_TERMINAL = ("finished", "failure")
+_RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
+
+
+class PartitionMirror(MirrorEffects):
+    """What the adapter knows of one partition's keys, and how to bring the core up to date.
+
+    ``fields``: which trajectory fields to read for new keys (see verl.py, `mirror_fields`):
+    `decisions` reads only what a decision needs, `rewards` also every reward for the lake,
+    `full` also the token payload."""
+
+    def __init__(self, core: Any, tq: Any, partition: str, fields: str,
+                 filter_metric: str | None):
+        self.core, self.tq, self.partition, self.fields = core, tq, partition, fields
+        self.filter_metric = None if is_validation(partition) else filter_metric
+        self.kind: dict[str, str] = {}              # every listed key -> PROMPT | TRAJ | ...
+        self.by_uid: dict[str, list[str]] = {}      # uid -> its listed trajectory keys
+        self.order: dict[str, int] = {}             # mirrored trajectory key -> arrival number
+        self.waiting: dict[str, tuple[str, int, int]] = {}
+        self.watch: dict[str, str] = {}             # in-flight prompt uid -> mirrored status
+        self.batches: dict[int, list[str]] = {}     # selected, unreleased batch -> its keys
+        self.listing: dict[str, dict] = {}
+        # listed keys without any tag yet, in listing order: TransferQueue's put creates a key
+        # before it writes the key's tags, so a listing taken meanwhile shows `{}`; each later
+        # listing classifies those that have their tags by then (verl re-reads every key per poll)
+        self.untagged: dict[str, None] = {}
+        for batch_id, keys in core.held_batches(partition).items():   # restored from a lake
+            self.batches[batch_id] = [f"{u}_{s}_{x}" for u, s, x in keys]
+        self.orphans_cleared = 0
+        self.ignored_count = 0
+        self._orphans: list[str] = []
+        self._arrivals = 0
+        # the background mirror's bookkeeping (verl_background.py): `epoch` grows with every
+        # listing applied and every clear (made or deferred); `fresh_epoch` is the epoch right
+        # after the last listing was applied; `listed_at` when that listing began
+        # (time.monotonic()); `deferred`: keys whose kv_clear the background thread still owes
+        self.epoch = 0
+        self.fresh_epoch = -1
+        self.listed_at: float | None = None
+        self.deferred: list[str] = []
+
+    # --- TransferQueue -> core ----------------------------------------------------------------
+    def sync(self, clear_orphans: bool = True) -> None:
+        """List the partition once and apply the difference to the core (one poll's input).
+
+        A prompt key that vanished without the adapter removing it (the trainer cleared the
+        partition, an operator reset it) retires its group in the core: verl re-lists on every
+        poll, so for verl that group is simply gone. ``clear_orphans=False`` (depth queries)
+        leaves TransferQueue untouched; orphans found are cleared by the next full sync."""
+        self.flush()              # a listing must never see keys the mirror already let go
+        began = time.monotonic()
+        self.apply(self.list_keys(), began, clear_orphans)
+
+    def list_keys(self) -> dict[str, dict]:
+        """The partition's keys and tags, as TransferQueue lists them now."""
+        return self.tq.kv_list(partition_id=self.partition).get(self.partition, {})
+
+    def apply(self, listing: dict[str, dict], began: float, clear_orphans: bool = True) -> None:
+        """Bring the core up to `listing` (taken at `began`); see `sync`."""
+        self.epoch += 1
+        self.listed_at = None
+        self.listing = listing
+        gone = self.kind.keys() - listing.keys() if len(self.kind) else ()
+        vanished = [k for k in gone if self.kind[k] == PROMPT]
+        self._forget(gone)
+        if vanished:
+            retired = self.core.retire(self.partition, vanished, reason="vanished")
+            if retired:
+                log.warning("verl adapter: %d group(s) of partition %r vanished from "
+                            "TransferQueue and were retired: %s", len(retired), self.partition,
+                            retired[:5])
+        new = self._new_keys(listing)
+        if self.untagged:
+            ready = [k for k in self.untagged if listing[k]]     # gone ones were forgotten
+            for k in ready:
+                del self.untagged[k], self.kind[k]
+            new = ready + new          # listed before the new tail: listing order is kept
+        registers, reissue = self._classify(new, listing)
+        if reissue is not None:       # verl re-issued in-flight prompts after a resume
+            for u in self.core.reissue(reissue, self.partition).get(self.partition, []):
+                if u in self.watch:
+                    self.watch[u] = "pending"
+        if registers:
+            try:
+                self.core.register({"partition": [self.partition] * len(registers),
+                                    "uid": registers,
+                                    "global_steps": [listing[u]["global_steps"] for u in registers]})
+            except Exception:
+                for u in registers:          # rejected whole: they are new again next poll
+                    self.kind.pop(u, None)
+                    self.watch.pop(u, None)
+                raise
+        held = self._put_waiting(listing)
+        self._apply_statuses(listing, held)
+        self._release_cleared(listing)
+        if clear_orphans:
+            self._clear_orphans()
+        self.listed_at = began
+        self.fresh_epoch = self.epoch
+
+    def _new_keys(self, listing: dict[str, dict]) -> list[str]:
+        """Keys not seen before, in listing (= TransferQueue registration) order. New keys are
+        always appended at the end of the listing, so only its tail is walked."""
+        missing = len(listing) - len(self.kind)
+        if missing <= 0:
+            return []
+        out = []
+        for k in reversed(listing):
+            if k not in self.kind:
+                out.append(k)
+                if len(out) == missing:
+                    break
+        out.reverse()
+        return out
+
+    def _classify(self, new: list[str], listing: dict[str, dict]) -> tuple[list[str], int | None]:
+        lookup, part = self.core.lookup, self.partition
+        known = {k: lookup(part, k) for k in new if listing[k].get("is_prompt", False)}
+        check_prompts(part, known, listing)
+        registers: list[str] = []
+        reissue: int | None = None
+        kind, waiting, by_uid = self.kind, self.waiting, self.by_uid
+        for k in new:
+            if not listing[k]:                       # its put has not written the tags yet
+                kind[k] = UNTAGGED
+                self.untagged[k] = None
+                continue
+            if k in known:
+                tag, g = listing[k], known[k]
+                if g is None:
+                    registers.append(k)
+                    self.kind[k] = PROMPT
+                    self.watch[k] = "pending"
+                elif g.removed:
+                    self._orphan(k, "prompt key of a removed group, re-created")
+                else:                                # known from a restored lake
+                    self.kind[k] = PROMPT
+                    if g.status not in _TERMINAL:
+                        self.watch[k] = g.status
+                        if tag.get("status") == "pending" and tag.get("global_steps") != g.global_steps:
+                            reissue = int(tag["global_steps"])   # verl re-issued after resume
+                continue
+            parsed = parse_key(k)
+            if parsed is None:
+                g = lookup(part, k)
+                if g is not None and g.removed:
+                    self._orphan(k, "key of a removed group re-created by a late tag write")
+                else:
+                    self._ignore(k, "neither a prompt key nor {uid}_{session}_{index}")
+                continue
+            kind[k] = WAITING
+            waiting[k] = parsed
+            by_uid.setdefault(parsed[0], []).append(k)
+        return registers, reissue
+
+    def _put_waiting(self, listing: dict[str, dict]) -> set[str]:
+        """Put the waiting trajectories whose group is known and in flight; returns the uids
+        whose terminal status must wait (a key with no data in storage yet)."""
+        todo: list[tuple[str, tuple[str, int, int], Any]] = []
+        groups: dict[str, Any] = {}               # one lookup per group, not per key
+        waiting, lookup, part = self.waiting, self.core.lookup, self.partition
+        for k, parsed in list(waiting.items()):
+            g = groups.get(parsed[0], groups)
+            if g is groups:
+                g = groups[parsed[0]] = lookup(part, parsed[0])
+            if g is None:
+                continue                              # no prompt key yet: keep waiting
+            del waiting[k]
+            if (parsed[1], parsed[2]) in g.keys or g.removed == "selected":
+                self._mark_mirrored((k,))            # known from a restored lake
+                continue
+            if g.removed or g.status in _TERMINAL:   # late write: never joins a group
+                self._orphan(k, f"trajectory of a group that is {g.removed or g.status}")
+                continue
+            todo.append((k, parsed, g))
+        if not todo:
+            return set()
+        try:
+            rows, kept, late = trajectory_rows(
+                self.tq, self.partition, [(k, p, g.global_steps) for k, p, g in todo],
+                [listing[k] for k, _, _ in todo], self.fields, self.filter_metric)
+            if rows is not None:
+                self.core.put(rows)
+        except Exception:
+            for k, parsed, _ in todo:               # nothing was accepted: try again next poll
+                self.waiting[k] = parsed
+            raise
+        self._mark_mirrored([todo[i][0] for i in kept])
+        for i in late:                              # no data in storage yet: read it next poll
+            self.waiting[todo[i][0]] = todo[i][1]
+        return {todo[i][1][0] for i in late}
+
+    def _apply_statuses(self, listing: dict[str, dict], held: set[str]) -> None:
+        uids, statuses = [], []
+        for uid, cur in list(self.watch.items()):
+            tag = listing.get(uid)
+            if tag is None:
+                continue          # cleared by someone else: verl forgets it; we keep its state
+            s = tag.get("status")
+            if s == cur or (s in _RANK and cur in _RANK and _RANK[s] < _RANK[cur]):
+                continue
+            if s in _TERMINAL and (uid in held or self._has_waiting(uid)):
+                continue          # a trajectory of it is not readable yet: next poll
+            uids.append(uid)
+            statuses.append(s)
+        if not uids:
+            return
+        self.core.update_status({"partition": [self.partition] * len(uids), "uid": uids,
+                                 "status": statuses})
+        for u, s in zip(uids, statuses):
+            if s in _TERMINAL:
+                del self.watch[u]
+            else:
+                self.watch[u] = s
+
+    def _has_waiting(self, uid: str) -> bool:
+        return any(self.kind.get(k) == WAITING for k in self.by_uid.get(uid, ()))
+
+    def _release_cleared(self, listing: dict[str, dict]) -> None:
+        """A selected batch whose trajectory keys are all gone was cleared by the trainer."""
+        for batch_id, keys in list(self.batches.items()):
+            if not any(k in listing for k in keys):
+                del self.batches[batch_id]
+                self.core.release(batch_id)
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def _mark_mirrored(self, keys: Any) -> None:
+        """The keys are in the core now, numbered in arrival order (a batch lists them so)."""
+        kind, order, n = self.kind, self.order, self._arrivals
+        for k in keys:
+            kind[k] = TRAJ
+            order[k] = n
+            n += 1
+        self._arrivals = n
+
+    def _orphan(self, k: str, why: str) -> None:
+        self.kind[k] = IGNORED
+        self._orphans.append(k)
+        log.warning("verl adapter: clearing orphan key %r of partition %r (%s)", k, self.partition,
+                    why)
+
+    def _clear_orphans(self) -> None:
+        if self._orphans:
+            keys, self._orphans = self._orphans, []
+            self.clear_keys(keys)
+            self._forget(keys)
+            self.orphans_cleared += len(keys)
+
+    def _ignore(self, k: str, why: str) -> None:
+        self.kind[k] = IGNORED
+        self.ignored_count += 1
+        log.warning("verl adapter: ignoring key %r of partition %r (%s)", k, self.partition, why)
+
+    def _forget(self, gone: Any) -> None:
+        """Drop keys that left TransferQueue from every map (one loop, locals only: a poll
+        forgets the trainer's whole previous batch)."""
+        kind, order, waiting, watch, by_uid = (self.kind, self.order, self.waiting, self.watch,
+                                               self.by_uid)
+        untagged = self.untagged
+        for k in gone:
+            order.pop(k, None)
+            waiting.pop(k, None)
+            untagged.pop(k, None)
+            if kind.pop(k) == PROMPT:
+                watch.pop(k, None)
+                continue
+            uid = k.partition("_")[0]     # parse_key's uid; a key it rejects is in no list
+            keys = by_uid.get(uid)
+            if keys is not None and k in keys:
+                keys.remove(k)
+                if not keys:
+                    del by_uid[uid]

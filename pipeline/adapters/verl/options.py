@@ -1,0 +1,92 @@
+"""Constructor options of the verl adapter: verl's keywords, `sampler_kwargs`, and the core config.
+
+verl's custom-sampler hook passes only the base keywords (mode, thresholds, `sampler_kwargs`,
+`refill_fn`), so every other option may also arrive inside `sampler_kwargs` (an OmegaConf
+`DictConfig` when it comes from verl's YAML). A keyword given explicitly (not at verl's default)
+wins; the same option given differently in both places is an error rather than a silent pick.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.config import BufferConfig, StrategyError, ThresholdError, async_config, sync_config
+from pipeline.errors import ConfigError
+
+# verl 0.9.1's defaults for the keywords after the five required ones
+VERL_DEFAULTS: dict[str, Any] = {
+    "poll_interval": 2.0, "refill_fn": None, "filter_groups_metric": None,
+    "train_batch_size": None, "gen_batch_size": None, "max_inflight_gen_batches": 1,
+    "sync_refill_failed_groups": False,
+}
+# replaylake's additions: a lake, the DAPO refill bound, what to mirror, the overlong rule
+EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto",
+                                  "max_response_length": None, "fsync": False,
+                                  "mirror_max_lag": None}
+SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
+MIRROR_FIELDS = ("auto", "decisions", "rewards", "full")
+
+
+class VerlThresholdError(ThresholdError, AssertionError):
+    """Invalid max_off_policy_threshold: a ValueError for replaylake, an AssertionError for code
+    written against verl (which checks it with `assert`)."""
+
+
+class VerlStrategyError(StrategyError, AssertionError):
+    """Invalid max_off_policy_strategy (a ValueError and an AssertionError, as the threshold's)."""
+
+
+def plain(cfg: Any, name: str) -> dict[str, Any]:
+    """A DictConfig / mapping / None as a plain dict (interpolations resolved)."""
+    if cfg is None:
+        return {}
+    if type(cfg).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+        out = OmegaConf.to_container(cfg, resolve=True)
+        if isinstance(out, dict):
+            return out
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    raise ConfigError(f"{name}={cfg!r} must be a mapping (dict or OmegaConf DictConfig)")
+
+
+def merge(explicit: dict[str, Any], sampler_kwargs: Any) -> dict[str, Any]:
+    """verl keywords + replaylake extras, filled from `sampler_kwargs` where not given."""
+    given = plain(sampler_kwargs, "sampler_kwargs")
+    unknown = sorted(set(given) - set(SAMPLER_KWARGS))
+    if unknown:
+        raise ConfigError(f"sampler_kwargs has unknown option(s) {unknown}; replaylake reads only "
+                          f"{list(SAMPLER_KWARGS)}")
+    defaults = {**VERL_DEFAULTS, **EXTRA_DEFAULTS}
+    out = dict(explicit)
+    for k, v in given.items():
+        cur = out.get(k, defaults[k])
+        if cur != defaults[k] and cur != v:
+            raise ConfigError(f"{k} is given twice with different values: {cur!r} as a keyword "
+                              f"and {v!r} in sampler_kwargs")
+        out[k] = v
+    for k, v in defaults.items():
+        out.setdefault(k, v)
+    return out
+
+
+def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any) -> BufferConfig:
+    """The core's `sync_config` / `async_config`; threshold and strategy errors become verl's
+    exception type too (ValueError and AssertionError, with verl's phrases)."""
+    mode = opts["mirror_fields"]
+    if mode not in MIRROR_FIELDS:
+        raise ConfigError(f"mirror_fields={mode!r} must be one of {list(MIRROR_FIELDS)}")
+    make = sync_config if preset == "sync" else async_config
+    try:
+        return make(max_off_policy_threshold=threshold, max_off_policy_strategy=strategy,
+                    filter_groups_metric=opts["filter_groups_metric"], refill_fn=opts["refill_fn"],
+                    train_batch_size=opts["train_batch_size"], gen_batch_size=opts["gen_batch_size"],
+                    max_inflight_gen_batches=opts["max_inflight_gen_batches"],
+                    sync_refill_failed_groups=bool(opts["sync_refill_failed_groups"]),
+                    max_num_gen_batches=opts["max_num_gen_batches"],
+                    max_response_length=opts["max_response_length"],
+                    poll_interval=opts["poll_interval"])
+    except ThresholdError as exc:
+        raise VerlThresholdError(str(exc)) from None
+    except StrategyError as exc:
+        raise VerlStrategyError(str(exc)) from None

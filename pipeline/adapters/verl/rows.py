@@ -1,0 +1,120 @@
+"""New TransferQueue trajectory keys -> one Arrow table of the core's trajectory input schema.
+
+Which fields are read decides the mirror's cost (one `kv_batch_get` per poll for the fields every
+new key needs -- `rm_scores` and `extra_fields` together in `rewards` mode --, ~40-50 us per
+trajectory and field on 2 cores, measured): `decisions` reads only what a rule
+needs (`rm_scores` for metric `reward`, `extra_fields` for a named metric or when the tags carry
+no versions), `rewards` also every reward for the lake, `full` also the token payload. Token
+columns not read stay empty lists (the core's payload is then provenance only: verl's trainer
+reads the tokens from TransferQueue by key, never from us).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.adapters.verl import fields as vf
+from pipeline.errors import IngestError, MissingMetricError
+from pipeline.ingest import STEP_LIMIT, STEP_RULE
+from schemas import TRAJECTORIES_INPUT, Problem
+
+_TOKENS = (("prompt_ids", "prompts", pa.int32()), ("response_ids", "responses", pa.int32()),
+           ("response_mask", "response_mask", pa.int8()),
+           ("rollout_log_probs", "rollout_log_probs", pa.float32()))
+
+
+def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str, int, int], int]],
+                    tags: Sequence[dict], fields: str, filter_metric: str | None
+                    ) -> tuple[pa.Table | None, list[int], list[int]]:
+    """``todo``: (key, (uid, session, index), dispatch step) per new trajectory key, ``tags``
+    their TransferQueue tags. Returns (rows of the readable keys, their indices into ``todo``,
+    indices of keys without data in storage yet). Raises MissingMetricError when metric `reward`
+    is filtered on and a trajectory has no `rm_scores` (verl raises a bare KeyError there)."""
+    keys = [k for k, _, _ in todo]
+    need_rm = fields != "decisions" or filter_metric == "reward"
+    need_extra = fields != "decisions" or filter_metric not in (None, "reward")
+    extra_at = [i for i, t in enumerate(tags) if need_extra or not vf.has_tag_versions(t)]
+    extra_rows: list[Any] = [None] * len(keys)
+    if need_rm and len(extra_at) == len(keys):     # both fields of every key: one read
+        got = vf.read_fields(tq, partition, keys, ["rm_scores", "extra_fields"])
+        rm_rows, extra_rows = got["rm_scores"], got["extra_fields"]
+    else:
+        rm_rows = (vf.read_fields(tq, partition, keys, ["rm_scores"])["rm_scores"] if need_rm
+                   else [None] * len(keys))
+        if extra_at:
+            got = vf.read_fields(tq, partition, [keys[i] for i in extra_at], ["extra_fields"])
+            for j, i in enumerate(extra_at):
+                extra_rows[i] = got["extra_fields"][j]
+    tokens = vf.read_fields(tq, partition, keys, [src for _, src, _ in _TOKENS]) \
+        if fields == "full" else {}
+    late = [i for i in range(len(keys)) if rm_rows[i] is vf.NOT_READY
+            or extra_rows[i] is vf.NOT_READY or any(tokens[f][i] is vf.NOT_READY for f in tokens)]
+    late_set = set(late)
+    keep = [i for i in range(len(keys)) if i not in late_set]
+    if filter_metric == "reward":
+        missing = [keys[i] for i in keep if rm_rows[i] is vf.MISSING]
+        if missing:
+            raise MissingMetricError(
+                f"{len(missing)} trajectory key(s) of partition {partition!r} have no 'rm_scores' "
+                f"field, which filter_groups_metric='reward' needs: groups "
+                f"{sorted({todo[keys.index(k)][1][0] for k in missing})[:5]}, keys {missing[:5]}")
+    if not keep:
+        return None, [], late
+    return _table(partition, todo, tags, keep, rm_rows, extra_rows, tokens), keep, late
+
+
+def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int],
+           rm_rows: list, extra_rows: list, tokens: dict[str, list]) -> pa.Table:
+    uid, session, index, lo, hi, reward, info, padding, inferred = ([] for _ in range(9))
+    versions_of, extra_of, reward_of = vf.versions_of, vf.extra_of, vf.reward_of
+    reward_info_of = vf.reward_info_of
+    for i in keep:     # one pass, locals only: this loop runs once per new trajectory
+        _, (u, s, x), gs = todo[i]
+        tag, extra, rm = tags[i], extra_rows[i], rm_rows[i]
+        uid.append(u)
+        session.append(s)
+        index.append(x)
+        if extra is not None:
+            extra = extra_of(extra)
+        t_lo, t_hi = tag.get("min_global_steps"), tag.get("max_global_steps")
+        if type(t_lo) is int and type(t_hi) is int:      # the usual tag: what versions_of gives
+            lo.append(t_lo)
+            hi.append(t_hi)
+            inferred.append(False)
+        else:
+            v = versions_of(tag, extra, gs)
+            lo.append(v[0])
+            hi.append(v[1])
+            inferred.append(v[2])
+        r = None if rm is None else reward_of(rm)
+        reward.append(0.0 if r is None else r)              # no rm_scores written yet
+        info.append(None if extra is None else reward_info_of(extra))
+        padding.append(bool(tag.get("is_padding", False)))
+    _check_versions(partition, [todo[i][0] for i in keep], lo, hi)
+    cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
+            "max_global_steps": hi, "reward": reward, "reward_info": info,
+            "is_padding": padding, "versions_inferred": inferred}
+    n = len(keep)
+    data: dict[str, pa.Array] = {f.name: pa.array(cols[f.name], type=f.type)
+                                 for f in TRAJECTORIES_INPUT if f.name in cols}
+    data["partition"] = pa.array([partition] * n, pa.string())
+    for name, src, typ in _TOKENS:
+        required = name in ("prompt_ids", "response_ids")
+        if src in tokens:
+            data[name] = vf.token_lists([tokens[src][i] for i in keep], typ, null_as_empty=required)
+        elif required:
+            data[name] = pa.array([[]] * n, pa.list_(typ))
+    return pa.table({f.name: data[f.name] if f.name in data else pa.nulls(n, f.type)
+                     for f in TRAJECTORIES_INPUT}, schema=TRAJECTORIES_INPUT)
+
+
+def _check_versions(partition: str, keys: list[str], lo: list, hi: list) -> None:
+    """Weight versions outside the steps ingest takes, named by their TransferQueue keys (one
+    past int64 would otherwise fail inside pyarrow with no key named)."""
+    bad = [k for k, a, b in zip(keys, lo, hi) if not (0 <= a < STEP_LIMIT and 0 <= b < STEP_LIMIT)]
+    if bad:
+        raise IngestError(f"verl trajectories of partition {partition!r}", [Problem(
+            "min_global_steps/max_global_steps", (), f"{STEP_RULE}; keys {bad[:5]}"
+            + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))])

@@ -1,0 +1,134 @@
+"""The staleness report as one self-contained HTML file: inline CSS, figures as data: URIs.
+
+Nothing in the page refers to another file or to the network, so the report can be mailed,
+attached to a ticket or opened years later. Every text that comes from the lake (partition
+names, configuration values) is escaped.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import html
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pipeline.analysis.report.data import HEATMAP_COLUMNS, SMOOTH_FROM, ReportData
+
+# headline rows: (column of report_headline, label, how to read it)
+HEADLINE = (
+    ("first_step", "first trained step", ""),
+    ("last_step", "last trained step", ""),
+    ("batches", "batches handed out", ""),
+    ("trajectories", "trajectories trained", "non-padding"),
+    ("response_tokens", "response tokens trained", ""),
+    ("staleness_mean", "staleness, mean", "(step − 1) − newest version"),
+    ("staleness_max", "staleness, max", ""),
+    ("token_staleness_mean", "staleness, token-weighted mean", "weighted by response tokens"),
+    ("span_mean", "span, mean", "versions per trajectory"),
+    ("span_max", "span, max", ""),
+    ("groups_dispatched", "groups dispatched", "by dispatch step"),
+    ("groups_trained", "groups trained", ""),
+    ("groups_evicted", "groups evicted", "any reason"),
+    ("groups_filtered", "of which by the zero-variance filter", ""),
+    ("groups_discarded", "groups discarded as surplus", "sync DAPO"),
+    ("groups_live", "dispatched groups still live", "at the end of the lake"),
+)
+
+CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px auto;
+       max-width: 1240px; color: #222; line-height: 1.45; }
+h1 { font-size: 24px; margin-bottom: 4px; } h2 { font-size: 20px; margin-top: 36px;
+  border-bottom: 2px solid #ddd; padding-bottom: 4px; } h3 { font-size: 16px; margin: 22px 0 6px; }
+.meta { color: #555; font-size: 13px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
+th, td { border: 1px solid #ddd; padding: 3px 10px; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; } .note { color: #666; font-size: 12px; }
+figure { margin: 0 0 8px; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 13px; color: #444; max-width: 1100px; margin-top: 4px; }
+.columns { display: flex; gap: 40px; flex-wrap: wrap; }
+"""
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return f"{v:,.3f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for k in sorted(d):
+        v = d[k]
+        if isinstance(v, dict) and v:
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", "{}" if isinstance(v, dict) else v
+
+
+def _config(data: ReportData) -> str:
+    if data.config is None:
+        return "<p class='note'>This lake recorded no configuration (written before replaylake " \
+               "kept one).</p>"
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>"
+                   for k, v in _flatten(data.config))
+    more = "" if data.config_versions <= 1 else (
+        f"<p class='note'>The lake recorded {data.config_versions} configurations; this is the "
+        "newest (an earlier part of the run was decided under another).</p>")
+    return f"<table>{rows}</table>{more}"
+
+
+def _headline(data: ReportData) -> str:
+    names = [p.name for p in data.partitions]
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
+    body = []
+    for key, label, note in HEADLINE:
+        cells = "".join(f"<td class='num'>{html.escape(_fmt(p.headline[key]))}</td>"
+                        for p in data.partitions)
+        hint = f" <span class='note'>({html.escape(note)})</span>" if note else ""
+        body.append(f"<tr><th>{html.escape(label)}{hint}</th>{cells}</tr>")
+    return f"<table><tr><th>partition</th>{head}</tr>{''.join(body)}</table>"
+
+
+def render(data: ReportData, figures: Callable[[str], list[tuple[str, str, str, str]]],
+           *, took_s: float | None = None) -> str:
+    """The page: header, configuration, headline numbers, then one section per partition.
+
+    ``figures(partition)`` returns that partition's ``(key, title, caption, png_base64)``."""
+    lo, hi = data.steps
+    window = "every step" if data.steps == (None, None) else \
+        f"steps {'first' if lo is None else lo} to {'last' if hi is None else hi}"
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+             f"<title>replaylake report: {html.escape(str(data.lake))}</title>",
+             f"<style>{CSS}</style></head><body>",
+             "<h1>replaylake staleness report</h1>",
+             f"<p class='meta'>lake <code>{html.escape(str(data.lake))}</code> · {window} · "
+             f"partitions {html.escape(', '.join(p.name for p in data.partitions))} · "
+             f"made {now}</p>",
+             "<div class='columns'><div><h2>Headline numbers</h2>", _headline(data),
+             "<p class='note'>Trained, evicted and discarded count the decisions taken in the "
+             "window; dispatched and live count groups by their dispatch step.</p></div>",
+             "<div><h2>Run configuration</h2>", _config(data), "</div></div>"]
+    for p in data.partitions:
+        parts.append(f"<h2>Partition {html.escape(p.name)}</h2>")
+        if len(p.tables["staleness_by_step"]) >= SMOOTH_FROM:
+            parts.append(
+                f"<p class='note'>{len(p.tables['staleness_by_step'])} trained steps: in the line "
+                "plots the faint lines are the per-step values and the bold ones their centred "
+                "rolling mean over about 1/40 of the steps (rolling max for maxima); the heatmaps "
+                f"sum consecutive steps into at most {HEATMAP_COLUMNS} columns.</p>")
+        for key, title, caption, png in figures(p.name):
+            parts.append(f"<h3 id='{html.escape(p.name)}-{key}'>{html.escape(title)}</h3>"
+                         f"<figure><img alt='{html.escape(title)}' "
+                         f"src='data:image/png;base64,{png}'>"
+                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    if took_s is not None:
+        parts.append(f"<p class='note'>Made by <code>replaylake report</code> in {took_s:.1f} s."
+                     "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,79 @@
+"""What a what-if replay reports back: its outcome, and rows trained "from the future".
+
+A replay keeps each rollout's recorded weight version. When its settings evict more than the
+recorded run did, it reaches rollouts the recorded run generated later, with newer weights, and a
+sample call can train rows whose newest version is not older than its step. The live buffer warns
+about such rows on every call (a rollout side that tags versions wrongly); in a replay they are
+expected, so the replay holds those warnings on its own thread, counts the rows per step, and its
+caller prints one summary line.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.decide import FUTURE_VERSIONS
+
+
+@dataclass
+class Outcome:
+    """What one run (recorded or replayed) handed out and evicted."""
+
+    batches: list[list[str]] = field(default_factory=list)      # uids per sample call, in order
+    unfilled: list[int] = field(default_factory=list)           # steps whose batch never filled
+    refill_shortfall: int = 0
+    lake: Path | None = None
+    future_rows: dict[int, int] = field(default_factory=dict)   # step -> rows newer than it
+
+
+
+def future_rows(table: pa.Table) -> int:
+    """Trained rows of a batch whose newest weight version is not older than its step (the
+    rows the live buffer warns about)."""
+    future = pc.and_(pc.invert(table["is_padding"]), pc.less(table["staleness"], 0))
+    return pc.sum(future.cast(pa.int64())).as_py() or 0
+
+
+class _HoldFutureWarnings(logging.Filter):
+    """Drops the buffer's per-call "weight version from the future" warnings raised on one
+    thread (the replay's): there they are an artefact of replaying recorded versions, counted
+    in `Outcome.future_rows` instead."""
+
+    def __init__(self, thread: int):
+        super().__init__()
+        self.thread = thread
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread == self.thread
+                    and getattr(record, "replaylake_event", None) == FUTURE_VERSIONS)
+
+
+@contextmanager
+def future_warnings_held() -> Iterator[None]:
+    log = logging.getLogger("replaylake")
+    hold = _HoldFutureWarnings(threading.get_ident())
+    log.addFilter(hold)
+    try:
+        yield
+    finally:
+        log.removeFilter(hold)
+
+
+def future_summary(outcome: Outcome, calls: int) -> str | None:
+    """One line on the steps that trained rows from the future, None when none did."""
+    steps = sorted(outcome.future_rows)
+    if not steps:
+        return None
+    rows = sum(outcome.future_rows.values())
+    return (f"weight versions from the future: {len(steps)} of {calls} sample calls (steps "
+            f"{steps[0]} to {steps[-1]}) trained {rows:,} row(s) whose newest weight version is "
+            "not older than the step. The replay keeps each rollout's recorded version; with "
+            "these settings it reached rollouts the recorded run generated later with newer "
+            "weights, so their staleness reads lower (below zero) than a real run would have had")

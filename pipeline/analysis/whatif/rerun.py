@@ -1,0 +1,314 @@
+"""What-if replays: run a recorded lake's rollouts through a fresh ReplayBuffer with other
+settings, so eviction and selection are decided by the very rules the live buffer runs.
+
+How the replay follows the recorded run:
+
+* Time is the lake's `seq`. Every row of `group_events` and `trajectories` is fed back through
+  the public API (`register`, `update_status`, `put`) in seq order; a recorded `release` is
+  replayed as `release` of the batch the replay handed out for that call.
+* Each recorded sample call (`call_id`, its step, partition and number of selected groups) becomes
+  one `sample(step, partition, batch_size)`. Before each poll (`before_poll`) the feed advances to
+  the next recorded decision point (the first seq of a recorded poll that decided something), so
+  a poll sees exactly what the recorded poll saw. When the recorded points run out the feed moves
+  on into later recorded data, as a slower trainer would have waited for it.
+* Groups that a refill registered in the recorded run (the `count` registrations that follow each
+  refill decision) form a pool: the replay's `refill_fn(n)` hands out the next `n` of them, and
+  their events are fed from then on. A refill group the replay never asks for never appears; a
+  refill the pool cannot serve is counted as `refill_shortfall`.
+
+With the recorded settings this reproduces every recorded batch (tests/analysis/test_whatif.py checks it
+on a scripted run and on a demo lake), which also shows the decision log holds every input the
+decisions depend on. Not replayable: re-issues after a restart (`reissued` events; the public
+API has no call for them) and refills issued by a `refill_fn` that registered groups other than
+right after its refill decision while other producers registered too (the pool attribution
+assumes the `count` registrations that follow the decision belong to it).
+
+What the replay cannot make real: rollouts keep the weight versions they were recorded with. When
+other settings evict more, the feed reaches rollouts the recorded run generated later, with newer
+weights, and a sample call can train rows whose newest version is not older than its step. The
+live buffer warns about such rows on every call; the replay counts them per step instead
+(`Outcome.future_rows`, see pipeline.analysis.whatif.outcome) and leaves the summary to its caller.
+
+Memory: the feed reads the recorded tables once, puts every run of consecutive trajectory rows
+in one call (not row by row: each call costs the buffer, its journal and the replay's lake a
+record batch), and the replay buffer holds only what its own decisions keep; the recorded batches
+of the replay are read back from its decision log alone, not its payload.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.analysis.whatif.outcome import Outcome, future_rows, future_warnings_held
+from pipeline.errors import ConfigError, LakeError, ReplayLakeError
+from schemas import TRAJECTORIES_INPUT
+
+SAMPLE_TIMEOUT_S = 600.0   # a safety net only: an unfillable call ends when the feed runs dry
+IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch cannot fill
+
+
+class _Unfillable(Exception):
+    """The recorded run has nothing more to feed and the replay's batch is still short."""
+
+
+def recorded_settings(lake: Path) -> dict[str, Any]:
+    """The sample settings recorded in the lake's configuration (`async`/`sync` keywords)."""
+    from pipeline.lake import config as lake_config
+    from pipeline.lake import require_lake
+    cfg = lake_config.current(require_lake(lake))
+    if cfg is None:
+        raise LakeError(f"{lake} records no configuration ({lake_config.FILE}); give every setting")
+    keys = ("preset", "max_off_policy_threshold", "max_off_policy_strategy",
+            "filter_groups_metric")
+    missing = [k for k in keys if k not in cfg]
+    if missing:
+        raise LakeError(f"{Path(lake) / lake_config.FILE} records no {', '.join(missing)}: the replay needs "
+                        "the settings the run was made with; restore the file from a backup")
+    rules = cfg.get("rules") or {}
+    return {**{k: cfg[k] for k in keys},
+            "max_response_length": (rules.get("overlong") or {}).get("max_response_length")}
+
+
+def _calls(decisions: pa.Table) -> list[dict]:
+    """Recorded sample calls in order: call id, step, partition, groups selected, poll points."""
+    rows = decisions.filter(pc.greater_equal(decisions["call_id"], 0)).to_pylist()
+    calls: dict[int, dict] = {}
+    for r in rows:
+        c = calls.setdefault(r["call_id"], {"call_id": r["call_id"], "step": r["step"],
+                                            "partition": r["partition"], "uids": [],
+                                            "points": {}})
+        c["points"].setdefault(r["poll"], r["seq"])
+        c["points"][r["poll"]] = min(c["points"][r["poll"]], r["seq"])
+        if r["kind"] == "select":
+            c["uids"].append(r["uid"])
+    return [c for _, c in sorted(calls.items()) if c["uids"]]
+
+
+class _Feed:
+    """Feeds the recorded rows into the replay buffer in seq order, holding back refill groups
+    until the replay's refill asks for them."""
+
+    def __init__(self, buf: Any, tables: dict[str, pa.Table]):
+        self.buf = buf
+        ev = tables["group_events"]
+        if pc.any(pc.equal(ev["event"], "reissued")).as_py():
+            raise LakeError("the lake holds re-issued groups (a restore); a what-if replay "
+                            "cannot re-issue through the public API")
+        tr = tables["trajectories"]
+        self.traj = tr.select(TRAJECTORIES_INPUT.names).cast(TRAJECTORIES_INPUT)
+        dec = tables["decisions"]
+        items = [(s, "event", i) for i, s in enumerate(ev["seq"].to_pylist())]
+        items += [(s, "traj", i) for i, s in enumerate(tr["seq"].to_pylist())]
+        rel = dec.filter(pc.equal(dec["kind"], "release"))
+        items += [(s, "release", (b, p)) for s, b, p in zip(
+            rel["seq"].to_pylist(), rel["batch_id"].to_pylist(), rel["partition"].to_pylist())]
+        self.items = sorted(items, key=lambda x: x[0])
+        self.events = ev.to_pylist()
+        self.traj_keys = list(zip(tr["partition"].to_pylist(), tr["uid"].to_pylist()))
+        self.pool, self.refill_groups = self._refill_pool(dec)
+        self.held: dict[tuple[str, str], list] = {}
+        self.drawn: set[tuple[str, str]] = set()
+        self.pos = 0
+        self.batch_of: dict[tuple[str, int], Any] = {}   # recorded (partition, batch_id) -> Batch
+        self.release_later: set[tuple[str, int]] = set()
+
+    def _refill_pool(self, dec: pa.Table) -> tuple[list[tuple[str, str]], set]:
+        failed = {(r["partition"], r["call_id"], r["poll"]) for r in
+                  dec.filter(pc.equal(dec["kind"], "refill_failed")).to_pylist()}
+        refills = [r for r in dec.filter(pc.equal(dec["kind"], "refill")).to_pylist()
+                   if (r["partition"], r["call_id"], r["poll"]) not in failed]   # served asks
+        regs = [(e["seq"], e["partition"], e["uid"]) for e in self.events
+                if e["event"] == "registered"]
+        pool: list[tuple[str, str]] = []
+        j = 0
+        for r in sorted(refills, key=lambda x: x["seq"]):
+            while j < len(regs) and regs[j][0] < r["seq"]:
+                j += 1
+            take = regs[j:j + r["count"]]
+            pool += [(p, u) for _, p, u in take]
+            j += len(take)
+        return pool, set(pool)
+
+    def refill(self, n: int) -> None:
+        """The replay's refill_fn: hand out the next n recorded refill groups."""
+        for key in self.pool[:n]:
+            self.drawn.add(key)
+            self._apply_all(self.held.pop(key, []))
+        self.shortfall = getattr(self, "shortfall", 0) + max(n - len(self.pool), 0)
+        del self.pool[:n]
+
+    def _key(self, item: tuple) -> tuple[str, str] | None:
+        _, kind, ref = item
+        if kind == "event":
+            return self.events[ref]["partition"], self.events[ref]["uid"]
+        if kind == "traj":
+            return self.traj_keys[ref]
+        return None
+
+    def advance(self, until: int | None) -> bool:
+        """Feed every row with seq < until (None: all). Returns whether anything was left."""
+        start = self.pos
+        due: list[tuple] = []
+        while self.pos < len(self.items) and (until is None or self.items[self.pos][0] < until):
+            item = self.items[self.pos]
+            key = self._key(item)
+            if key in self.refill_groups and key not in self.drawn:
+                self.held.setdefault(key, []).append(item)
+            else:
+                due.append(item)
+            self.pos += 1
+        self._apply_all(due)
+        return self.pos > start
+
+    def _apply_all(self, items: list[tuple]) -> None:
+        """Apply ``items`` in order, each run of consecutive rows of one kind (trajectories,
+        registrations, status changes) as one call.
+
+        Nothing polls between two rows of a run (polls happen only between feed steps), and no
+        recorded trajectory or registration can be refused (a group accepts rows until its
+        terminal event, which comes after them), so one call leaves the buffer as the rows one
+        by one would; a status run that is refused is applied row by row. Row-by-row calls
+        would cost the buffer, its journal and the replay's lake one record batch per row."""
+        run: list[tuple] = []
+        run_kind, run_keys = None, set()
+        for item in items:
+            kind = self._kind(item)
+            # a group's rows of one put may repeat its key; one status call takes a group once
+            key = self._key(item) if kind == "status" else None
+            if kind != run_kind or kind == "release" or key in run_keys:
+                self._apply_run(run_kind, run)
+                run, run_kind, run_keys = [], kind, set()
+            run.append(item)
+            if key is not None:
+                run_keys.add(key)
+        self._apply_run(run_kind, run)
+
+    def _kind(self, item: tuple) -> str:
+        if item[1] != "event":
+            return item[1]
+        return "register" if self.events[item[2]]["event"] == "registered" else "status"
+
+    def _apply_run(self, kind: str | None, run: list[tuple]) -> None:
+        if not run:
+            return
+        buf = self.buf
+        if kind == "traj":
+            rows = [ref for _, _, ref in run]
+            first = rows[0]
+            contiguous = rows[-1] - first + 1 == len(rows)
+            buf.put(self.traj.slice(first, len(rows)) if contiguous else self.traj.take(rows))
+        elif kind == "release":
+            b = self.batch_of.get(run[0][2])
+            if b is not None:
+                buf.release(b)
+        elif kind == "register":
+            ev = [self.events[ref] for _, _, ref in run]
+            buf.register({"partition": [e["partition"] for e in ev],
+                          "uid": [e["uid"] for e in ev],
+                          "global_steps": [e["global_steps"] for e in ev],
+                          "n": [e["n"] for e in ev],
+                          "prompt_id": [e.get("prompt_id") for e in ev]})
+        else:
+            ev = [self.events[ref] for _, _, ref in run]
+            try:
+                buf.update_status({"partition": [e["partition"] for e in ev],
+                                   "uid": [e["uid"] for e in ev],
+                                   "status": [e["event"] for e in ev]})
+            except ReplayLakeError:
+                for e in ev:   # all-or-nothing: nothing of the run was applied
+                    try:
+                        buf.update_status(partition=e["partition"], uids=[e["uid"]],
+                                          status=e["event"])
+                    except ReplayLakeError:
+                        pass   # a status for a group this replay evicted already (what-if)
+
+
+def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
+           **settings: Any) -> Outcome:
+    """Replay ``lake`` with ``settings`` (the recorded ones where not given); the replay writes
+    its own lake (``out_lake`` or a temporary directory) so both can be compared with SQL."""
+    from pipeline import ReplayBuffer
+    from pipeline.analysis.views import read_lake
+    lake = Path(lake)
+    chosen = {**recorded_settings(lake), **{k: v for k, v in settings.items() if v is not None}}
+    preset = chosen.pop("preset")
+    if preset not in ("async", "sync"):
+        raise ConfigError(f"what-if replays the async and sync presets; the lake's is {preset!r}")
+    tables = read_lake(lake)
+    calls = _calls(tables["decisions"])
+    out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
+    holder: dict[str, _Feed] = {}
+    make = ReplayBuffer.async_ if preset == "async" else ReplayBuffer.sync
+    kwargs = {k: v for k, v in chosen.items() if v is not None or k in
+              ("max_off_policy_threshold", "filter_groups_metric")}
+    buf = make(lake=out / "lake", refill_fn=lambda n: holder["feed"].refill(n),
+               poll_interval=0.001, **kwargs)
+    result = Outcome(lake=out / "lake")
+    with buf, future_warnings_held():
+        feed = holder["feed"] = _Feed(buf, tables)
+        del tables["trajectories"], tables["group_events"]   # the feed holds what it needs
+        points = sorted(s for c in calls for s in c["points"].values())
+        for c in calls:
+            ahead = [s for s in points if s > feed_seq(feed)]
+            # the first poll's feed step is taken before the call, so that the call finds its
+            # partition's groups registered as the recorded call did (a validation partition
+            # otherwise looks unknown to the buffer's typo check when the call starts)
+            first = [feed.advance(ahead.pop(0) if ahead else None)]
+            idle, idle_drawn = [0], [len(feed.drawn)]
+
+            def before_poll(ahead: list[int] = ahead, idle: list[int] = idle,
+                            idle_drawn: list[int] = idle_drawn, first: list = first) -> None:
+                # the replay is synchronous: a poll with nothing new to feed (and no refill
+                # drawn since the last one) sees exactly the state the last poll saw
+                drawn = len(feed.drawn)
+                if first:
+                    fed = first.pop()
+                else:
+                    fed = feed.advance(ahead.pop(0) if ahead else None)
+                if not fed and not ahead:
+                    fed = feed.advance(None)
+                idle[0] = 0 if fed or drawn != idle_drawn[0] else idle[0] + 1
+                idle_drawn[0] = len(feed.drawn)
+                if idle[0] >= IDLE_POLLS:
+                    raise _Unfillable
+            try:
+                b = buf.sample(c["step"], c["partition"], len(c["uids"]),
+                               timeout=SAMPLE_TIMEOUT_S, before_poll=before_poll)
+            except (ReplayLakeError, _Unfillable):
+                result.unfilled.append(c["step"])
+                result.batches.append([])
+                continue
+            feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b
+            result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
+            future = future_rows(b.table)
+            if future:
+                result.future_rows[c["step"]] = result.future_rows.get(c["step"], 0) + future
+        feed.advance(None)
+        result.refill_shortfall = getattr(feed, "shortfall", 0)
+    # the batches as the replay's own decision log orders them (as `recorded` reads a lake)
+    result.batches = recorded(result.lake).batches
+    return result
+
+
+def feed_seq(feed: _Feed) -> int:
+    """The seq of the next row the feed has not applied (-1 before the first)."""
+    return feed.items[feed.pos][0] - 1 if feed.pos < len(feed.items) else 2**62
+
+
+def _recorded_batch_id(tables: dict[str, pa.Table], call: dict) -> int:
+    dec = tables["decisions"]
+    sel = dec.filter(pc.and_(pc.equal(dec["call_id"], call["call_id"]),
+                             pc.equal(dec["kind"], "select")))
+    return sel["batch_id"][0].as_py()
+
+
+def recorded(lake: str | os.PathLike) -> Outcome:
+    """What the recorded run handed out, in the same shape as a replay's outcome."""
+    from pipeline.analysis.views import read_lake
+    calls = _calls(read_lake(Path(lake), tables=("decisions",))["decisions"])
+    return Outcome(batches=[c["uids"] for c in calls], lake=Path(lake))

@@ -1,0 +1,16 @@
+"""Configuration as frozen values: the buffer's settings, the sync/async presets, partitions."""
+from __future__ import annotations
+
+from pipeline._face import face
+
+__getattr__, __dir__, __all__ = face(__name__, {
+    'BufferConfig': 'buffer_config',
+    'StrategyError': 'buffer_config',
+    'ThresholdError': 'buffer_config',
+    'async_config': 'buffer_config',
+    'sync_config': 'buffer_config',
+    'preset_kwargs': 'keywords',
+    'PREFIXES': 'partitions',
+    'is_validation': 'partitions',
+    'metric_prefix': 'partitions',
+})

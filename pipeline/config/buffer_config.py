@@ -1,0 +1,167 @@
+"""Buffer configuration as frozen values, and the `sync` / `async` presets with verl's keywords.
+
+A configuration switches rules on (sql/rules/, with the parameters they bind) and picks the
+staleness settings and a refill policy. Validation runs at construction and names the parameter,
+the value and what to do, in this order: threshold, strategy, a filter metric without refill_fn,
+sync_refill_failed_groups without refill_fn, then the sync-only checks. Presets map verl 0.9.1's
+constructor keywords 1:1, so a verl config carries over unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipeline.config.partitions import is_validation
+from pipeline.decide import RuleUse
+from pipeline.decide.policies import (
+    DapoCredit,
+    NoRefill,
+    RefillFailedWhileShort,
+    ReplaceEvicted,
+    StalePolicy,
+)
+from pipeline.errors import ConfigError
+
+DEFAULT_THRESHOLD = 8
+DEFAULT_POLL_INTERVAL = 2.0
+
+
+class ThresholdError(ConfigError):
+    """max_off_policy_threshold is invalid (the verl adapter also makes this an AssertionError)."""
+
+
+class StrategyError(ConfigError):
+    """max_off_policy_strategy is invalid (the verl adapter also makes this an AssertionError)."""
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    """Everything a buffer decides with. Build it with `sync_config` / `async_config`.
+
+    ``rules``: the eviction rules switched on, with their parameters; ``filter_metric``: the
+    metric the group aggregates read (`reward`, a named reward metric, or None)."""
+
+    rules: tuple[RuleUse, ...] = ()
+    stale: StalePolicy = field(default_factory=StalePolicy)
+    filter_metric: str | None = None
+    refill: Any = field(default_factory=NoRefill)
+    refill_fn: Callable[[int], Any] | None = None
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
+    preset: str = "custom"
+
+    def rules_for(self, partition: str) -> tuple[RuleUse, ...]:
+        """The rules a poll of ``partition`` runs (none on a validation partition)."""
+        return () if is_validation(partition) else self.rules
+
+    def uses(self, name: str) -> RuleUse | None:
+        return next((u for u in self.rules if u.name == name), None)
+
+
+def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refill_fn: Any,
+                  sync_refill_failed_groups: bool, poll_interval: Any) -> None:
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)
+                                  or threshold <= 0):
+        raise ThresholdError(
+            f"Invalid max off policy threshold: max_off_policy_threshold={threshold!r}; "
+            "use a positive int, or None to disable the staleness bound")
+    if strategy not in ("drop", "wait"):
+        raise StrategyError(
+            f"Invalid max off policy strategy: max_off_policy_strategy={strategy!r}; "
+            "use 'drop' or 'wait'")
+    if filter_groups_metric is not None and refill_fn is None:
+        raise ConfigError(
+            f"filter_groups_metric={filter_groups_metric!r} requires refill_fn (filtered groups "
+            "must be replaced by new prompts)")
+    if sync_refill_failed_groups and refill_fn is None:
+        raise ConfigError("sync_refill_failed_groups=True requires refill_fn")
+    if refill_fn is not None and not callable(refill_fn):
+        raise ConfigError(f"refill_fn={refill_fn!r} must be callable as refill_fn(n): it asks the "
+                          "rollout side for n more prompts")
+    if not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
+        raise ConfigError(f"poll_interval={poll_interval!r} must be a positive number of seconds")
+
+
+def _positive_int(name: str, value: Any, why: str) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive int {why}")
+
+
+def _non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name}={value!r} must be an int >= 0 (0 = unbounded)")
+
+
+def _filter_rules(filter_groups_metric: str | None, max_response_length: int | None
+                  ) -> tuple[RuleUse, ...]:
+    """The filter rules: zero variance (DAPO) and the opt-in overlong rule (not in verl)."""
+    out = (RuleUse("zero_variance"),) if filter_groups_metric is not None else ()
+    if max_response_length is not None:
+        _positive_int("max_response_length", max_response_length, "(or None: keep long groups)")
+        out += (RuleUse("overlong", (("max_response_length", max_response_length),)),)
+    return out
+
+
+def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
+                max_off_policy_strategy: str = "drop", filter_groups_metric: str | None = None,
+                refill_fn: Callable[[int], Any] | None = None,
+                train_batch_size: int | None = None, gen_batch_size: int | None = None,
+                max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
+                max_num_gen_batches: int = 0, max_response_length: int | None = None,
+                poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
+    """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored."""
+    _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
+                  refill_fn, sync_refill_failed_groups, poll_interval)
+    _non_negative_int("max_num_gen_batches", max_num_gen_batches)
+    if filter_groups_metric is not None:
+        _positive_int("max_inflight_gen_batches", max_inflight_gen_batches,
+                      "when filter_groups_metric is set")
+        _positive_int("train_batch_size", train_batch_size, "when filter_groups_metric is set")
+        _positive_int("gen_batch_size", gen_batch_size, "when filter_groups_metric is set")
+    if sync_refill_failed_groups and gen_batch_size != 1:
+        raise ConfigError(
+            f"sync_refill_failed_groups=True requires gen_batch_size=1 (got {gen_batch_size!r}): "
+            "failed prompts are replaced one by one")
+    if filter_groups_metric is not None:
+        refill: Any = DapoCredit(train_batch_size, gen_batch_size, max_inflight_gen_batches,
+                                 max_num_gen_batches)
+    elif sync_refill_failed_groups:
+        refill = RefillFailedWhileShort()
+    else:
+        refill = NoRefill()
+    rules = _filter_rules(filter_groups_metric, max_response_length)
+    if sync_refill_failed_groups:
+        rules += (RuleUse("failure", (("evict_all", False),)),)
+    return BufferConfig(
+        rules=rules, stale=StalePolicy(), filter_metric=filter_groups_metric,
+        refill=refill, refill_fn=refill_fn, poll_interval=float(poll_interval),
+        empty_batch_is_error=True, preset="sync")
+
+
+def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
+                 max_off_policy_strategy: Literal["drop", "wait"] = "drop",
+                 filter_groups_metric: str | None = None,
+                 refill_fn: Callable[[int], Any] | None = None,
+                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
+                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
+                 max_num_gen_batches: int = 0, max_response_length: int | None = None,
+                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
+    """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once.
+
+    gen_batch_size / max_inflight_gen_batches / sync_refill_failed_groups are sync-only knobs;
+    they are accepted (verl's configs pass them) and have no effect here."""
+    _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
+                  refill_fn, sync_refill_failed_groups, poll_interval)
+    _non_negative_int("max_num_gen_batches", max_num_gen_batches)
+    stale = StalePolicy(max_off_policy_threshold, max_off_policy_strategy)
+    rules: tuple[RuleUse, ...] = ()
+    if stale.bound() is not None:
+        rules += (RuleUse("stale", (("threshold", max_off_policy_threshold),)),)
+    rules += _filter_rules(filter_groups_metric, max_response_length)
+    rules += (RuleUse("failure", (("evict_all", True),)),)
+    return BufferConfig(
+        rules=rules, stale=stale, filter_metric=filter_groups_metric,
+        refill=ReplaceEvicted(max_num_gen_batches if filter_groups_metric else 0,
+                              train_batch_size) if refill_fn is not None else NoRefill(),
+        refill_fn=refill_fn, poll_interval=float(poll_interval), preset="async")

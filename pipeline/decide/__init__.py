@@ -1,0 +1,15 @@
+"""Decisions: the SQL declarations compiled for polars, eviction rules, the poll loop, selection, metrics."""
+from __future__ import annotations
+
+from pipeline._face import face
+
+__getattr__, __dir__, __all__ = face(__name__, {
+    'Batch': 'batch',
+    'METRICS': 'metrics',
+    'StepAggregator': 'metrics',
+    'typed': 'metrics',
+    'Ready': 'poll',
+    'run_call': 'poll',
+    'RuleUse': 'rules',
+    'FUTURE_VERSIONS': 'selection',
+})

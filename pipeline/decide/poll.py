@@ -1,0 +1,329 @@
+"""The sample loop: poll, evict, refill, wait, select; shared by `sample` and
+`wait_for_sampleable`. Rules live in sql/rules/, refill in policies/, the batch's making in
+selection.py; this file only sequences them.
+
+One poll works on one consistent snapshot (the buffer's lock is held from evaluation to the
+decision rows), so the groups it evicts are gone before anything else is decided; it is also one
+change an interrupt cannot cut (`pipeline.interrupts`). Between polls the lock is released:
+producers keep writing, `refill_fn` registers new groups, adapters mirror their data plane
+(`before_poll`), and Ctrl-C stops a waiting call at once.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline import interrupts
+from pipeline.config import BufferConfig, metric_prefix
+from pipeline.decide import evaluate as decide
+from pipeline.decide.batch import Batch
+from pipeline.decide.metrics import CallMetrics, EvictionMetrics
+from pipeline.decide.policies import CallState, PollContext, PollOutcome
+from pipeline.decide.selection import deliver, select
+from pipeline.errors import SampleTimeout
+from pipeline.state import BufferState, PartitionState, by_column
+
+log = logging.getLogger("replaylake")
+WARN_EVERY_S = 60.0
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What `wait_for_sampleable` returns: the oldest sampleable uids and the call's eviction
+    metrics (``metrics.reward_counts``: the filtered reward counts). Unpacks as (uids, metrics)."""
+
+    uids: list[str]
+    metrics: CallMetrics
+
+    def __iter__(self):
+        return iter((self.uids, self.metrics))
+
+
+def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume: bool,
+             timeout: float | None, before_poll: Callable[[], None] | None = None
+             ) -> Batch | Ready:
+    """One `sample` (consume=True) or `wait_for_sampleable` call (arguments already checked)."""
+    call = _Call(state, cfg, ctx, consume, timeout)
+    try:
+        return call.run(before_poll)
+    except BaseException:
+        # the evictions of a call that raises (a refill_fn that failed, a timeout, Ctrl-C) are
+        # in the lake already: their metrics go out with the partition's next call, not lost
+        # (unless the call chose its batch: they are in that batch's metrics)
+        with state.cond:
+            part = state.part(ctx.partition)
+            if part.undelivered is not None and part.undelivered[2] == call.call_id:
+                raise
+            if part.unreported is not None:
+                call.acc.merge(part.unreported)
+            part.unreported = call.acc
+        raise
+
+
+class _Call:
+    """One call's fixed inputs and what its polls accumulate.
+
+    Each poll's work under the lock (evaluate, evict, decide a refill, select) is one change that
+    an interrupt cannot cut (`interrupts.held`): Ctrl-C lands before or after it, and only the
+    waits between polls stop at once. A `sample` interrupted after it chose its batch keeps the
+    batch for the caller's retry: the next `sample` of that partition at the same step returns it
+    (a notebook cell run again trains it once, not never or twice)."""
+
+    def __init__(self, state: BufferState, cfg: BufferConfig, ctx: PollContext, consume: bool,
+                 timeout: float | None):
+        self.state, self.cfg, self.ctx, self.consume, self.timeout = \
+            state, cfg, ctx, consume, timeout
+        self.st = CallState()
+        self.start = self.last_warn = time.monotonic()
+        self.deadline = None if timeout is None else self.start + timeout
+        self.call_id = state.new_call()
+        self.uses = cfg.rules_for(ctx.partition)
+        self.asked: tuple[int, int] | None = None   # (poll, prompts) of a refill not yet asked
+        with state.cond:
+            part = state.part(ctx.partition)
+            self.acc, part.unreported = part.unreported or EvictionMetrics(), None
+
+    def run(self, before_poll: Callable[[], None] | None) -> Batch | Ready:
+        try:
+            return self._run(before_poll)
+        except BaseException as exc:
+            if self.asked is not None:     # a refill was decided and logged, never asked for
+                self._ask_failed(self.state.part(self.ctx.partition), *self.asked, exc)
+            raise
+
+    def _run(self, before_poll: Callable[[], None] | None) -> Batch | Ready:
+        state, poll = self.state, 0
+        while True:
+            # every iteration is one poll: mirror, evaluate + evict, then refill, finish or wait
+            self._await_ask()
+            if before_poll is not None:
+                before_poll()
+            with state.cond:
+                part = state.part(self.ctx.partition)
+                if self.consume and part.undelivered is not None:
+                    batch = self._undelivered(part)
+                    if batch is not None:
+                        return batch
+                with interrupts.held():
+                    result, dispatch, wait = self._poll(part, poll)
+                if result is not None:
+                    if self.consume:
+                        part.undelivered = None       # the caller has it now
+                    return result
+                if wait is not None:
+                    state.cond.wait(wait)
+            poll += 1
+            if dispatch:
+                self._refill(part, dispatch, poll - 1)
+
+    def _undelivered(self, part: PartitionState) -> Batch | None:
+        """The batch an interrupted `sample` chose, if this call is its retry (same step)."""
+        batch = part.undelivered[0]
+        if batch.step == self.ctx.step and batch.batch_id in part.batches:
+            if self.acc.counts or self.acc.discarded:    # still owed to a later batch
+                part.unreported, self.acc = self.acc, EvictionMetrics()
+            with interrupts.held():
+                deliver(self.state, part)
+            part.undelivered = None
+            return batch
+        part.undelivered = None
+        if batch.batch_id in part.batches:
+            log.warning("sample(step=%d, %s): batch %d, chosen at step %d by a sample that was "
+                        "interrupted before it returned, stays held (held_batches lists it; "
+                        "release it or train on it)", self.ctx.step, self.ctx.partition,
+                        batch.batch_id, batch.step)
+        return None
+
+    def _poll(self, part: PartitionState, poll: int
+              ) -> tuple[Batch | Ready | None, int, float | None]:
+        """One poll under the lock: (the call's result or None, prompts to refill, how long to
+        wait before the next poll or None)."""
+        state, cfg, ctx, st, acc = self.state, self.cfg, self.ctx, self.st, self.acc
+        dispatch = 0
+        seen = state.version
+        ev = decide.evaluate(part, self.uses, ctx.step, cfg.filter_metric)
+        if ev.count:
+            _evict(state, part, ctx, self.call_id, poll, ev)
+            acc.add(ev)
+            for r, n in ev.by_reason().items():
+                st.evicted[r] = st.evicted.get(r, 0) + n
+        part.candidates.settle()
+        outcome = PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
+                              sum(1 for c in ev.credits if c >= 2),
+                              part.candidates.alive_count, len(part.inflight),
+                              free_credit=sum(c for c in ev.credits if c < 2),
+                              uids=tuple(ev.uids), credits=tuple(ev.credits))
+        if cfg.refill_fn is not None:
+            st.replaces = []
+            wanted = cfg.refill.after_poll(outcome, st, ctx)
+            if part.refill_asking:     # an earlier ask has not returned: never ask twice
+                part.refill_owed += wanted
+                part.refill_replaces = part.refill_replaces + st.replaces
+            else:
+                dispatch = wanted + part.refill_owed
+        now = time.monotonic()
+        if dispatch:
+            # owed first: should the refill row fail to be written, the next poll (of this or a
+            # later call) still owes these prompts, as it does when refill_fn raises
+            part.refill_owed = dispatch
+            part.refill_replaces = part.refill_replaces + st.replaces
+            state.commit("decisions", [{
+                "partition": ctx.partition, "step": ctx.step, "call_id": self.call_id,
+                "poll": poll, "kind": "refill", "reason": type(cfg.refill).__name__,
+                "count": dispatch, "replaces": part.refill_replaces}])
+            st.refilled += dispatch
+            self.asked = (poll, dispatch)
+        elif _ready(cfg, part, ctx, outcome, st):
+            if not self.consume:
+                uids = part.candidates.oldest(ctx.batch_size)
+                scalars = {} if ctx.validation else acc.scalars(metric_prefix(ctx.partition))
+                return Ready(uids, CallMetrics(scalars, {} if ctx.validation
+                                               else acc.reward_counts)), 0, None
+            return select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None
+        _check_time(ctx, self.timeout, self.deadline, now, part, state, st)
+        if st.refilled and now - self.last_warn >= WARN_EVERY_S:
+            self.last_warn = now
+            log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
+                        "evicted %s, %d refilled, %d in flight, %d sampleable",
+                        ctx.step, ctx.partition, ctx.batch_size, now - self.start, st.evicted,
+                        st.refilled, outcome.inflight, outcome.sampleable)
+        if dispatch or state.version != seen:
+            return None, dispatch, None
+        return None, 0, cfg.poll_interval if self.deadline is None else \
+            min(cfg.poll_interval, max(self.deadline - now, 0.0))
+
+    def _refill(self, part: PartitionState, dispatch: int, poll: int) -> None:
+        """Ask ``refill_fn`` for ``dispatch`` prompts, the lock released: it registers the new
+        groups through this very buffer. If it raises, the lake records the ask as failed (a
+        `refill_failed` row beside its `refill` row: readers count only served asks) and the
+        prompts stay owed: the next poll, of this or a later call, asks again.
+
+        With a deadline, refill_fn runs in a helper thread that the call waits for until the
+        deadline only: a rollout side that stops answering ends `sample` in `SampleTimeout`
+        naming refill_fn, never holds it. The ask then stays in flight (`refill_asking`: no
+        poll asks again; what polls want meanwhile is owed) until refill_fn returns, which
+        settles it as if the call had waited."""
+        self.asked = None          # from here on, the ask's own end settles it
+        replaced = len(part.refill_replaces)
+
+        def ask() -> None:
+            try:
+                self.cfg.refill_fn(dispatch)
+            except BaseException as exc:
+                with self.state.cond:
+                    part.refill_asking = False
+                self._ask_failed(part, poll, dispatch, exc)
+                raise
+            with self.state.cond, interrupts.held():   # what was owed meanwhile stays owed
+                part.refill_asking = False
+                part.refill_owed -= dispatch
+                part.refill_replaces = part.refill_replaces[replaced:]
+
+        if self.deadline is None:
+            ask()
+            return
+        errors: list[BaseException] = []
+        done = threading.Event()
+        with self.state.cond:
+            part.refill_asking, part.refill_done = True, done
+
+        def run() -> None:
+            try:
+                ask()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the waiting call
+                errors.append(exc)
+                if time.monotonic() >= self.deadline:
+                    log.warning("refill_fn(%d) of %s raised after the call timed out: %r "
+                                "(the prompts stay owed)", dispatch, _call(self.ctx), exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="replaylake-refill", daemon=True).start()
+        if not done.wait(max(self.deadline - time.monotonic(), 0.0)):
+            with self.state.cond:
+                raise SampleTimeout(
+                    f"{_call(self.ctx)} timed out after {self.timeout}s: refill_fn({dispatch}) "
+                    "has not returned (the rollout side is not answering); the ask stays in "
+                    "flight and its groups count as soon as they arrive", part.counts())
+        if errors:
+            raise errors[0]
+
+    def _await_ask(self) -> None:
+        """Before a poll: wait (until the deadline) for a refill an earlier call asked for and
+        left in flight when it timed out or was interrupted, so that this call decides on what
+        that ask registered as a whole, as the earlier call would have, never on half of it."""
+        with self.state.cond:
+            part = self.state.part(self.ctx.partition)
+            done = part.refill_done if part.refill_asking else None
+        if done is None or done.is_set():
+            return
+        left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+        if not done.wait(left):
+            with self.state.cond:
+                raise SampleTimeout(
+                    f"{_call(self.ctx)} timed out after {self.timeout}s: a refill_fn an earlier "
+                    "call asked has not returned (the rollout side is not answering); its "
+                    "groups count as soon as they arrive", part.counts())
+
+    def _ask_failed(self, part: PartitionState, poll: int, dispatch: int,
+                    exc: BaseException) -> None:
+        """Record that the refill decided at ``poll`` served nothing (refill_fn raised, or the
+        call raised before asking): a `refill_failed` row, named by the exception's type."""
+        self.asked = None
+        with self.state.cond:
+            self.state.commit("decisions", [{
+                "partition": self.ctx.partition, "step": self.ctx.step, "call_id": self.call_id,
+                "poll": poll, "kind": "refill_failed", "reason": type(exc).__name__,
+                "count": dispatch, "replaces": list(part.refill_replaces)}])
+
+
+def _call(ctx: PollContext) -> str:
+    return (f"sample(global_steps={ctx.step}, partition={ctx.partition!r}, "
+            f"batch_size={ctx.batch_size})")
+
+
+def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None, now: float,
+                part: PartitionState, state: BufferState, st: CallState) -> None:
+    """Every poll honours the timeout, also one that just asked for a refill; the error says
+    why the batch is short as far as the buffer can tell."""
+    if deadline is None or now < deadline:
+        return
+    hint = ""
+    if st.refilled:
+        flying = len(part.inflight)
+        seen = ", ".join(f"{n} {r}" for r, n in sorted(st.evicted.items()) if n) or "none"
+        hint = (f"; this call asked refill_fn for {st.refilled} new prompt(s) and "
+                + (f"{flying} group(s) still in flight (pending/running) have not finished: "
+                   "their rollouts are late or stalled" if flying else
+                   "none of them is in flight: refill_fn returned without registering them, "
+                   f"or they were evicted in turn (evicted in this call: {seen})"))
+    elif not part.groups and not part.retired and not part.candidates.alive_count:
+        known = sorted(p for p in state.parts if p != ctx.partition and state.parts[p].groups)
+        hint = (f"; partition {ctx.partition!r} has never received a group (known partitions: "
+                f"{known or 'none'})")
+    raise SampleTimeout(f"{_call(ctx)} timed out after {timeout}s with "
+                        f"{part.candidates.alive_count} sampleable group(s){hint}", part.counts())
+
+
+def _ready(cfg: BufferConfig, part: PartitionState, ctx: PollContext, o: PollOutcome,
+           st: CallState) -> bool:
+    if o.sampleable < ctx.batch_size:
+        return False
+    if cfg.stale.gate_active() and not cfg.stale.gate_open(ctx.step, part.oldest_inflight()):
+        return False
+    if cfg.refill.drains and not ctx.validation:
+        return st.draining and o.inflight == 0
+    return True
+
+
+def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: int, poll: int,
+           ev: decide.Eviction) -> None:
+    fired = ev.rows()
+    state.commit("decisions", by_column("decisions", len(fired), {
+        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+        "kind": "evict", "uid": [ev.uids[i] for i, _ in fired], "reason": [r for _, r in fired],
+        "group_span": [ev.group_spans[i] for i, _ in fired],
+        "value": [ev.values[r][i] if r in ev.values else None for i, r in fired], "count": 1}))

@@ -1,0 +1,109 @@
+"""The eviction rules and checks: each is one declaration in `sql/rules/`, registered here by name.
+
+A rule file is a query over the `candidates` relation (one row per terminal group with its
+aggregates, schema `schemas.CANDIDATES`) whose predicate decides eviction. Its header says:
+
+- ``reason``: the eviction reason written in the decision log (``check`` instead: a predicate
+  that must find nothing, e.g. a trajectory lacking the filter metric);
+- ``params``: what the buffer's configuration binds (``$step`` is always the call's step);
+- ``horizon``: the dispatch step below which *time* can make the rule fire on a group it kept
+  before (an expression over the params), or ``none``: the rule reads only the group's own,
+  immutable aggregates, so a group is judged once, when it turns terminal;
+- ``metric``: the key (after the `training/` or `validation/` prefix) counting groups evicted for
+  this reason; ``spread``: a key whose `/mean|max|min` summarise their group spans; ``value``: a
+  column recorded with each eviction and tallied into the filtered reward counts;
+- ``credit``: the refill credit one eviction earns in sync DAPO (the largest of a group's reasons).
+
+Adding a rule is a new file here plus the configuration keyword that turns it on. Rules never run
+on validation partitions (see `pipeline.config.partitions`).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import polars as pl
+
+from pipeline.decide import compile as declared
+from sql import loader
+from sql.loader import SqlError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One declared rule or check (see the module docstring for the header fields)."""
+
+    name: str
+    kind: str                    # "reason" (evicts) | "check" (must find nothing)
+    params: tuple[str, ...]
+    horizon_text: str | None
+    metric: str | None
+    spread: str | None
+    value: str | None
+    credit: int
+    expr: pl.Expr = field(repr=False, compare=False)
+
+    def horizon(self, params: Mapping[str, Any]) -> int | None:
+        """The dispatch step below which time can newly make this rule fire (None: never)."""
+        if self.horizon_text is None:
+            return None
+        return int(declared.evaluate_bound(self.horizon_text, params))
+
+
+def _rule(q: loader.Query) -> Rule:
+    x = q.extra
+    if ("reason" in x) == ("check" in x):
+        raise SqlError(f"{q.path}: a rule declares exactly one of `reason` or `check`")
+    name = x.get("reason") or x["check"]
+    if name != q.name:
+        raise SqlError(f"{q.path}: reason/check {name!r} must equal the query name {q.name!r}")
+    horizon = x.get("horizon", "none").strip()
+    horizon = None if horizon.lower() == "none" else horizon
+    params = tuple(p.name for p in q.params)
+    if horizon is not None:
+        undeclared = set(declared._PARAM.findall(horizon)) - set(params)
+        if undeclared:
+            raise SqlError(f"{q.path}: horizon uses undeclared params {sorted(undeclared)}")
+        declared.to_polars(horizon)   # a horizon that does not compile fails at load, not later
+    return Rule(
+        name=name, kind="reason" if "reason" in x else "check", params=params,
+        horizon_text=horizon, metric=x.get("metric"), spread=x.get("spread"),
+        value=x.get("value"), credit=int(x.get("credit", "0")),
+        expr=declared.to_polars(declared.predicate(q)))
+
+
+@cache
+def registry() -> dict[str, Rule]:
+    """Every rule and check of `sql/rules/`, by name (parsed and compiled once per process)."""
+    return {q.name: _rule(q) for q in loader.in_folder("rules")}
+
+
+def reasons() -> dict[str, Rule]:
+    """The eviction rules (not the checks), by reason, in a stable order."""
+    return {k: r for k, r in sorted(registry().items()) if r.kind == "reason"}
+
+
+def get(name: str) -> Rule:
+    rules = registry()
+    if name not in rules:
+        raise SqlError(f"unknown rule {name!r}; rules: {', '.join(sorted(rules))}")
+    return rules[name]
+
+
+@dataclass(frozen=True)
+class RuleUse:
+    """A rule switched on by a configuration, with the parameters it binds (all but `step`)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def rule(self) -> Rule:
+        return get(self.name)
+
+    def bind(self, step: int) -> dict[str, Any]:
+        """The rule's parameters for one call at ``step``: exactly those it declares."""
+        values = dict(self.params, step=step)
+        return {p: values[p] for p in self.rule.params}

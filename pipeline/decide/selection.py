@@ -1,0 +1,117 @@
+"""Choosing a sample's batch and handing it out: the selection, its metric rows, and the batch a
+`sample` keeps for its retry.
+
+Why the batch is built whole before its selection is written: from that write on, the batch is
+the caller's. Should the call raise before returning it (Ctrl-C, a failing write of its metric
+rows), `PartitionState.undelivered` keeps it, with the metric rows still to write, and the retry
+(`sample` of that partition at the same step) writes them and returns that very batch: chosen
+once, trained once.
+"""
+from __future__ import annotations
+
+import logging
+
+import polars as pl
+
+from pipeline.config import BufferConfig, metric_prefix
+from pipeline.decide import aggregates
+from pipeline.decide import evaluate as decide
+from pipeline.decide.batch import Batch, batch_rows, with_provenance
+from pipeline.decide.metrics import STALENESS_MIN, EvictionMetrics, off_policy_metrics
+from pipeline.decide.policies import PollContext
+from pipeline.errors import EmptyBatchError, InvariantError
+from pipeline.state import BufferState, PartitionState, by_column
+
+log = logging.getLogger("replaylake")
+
+
+# the `replaylake_event` of that warning's log record, so a caller can tell it by structure (a
+# what-if replay holds it and counts the rows instead)
+FUTURE_VERSIONS = "future_versions"
+
+
+def _warn_future(rows: pl.DataFrame, ctx: PollContext, staleness_min: int | None) -> None:
+    """Rows whose newest version is not older than the training step are flagged, not changed
+    (verl computes its metrics over them as they are); audit `no_future_versions` lists them."""
+    # the common case (no such row) is told by the batch's declared minimum staleness over its
+    # non-padding rows, already computed with the off-policy metrics (None: no such row)
+    if staleness_min is None or staleness_min >= 0:
+        return
+    future = rows.filter(~pl.col("is_padding") & (pl.col("staleness") < 0))
+    if future.height:
+        log.warning("sample(step=%d, %s): %d trained row(s) carry a weight version from the "
+                    "future (max_global_steps >= step; staleness down to %d), e.g. groups %s: "
+                    "check how the rollout side tags versions", ctx.step, ctx.partition,
+                    future.height, future["staleness"].min(), future["uid"].unique().to_list()[:5],
+                    extra={"replaylake_event": FUTURE_VERSIONS})
+
+
+def _spans(rows: pl.DataFrame, chosen: list[str], steps: dict[str, int], step: int
+           ) -> dict[str, int]:
+    """The group span of each chosen group: read from its rows' provenance (the same declared
+    formula over the same dispatch step), so only groups without any row need an evaluation."""
+    got = dict(zip(rows.get_column("uid").to_list(), rows.get_column("group_span").to_list()))
+    missing = [u for u in chosen if u not in got]
+    if missing:
+        got.update(zip(missing, decide.group_spans(step, [steps[u] for u in missing])))
+    return {u: got[u] for u in chosen}
+
+
+def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: PollContext,
+            call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
+    aggregates.complete(part)
+    chosen = part.candidates.oldest(ctx.batch_size)
+    steps = {u: part.groups[u].gs for u in chosen}
+    payload = part.payload(chosen)
+    batch_id = state.next_batch
+    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
+    spans = _spans(rows, chosen, steps, ctx.step)
+    bound = cfg.stale.bound()
+    if bound is not None and not ctx.validation:
+        over = [u for u in chosen if spans[u] > bound]
+        if over:
+            raise InvariantError(f"selected groups exceed the staleness bound {bound}: {over[:5]}")
+    if cfg.refill.drains and not ctx.validation:
+        chosen_set = set(chosen)
+        surplus = [u for u in part.candidates.oldest(None) if u not in chosen_set]
+        if surplus:
+            surplus_spans = decide.group_spans(ctx.step, [part.groups[u].gs for u in surplus])
+            state.commit("decisions", by_column("decisions", len(surplus), {
+                "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+                "kind": "discard", "uid": surplus, "group_span": surplus_spans, "count": 1}))
+            acc.discarded += len(surplus)
+    if cfg.empty_batch_is_error and not ctx.validation and payload.num_rows == 0:
+        hint = "" if cfg.uses("failure") else (
+            "; set sync_refill_failed_groups=True (with refill_fn and gen_batch_size=1) to "
+            "replace failure groups that produced no trajectory")
+        raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "
+                              f"{ctx.partition!r} hold no trajectory at all{hint}")
+    status = {u: part.candidates.status(u) for u in chosen}
+    # the batch is built whole before its selection is written: once that write is in the lake
+    # the batch is the caller's, and `part.undelivered` keeps it (with its metric rows, until
+    # they are written too) for a retry, should this call raise before returning it
+    table = with_provenance(payload, rows, status)
+    prefix = metric_prefix(ctx.partition)
+    evm = {} if ctx.validation else acc.scalars(prefix)
+    opm, weights = off_policy_metrics(rows, prefix=prefix)
+    _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
+    batch = Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
+                  {} if ctx.validation else dict(acc.reward_counts))
+    metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
+                    "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
+    state.commit("decisions", by_column("decisions", len(chosen), {
+        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
+        "kind": "select", "uid": chosen, "group_span": [spans[u] for u in chosen],
+        "batch_id": batch_id, "count": 1}))
+    part.undelivered = (batch, metric_rows, call_id)
+    deliver(state, part)
+    return batch
+
+
+def deliver(state: BufferState, part: PartitionState) -> Batch:
+    """Write the metric rows of the batch a `sample` chose (if not yet written) and return it."""
+    batch, metric_rows, call_id = part.undelivered
+    if metric_rows:
+        state.commit("metrics", metric_rows)
+    part.undelivered = (batch, None, call_id)
+    return batch

@@ -1,0 +1,264 @@
+"""The durable lake: append-only Arrow IPC stream segments per table, partition and step window.
+
+Layout (hive style, readable by DuckDB/polars/pyarrow while the buffer writes)::
+
+    <root>/<table>/partition=<id>/window=<w>/<table>-<first_seq>-<writer>.arrow   (live segments)
+    <root>/<table>/partition=<id>/window=<w>/<table>-<first_seq>-<writer>.arrow.crc (checksums)
+    <root>/<table>/partition=<id>/window=<w>/*.parquet                             (compacted)
+    <root>/_log/log-<writer>.arrow (+ .crc)       each writer's segments and multi-partition commits
+    <root>/_writer.lock                           the one-writer-per-lake lock and its holder
+
+Durability: every append goes straight to the operating system (no user-space buffer) and its
+checksum record after it, before the call that made it returns, so an acknowledged write survives
+`kill -9` of the process. With ``fsync=True`` each write and each checksum record is fsync'ed in
+that order, and so are new files' directories (a new segment's name survives power loss too).
+A process that dies mid-write leaves a torn tail past the last checksum record; readers ignore it.
+Any other damage is refused (see `lake_read`). Each writer opens new files, so a torn file is
+never appended to.
+
+Rolling: a segment is finished (end-of-stream marker written, files closed) once it holds
+``roll_bytes`` (64 MiB by default) or has been open ``roll_seconds`` (10 minutes), checked after
+each call; the next rows for its table, partition and window go to a new segment. A finished
+segment is sealed, so `replaylake compact` turns a running buffer's older data into Parquet
+without waiting for the buffer to close. Both limits are attributes of the writer (`buf.lake`).
+
+Atomicity of one call: a call's rows of one partition are one record batch in one file. A call
+spanning several partitions writes one batch per partition, each tagged with the call's name
+(writer + seq range), then a commit record with that name in the writer's log; readers skip tagged
+batches without their commit record, so a call torn between files reads as never made, and a
+later call (even one reusing its seqs) can never commit its orphans.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import interrupts
+from pipeline.lake import kill as lake_kill
+from pipeline.errors import LakeError
+from pipeline.lake.files import (
+    CALL_KEY,
+    DEFAULT_WINDOW,
+    LOG_DIR,
+    LOG_SCHEMA,
+    WINDOW_COLUMN,
+    call_key,
+    fsync_dir,
+    segment_files,
+    window_of,
+)
+from pipeline.lake.lock import LakeLock
+from pipeline.lake.read import committed_calls, highest_seq, read_segment, read_table
+from pipeline.lake.stream import Stream, UndoError
+from schemas import LAKE_TABLES
+
+__all__ = ["LakeWriter", "read_table", "read_segment", "segment_files", "committed_calls",
+           "window_of", "highest_seq", "DEFAULT_WINDOW", "ROLL_BYTES", "ROLL_SECONDS"]
+
+ROLL_BYTES = 64 << 20        # a segment is finished once it holds this many bytes ...
+ROLL_SECONDS = 600.0         # ... or has been open this long (a 15-minute compaction finds it)
+
+
+_FEW_ROWS = 32     # up to this many rows, Python finds a call's partitions faster than Arrow
+
+
+def _lowest(steps: pa.ChunkedArray) -> int:
+    """The lowest step of a part (numpy when the column allows it without a copy)."""
+    if steps.null_count == 0 and steps.num_chunks == 1:
+        return int(steps.chunk(0).to_numpy().min())
+    return pc.min(steps).as_py()
+
+
+class LakeWriter:
+    """Appends conformed rows to the lake; thread-safe; holds the lake's one-writer lock."""
+
+    def __init__(self, root: str | os.PathLike, *, fsync: bool = False,
+                 window: int = DEFAULT_WINDOW, roll_bytes: int = ROLL_BYTES,
+                 roll_seconds: float = ROLL_SECONDS):
+        self.root = Path(root)
+        self.fsync = fsync
+        self.window = window
+        self.roll_bytes = roll_bytes
+        self.roll_seconds = roll_seconds
+        self.tag = uuid.uuid4().hex[:12]
+        self._streams: dict[tuple[str, str, int], Stream] = {}
+        self._lock = threading.Lock()
+        self._opened = 0
+        self._broken: str | None = None     # set when a failed write could not be taken back
+        self._marks: dict[int, tuple[Stream, tuple[int, int, bool]]] | None = None
+        lake_kill.arm()
+        new_dirs = [p for p in (self.root, *self.root.parents) if not p.exists()]
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if fsync:
+                for p in new_dirs:
+                    fsync_dir(p.parent)
+        except OSError as exc:
+            raise LakeError(f"cannot create lake directory {self.root}: {exc}") from exc
+        self._root_real = self.root.resolve()
+        self.lock = LakeLock(self.root)
+
+    def append(self, table: str, rows: pa.Table) -> None:
+        """Write ``rows`` (already of ``LAKE_TABLES[table]``'s schema) durably, then return."""
+        if rows.num_rows == 0:
+            return
+        schema = LAKE_TABLES[table]
+        if rows.schema != schema:
+            rows = rows.cast(schema)
+        with self._lock, interrupts.held():
+            if self._broken is not None:
+                raise LakeError(self._broken)
+            if not self.lock.held:
+                raise LakeError(f"the lake writer of {self.root} is closed")
+            self._marks = marks = {}
+            try:
+                self._append(table, rows)
+            except BaseException as exc:
+                self._marks = None
+                self._take_back(marks, exc, f"writing {rows.num_rows} row(s) to the lake table "
+                                            f"{table!r} under {self.root}")
+                if isinstance(exc, (OSError, pa.ArrowException)):
+                    raise LakeError(f"writing {rows.num_rows} row(s) to the lake table {table!r} "
+                                    f"under {self.root} failed ({exc}); nothing of this call was "
+                                    "written") from exc
+                raise
+            self._marks = None
+            lake_kill.hit(table + ".acked")
+            self._roll()
+
+    def _take_back(self, marks: dict[int, tuple[Stream, tuple[int, int, bool]]],
+                   exc: BaseException, what: str) -> None:
+        """Undo every write of a failed call (each stream cut back to where the call found it:
+        not even a multi-partition call's uncommitted parts stay behind), then abandon the open
+        streams (later writes start new files). A cut that fails leaves the lake holding what
+        memory was never told: the writer then refuses every later write, and reopening the lake
+        restores exactly what is on disk."""
+        try:
+            for stream, mark in marks.values():
+                stream.undo(mark, exc)
+        except UndoError as undo:
+            self._broken = (f"{what} failed ({exc!r}) and the partial write could not be taken "
+                            f"back ({undo}); the lake may hold rows this buffer does not know: "
+                            "close the buffer and open the lake again (a restart restores "
+                            "exactly what is on disk)")
+            self._abandon()
+            raise LakeError(self._broken) from exc
+        self._abandon()
+
+    def _roll(self) -> None:
+        """Finish every table segment that is full or old (see the module doc). The call that
+        ran before is acknowledged already; a segment whose finish fails is only closed (its
+        marker a torn tail at worst), and later rows go to a new segment either way."""
+        now = time.monotonic()
+        for key in [k for k in self._streams if k[0] != LOG_DIR]:
+            stream = self._streams[key]
+            if stream.size >= self.roll_bytes or now - stream.opened_at >= self.roll_seconds:
+                del self._streams[key]
+                try:
+                    stream.finish()
+                except Exception:       # the marker is taken back (or a torn tail at worst)
+                    stream.abandon()
+
+    def _append(self, table: str, rows: pa.Table) -> None:
+        """Write every part (and the commit record of a multi-partition call); `_mark` notes
+        each stream's position before this call first writes to it."""
+        parts = list(self._split(table, rows))
+        meta = None
+        if len(parts) > 1:     # the call key marks the parts of one call (single part: no need)
+            seq = rows.column("seq")
+            first, last = pc.min(seq).as_py(), pc.max(seq).as_py()
+            meta = {CALL_KEY: call_key(self.tag, first, last).encode()}
+        for (partition, win), part in parts:
+            stream = self._stream(table, partition, win, int(part.column("seq")[0].as_py()))
+            self._mark(stream)
+            stream.append(part.combine_chunks().to_batches(max_chunksize=part.num_rows)[0], meta)
+        if meta is not None:   # every part is written: now the call counts
+            self._log({"kind": "commit", "table": table, "writer": self.tag, "first_seq": first,
+                       "last_seq": last, "parts": len(parts)})
+
+    def record_removed(self, paths: list[str]) -> None:
+        """Log that these segments (paths relative to the root) were taken away on purpose
+        (salvage, or a job that rewrites segments), so readers stop asking for them."""
+        with self._lock, interrupts.held():
+            self._marks = None
+            for p in paths:
+                self._log({"kind": "removed", "path": p})
+
+    def _split(self, table: str, rows: pa.Table):
+        """One (partition, window) part per partition; the window is that of its oldest row.
+        A small call's partitions are found in Python and its lowest step with numpy: a compute
+        kernel's dispatch costs more than a 16-row put's whole scan (48 -> 28 us per put)."""
+        col = rows.column("partition")
+        parts = (list(dict.fromkeys(col.to_pylist())) if rows.num_rows <= _FEW_ROWS
+                 else pc.unique(col).to_pylist())
+        for p in parts:
+            part = rows if len(parts) == 1 else rows.filter(pc.equal(col, p))
+            yield (p, window_of(_lowest(part.column(WINDOW_COLUMN[table])), self.window)), part
+
+    def _log(self, record: dict) -> None:
+        key = (LOG_DIR, "", 0)
+        if key not in self._streams:
+            self._opened += 1
+            self._streams[key] = self._create(self.root / LOG_DIR,
+                                              f"log-{self.tag}{self._opened:04d}.arrow",
+                                              LOG_SCHEMA, "log")
+        row = {f.name: [record.get(f.name)] for f in LOG_SCHEMA}
+        self._mark(self._streams[key])
+        self._streams[key].append(pa.record_batch(row, schema=LOG_SCHEMA), None)
+
+    def _create(self, d: Path, name: str, schema: pa.Schema, point: str) -> Stream:
+        """A new stream in ``d``; with fsync, its name (and any new directory) made durable."""
+        new_dirs = [p for p in (d, *d.parents) if not p.exists()]
+        d.mkdir(parents=True, exist_ok=True)
+        if new_dirs:
+            lake_kill.hit(point + ".mkdir")
+        stream = Stream(d / name, schema, point, self.fsync)
+        lake_kill.hit(point + ".create")
+        if self.fsync:
+            for p in [d, *(q.parent for q in new_dirs)]:
+                fsync_dir(p)
+            lake_kill.hit(point + ".dir_synced")
+        return stream
+
+    def _stream(self, table: str, partition: str, win: int, first_seq: int) -> Stream:
+        key = (table, partition, win)
+        if key not in self._streams:
+            d = self.root / table / f"partition={partition}" / f"window={win:06d}"
+            if not d.resolve().is_relative_to(self._root_real):
+                raise LakeError(f"partition id {partition!r} would leave the lake {self.root}")
+            self._opened += 1
+            name = f"{table}-{first_seq:012d}-{self.tag}{self._opened:04d}.arrow"
+            stream = self._create(d, name, LAKE_TABLES[table], table)
+            self._streams[key] = stream
+            self._log({"kind": "segment", "table": table,
+                       "path": str(stream.path.relative_to(self.root))})
+        return self._streams[key]
+
+    def _mark(self, stream: Stream) -> None:
+        """Note where ``stream`` stood before the running call first wrote to it."""
+        if self._marks is not None and id(stream) not in self._marks:
+            self._marks[id(stream)] = (stream, stream.mark())
+
+    def _abandon(self) -> None:
+        for stream in self._streams.values():
+            stream.abandon()
+        self._streams.clear()
+
+    def close(self) -> None:
+        """Finish every open stream (end-of-stream marker) and give up the lake's lock."""
+        with self._lock, interrupts.held():
+            try:
+                for key in sorted(self._streams, key=lambda k: k[0] == LOG_DIR):
+                    self._streams[key].finish()
+            except (OSError, pa.ArrowException) as exc:
+                raise LakeError(f"closing the lake {self.root} failed ({exc}); every "
+                                "acknowledged write was already durable") from exc
+            finally:
+                self._abandon()
+                self.lock.release()

@@ -1,0 +1,15 @@
+"""The buffer's state: one owner (BufferState), its journal, partitions, payload, candidate index, restore."""
+from __future__ import annotations
+
+from pipeline._face import face
+
+__getattr__, __dir__, __all__ = face(__name__, {
+    'BufferState': 'buffer_state',
+    'Listener': 'buffer_state',
+    'Journal': 'journal',
+    'by_column': 'journal',
+    'GroupView': 'partition',
+    'PartitionState': 'partition',
+    'view': 'partition',
+    'restore': 'rebuild',
+})

@@ -1,0 +1,252 @@
+"""Live state of one partition: groups and their lifecycle, in-flight set, candidates, payload.
+
+Every mutation is an `apply_*` method taking rows already validated and already written to the
+lake (pipeline/state/buffer_state.py calls them, for live calls and for restore alike), which is
+why restarting on a lake gives back the same buffer.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.state.candidates import CandidateIndex
+from pipeline.state.payload import TrajectoryRows
+
+_SMALL = 32                 # a group keeps up to this many (session, index) keys in a tuple
+_PAIRS: dict[tuple[int, int], tuple[int, int]] = {}   # one shared tuple per common key
+
+
+def _pair(session: int, index: int) -> tuple[int, int]:
+    """The (session, index) key, shared between groups when small (bounded: 64k pairs)."""
+    key = (session, index)
+    return _PAIRS.setdefault(key, key) if session < 1024 and index < 64 else key
+
+
+class Group:
+    """One prompt group's lifecycle and where its trajectories are stored.
+
+    Kept compact, since a buffer holds one per prompt group (memory should stay near the Arrow
+    payload): row ids are a `range` while they arrive contiguously (one put per group, the
+    usual case), else a list; keys are a tuple of shared pairs up to 32 of them, else a set;
+    sessions are derived from the keys. A set of 5-16 tuples costs ~1.6 KB, this ~0.2 KB."""
+
+    __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "removed", "batch_id", "prompt_id")
+
+    def __init__(self, uid: str, gs: int, n: int | None, prompt_id: int | None = None):
+        self.uid, self.gs, self.n, self.prompt_id = uid, gs, n, prompt_id
+        self.status = "pending"
+        self.rows: range | list[int] = range(0)
+        self.keys: tuple[tuple[int, int], ...] | set[tuple[int, int]] = ()
+        self.removed: str | None = None   # None while live; else selected|evicted|discarded
+        self.batch_id: int | None = None
+
+    @property
+    def sessions(self) -> set[int]:
+        return {s for s, _ in self.keys}
+
+    def add(self, row: int, session: int, index: int) -> None:
+        """Record one stored trajectory of this group."""
+        self.add_run(row, row + 1, (_pair(session, index),))
+
+    def add_run(self, start: int, stop: int, keys: Sequence[tuple[int, int]]) -> None:
+        """Record the stored trajectories ``start..stop-1`` of this group, whose (session,
+        index) keys are ``keys`` (shared pairs), in order: what `add` does row by row."""
+        rows = self.rows
+        if type(rows) is range and (not rows or rows.stop == start):
+            self.rows = range(rows.start if rows else start, stop)
+        else:
+            if type(rows) is range:
+                rows = self.rows = list(rows)
+            rows.extend(range(start, stop))
+        if self.keys == () and len(keys) <= _SMALL and len(set(keys)) == len(keys):
+            self.keys = tuple(keys)          # a new group's sessions, all at once
+            return
+        for key in keys:
+            self._add_key(key)
+
+    def _add_key(self, key: tuple[int, int]) -> None:
+        keys = self.keys
+        if type(keys) is tuple:
+            if key in keys:
+                return
+            if len(keys) < _SMALL:
+                self.keys = keys + (key,)
+                return
+            keys = self.keys = set(keys)
+        keys.add(key)
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A read-only snapshot of one group, as `ReplayBuffer.lookup` returns it.
+
+    ``removed`` is None for a live group, `selected` for a group in an unreleased batch and
+    `retired` for one that is gone for good (released, evicted, discarded): never accepted again."""
+
+    uid: str
+    global_steps: int | None
+    n: int | None
+    status: str
+    removed: str | None
+    batch_id: int | None
+    keys: frozenset[tuple[int, int]]
+    prompt_id: int | None = None
+
+    @property
+    def sessions(self) -> frozenset[int]:
+        return frozenset(s for s, _ in self.keys)
+
+
+def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
+    """The frozen view of a live group, a retired marker, or None for an unknown uid."""
+    if g is None:
+        return GroupView(uid, None, None, "removed", "retired", None, frozenset()) \
+            if retired else None
+    return GroupView(uid, g.gs, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys),
+                     g.prompt_id)
+
+
+class PartitionState:
+    """Groups, in-flight set, candidate index and trajectory payload of one partition."""
+
+    def __init__(self, partition: str, filter_metric: str | None):
+        self.partition = partition
+        self.filter_metric = filter_metric   # aggregated everywhere; rules skip validation
+        self.groups: dict[str, Group] = {}
+        self.inflight: dict[str, int] = {}       # uid -> global_steps of pending/running groups
+        self._inflight_heap: list[tuple[int, str]] = []
+        self.candidates = CandidateIndex()
+        self.rows = TrajectoryRows()
+        self.batches: dict[int, list[str]] = {}  # selected, not yet released
+        self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
+        self.retired: set[str] = set()           # removed uids: never accepted again
+        self.refill_owed = 0                     # refills decided but not yet acknowledged
+        self.refill_replaces: list[str] = []     # the evicted uids those refills replace
+        self.refill_asking = False               # refill_fn still running past a call's deadline
+        self.refill_done: Any = None             # ... and the threading.Event it sets on return
+        self.unreported: Any = None              # EvictionMetrics of calls that raised
+        self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
+        #                  sample chose and has not returned yet (see pipeline.decide.selection)
+
+    # --- producers ---------------------------------------------------------------------------
+    def _fly(self, uid: str, gs: int) -> None:
+        self.inflight[uid] = gs
+        heapq.heappush(self._inflight_heap, (gs, uid))
+
+    def _land(self, uid: str) -> None:
+        """The group is in flight no more. Its heap entry is dropped lazily; once most entries
+        are stale the heap is rebuilt from the in-flight set (amortised O(1) per group), so
+        settled groups do not keep an entry each."""
+        self.inflight.pop(uid, None)
+        if len(self._inflight_heap) > 2 * len(self.inflight) + 1024:
+            self._inflight_heap = [(gs, u) for u, gs in self.inflight.items()]
+            heapq.heapify(self._inflight_heap)
+
+    def apply_registered(self, uid: str, gs: int, n: int | None,
+                         prompt_id: int | None = None) -> None:
+        self.apply_registered_many((uid,), (gs,), (n,), (prompt_id,))
+
+    def apply_registered_many(self, uids: Sequence[str], steps: Sequence[int],
+                              ns: Sequence[int | None], prompt_ids: Sequence[int | None]) -> None:
+        """`apply_registered` of each row in order, in one loop (a poll registers ~64)."""
+        groups, inflight, push = self.groups, self.inflight, heapq.heappush
+        for uid, gs, n, prompt_id in zip(uids, steps, ns, prompt_ids):
+            groups[uid] = Group(uid, gs, n, prompt_id)
+            inflight[uid] = gs                           # `_fly`, inline
+            push(self._inflight_heap, (gs, uid))
+
+    def apply_status(self, uid: str, status: str, seq: int) -> None:
+        self.apply_status_many((uid,), status, (seq,))
+
+    def apply_status_many(self, uids: Sequence[str], status: str, seqs: Sequence[int]) -> None:
+        """`apply_status` of each group in order, all to the same ``status``."""
+        groups = self.groups
+        if status not in ("finished", "failure"):
+            for uid in uids:
+                groups[uid].status = status
+            return
+        add = self.candidates.add
+        for uid, seq in zip(uids, seqs):
+            g = groups[uid]
+            g.status = status
+            self._land(uid)
+            add(g.uid, g.gs, seq, status)                # the registered uid's one string
+
+    def apply_reissued(self, uid: str, gs: int) -> None:
+        """In-flight group back to pending at the resume step; its partial trajectories dropped."""
+        g = self.groups[uid]
+        self.rows.drop(g.rows)
+        self.groups[uid] = Group(uid, gs, g.n, g.prompt_id)
+        self._fly(uid, gs)
+
+    def apply_trajectories(self, rows: pa.Table) -> None:
+        """Store the rows; each run of one group's rows is recorded at once (a put sends a
+        group's sessions together: 64 runs for 256 rows, not 256 calls)."""
+        groups, pairs = self.groups, _PAIRS
+        first = self.rows.append(rows).start
+        keys = [pairs.setdefault(k, k) if k[0] < 1024 and k[1] < 64 else k for k in
+                zip(rows.column("session_id").to_pylist(), rows.column("index").to_pylist())]
+        at = 0
+        for u, run in groupby(rows.column("uid").to_pylist()):
+            n = len(list(run))
+            groups[u].add_run(first + at, first + at + n, keys[at:at + n])
+            at += n
+
+    # --- the consumer ------------------------------------------------------------------------
+    def apply_removed(self, uids: list[str], how: str, batch_id: int | None = None,
+                      step: int | None = None) -> None:
+        """Selected groups keep their rows until release; evicted/discarded groups leave memory
+        now (the lake keeps them). Either way the uid is retired: never accepted again."""
+        self.candidates.remove(uids)
+        for u in uids:
+            self.retired.add(u)
+            self._land(u)
+            if how == "selected":
+                g = self.groups[u]
+                g.removed, g.batch_id = how, batch_id
+                self.batches.setdefault(batch_id, []).append(u)
+                self.batch_step[batch_id] = step
+            else:
+                g = self.groups.pop(u)
+                self.rows.drop(g.rows)
+
+    def apply_released(self, batch_id: int) -> list[str]:
+        self.batch_step.pop(batch_id, None)
+        uids = self.batches.pop(batch_id, [])
+        groups = self.groups
+        self.rows.drop_all([groups.pop(u).rows for u in uids])
+        return uids
+
+    def lookup(self, uid: str) -> Group | GroupView | None:
+        """The live group, a retired marker for a removed uid, or None for an unknown one."""
+        g = self.groups.get(uid)
+        if g is None and uid in self.retired:
+            return view(uid, None, True)
+        return g
+
+    # --- reads -------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Live groups per status (selected-but-unreleased groups count as `sampled`)."""
+        out = {"pending": 0, "running": 0, "finished": 0, "failure": 0, "sampled": 0}
+        for g in self.groups.values():
+            out["sampled" if g.removed == "selected" else g.status] += 1
+        return out
+
+    def oldest_inflight(self) -> int | None:
+        """The smallest dispatch step of a pending/running group (a lazily cleaned heap)."""
+        h = self._inflight_heap
+        while h and self.inflight.get(h[0][1]) != h[0][0]:
+            heapq.heappop(h)
+        return h[0][0] if h else None
+
+    def payload(self, uids: list[str]) -> pa.Table:
+        rows: list[int] = []
+        for u in uids:
+            rows.extend(self.groups[u].rows)
+        return self.rows.take(np.asarray(rows, dtype=np.int64))

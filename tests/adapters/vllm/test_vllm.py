@@ -1,0 +1,177 @@
+"""vLLM outputs -> trajectory rows: tokens, sampled log-probs, weight-version spans, finish reasons.
+
+Outputs are built from vLLM 0.33-shaped classes (tests/support/vllm_shapes.py); `make test-vllm` runs
+this same file against vLLM's real classes. Rows go through a real buffer over a real lake.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from pipeline import ReplayBuffer
+from pipeline.adapters.vllm.outputs import (
+    VllmOutputError,
+    completion_row,
+    completion_spans,
+    finish_info,
+    request_rows,
+    sampled_logprobs,
+)
+from pipeline.lake.writer import read_table
+from tests.support import vllm_shapes as shapes
+
+OUT = shapes.Outputs()
+PROMPT = [101, 102, 103]
+
+
+def _stored(buf: ReplayBuffer, lake, rows: list[dict], uid: str = "g0") -> list[dict]:
+    """Register ``uid``, put ``rows``, finish it, and read the rows back from the lake."""
+    buf.register(partition="train", uids=[uid], global_steps=7)
+    buf.put(rows)
+    buf.update_status(partition="train", uids=[uid], status="running")
+    buf.update_status(partition="train", uids=[uid], status="finished")
+    table = read_table(lake, "trajectories")
+    return [r for r in table.to_pylist() if r["uid"] == uid]
+
+
+def test_finished_completion_becomes_a_row_the_buffer_stores(buf, lake):
+    c = OUT.completion([5, 6, 7, 8, 9], logprobs=[-0.5, -0.25, -1.0, -2.0, -0.125],
+                     spans=[("3", 0, 2), ("4", 2, 5)])
+    row = completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g0", session_id=0,
+                         reward=1.0, reward_info={"acc": 1.0})
+    (stored,) = _stored(buf, lake, [row])
+    assert stored["prompt_ids"] == PROMPT
+    assert stored["response_ids"] == [5, 6, 7, 8, 9]
+    assert stored["rollout_log_probs"] == [-0.5, -0.25, -1.0, -2.0, -0.125]
+    assert stored["version_spans"] == [{"version": 3, "n_tokens": 2}, {"version": 4, "n_tokens": 3}]
+    assert (stored["min_global_steps"], stored["max_global_steps"]) == (3, 4)
+    assert dict(stored["reward_info"]) == {"acc": 1.0} and stored["reward"] == 1.0
+
+
+def test_flat_logprobs_give_the_same_log_probs_as_per_position_dicts():
+    values = [-0.1, -2.5, -0.75]
+    nested = OUT.completion([11, 12, 13], logprobs=values, top=3)
+    flat = OUT.completion([11, 12, 13], logprobs=values, top=3, flat=True)
+    assert sampled_logprobs(nested) == sampled_logprobs(flat) == values
+
+
+def test_no_logprobs_requested_gives_null_rollout_log_probs():
+    c = OUT.completion([1, 2], spans=[("0", 0, 2)])
+    assert sampled_logprobs(c) is None
+    assert completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="u", session_id=0,
+                          reward=0.0)["rollout_log_probs"] is None
+
+
+def test_a_position_without_the_sampled_token_is_refused():
+    c = OUT.completion([1, 2], logprobs=[-1.0, -1.0])
+    c.logprobs[1] = {999: c.logprobs[1][2]}
+    with pytest.raises(VllmOutputError, match="position 1 has no logprob for its sampled token 2"):
+        sampled_logprobs(c)
+
+
+def test_neighbouring_spans_of_one_version_merge_into_one_run():
+    c = OUT.completion([1, 2, 3, 4], spans=[("2", 0, 1), ("2", 1, 3), ("5", 3, 4)])
+    assert completion_spans(c) == [(2, 3), (5, 1)]
+
+
+def test_spans_that_leave_tokens_uncovered_are_refused():
+    c = OUT.completion([1, 2, 3], spans=[("2", 0, 2)])
+    with pytest.raises(VllmOutputError, match="cover 2 of 3 output tokens"):
+        completion_spans(c)
+    gap = OUT.completion([1, 2, 3], spans=[("2", 0, 1), ("3", 2, 3)])
+    with pytest.raises(VllmOutputError, match="do not tile"):
+        completion_spans(gap)
+
+
+def test_text_version_labels_need_a_version_of_mapping():
+    c = OUT.completion([1, 2], spans=[("step-4", 0, 2)])
+    with pytest.raises(VllmOutputError, match="version_of="):
+        completion_spans(c)
+    assert completion_spans(c, version_of=lambda s: int(s.removeprefix("step-"))) == [(4, 2)]
+
+
+def test_missing_spans_fall_back_to_global_steps_with_null_version_spans(buf, lake):
+    c = OUT.completion([1, 2, 3], logprobs=[-1.0, -1.0, -1.0])
+    row = completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g0", session_id=0,
+                         reward=0.5, global_steps=6)
+    (stored,) = _stored(buf, lake, [row])
+    assert (stored["min_global_steps"], stored["max_global_steps"]) == (6, 6)
+    assert stored["version_spans"] is None
+
+
+def test_missing_spans_without_global_steps_are_refused():
+    c = OUT.completion([1, 2, 3])
+    with pytest.raises(VllmOutputError, match="no weight_versions and no global_steps"):
+        completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g0", session_id=0,
+                       reward=0.0)
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_partial_generations_are_refused_as_rows(reason):
+    c = OUT.completion([1, 2], spans=[("1", 0, 2)], finish_reason=reason)
+    with pytest.raises(VllmOutputError, match=f"finish_reason='{reason}'"):
+        completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g0", session_id=0,
+                       reward=0.0)
+
+
+def test_truncated_response_is_masked_out_of_the_loss_only_when_asked():
+    c = OUT.completion([1, 2, 3], spans=[("1", 0, 3)], finish_reason="length")
+    req = OUT.request(PROMPT, [c])
+    kept = completion_row(req, c, partition="train", uid="g", session_id=0, reward=0.0)
+    masked = completion_row(req, c, partition="train", uid="g", session_id=0, reward=0.0,
+                            mask_truncated=True)
+    assert "response_mask" not in kept
+    assert masked["response_mask"] == [0, 0, 0]
+
+
+def test_finish_and_stop_reason_are_reported_as_vllm_sets_them():
+    c = OUT.completion([1, 2], spans=[("1", 0, 2)], finish_reason="stop", stop_reason=128001)
+    assert finish_info(c) == ("stop", 128001)
+
+
+def test_request_with_n_completions_gives_one_session_per_completion(buf, lake):
+    outs = [OUT.completion([10 + i] * (i + 1), index=i, logprobs=[-0.5] * (i + 1),
+                         spans=[(str(3 + i % 2), 0, i + 1)]) for i in (2, 0, 1)]
+    rows = request_rows(OUT.request(PROMPT, outs), partition="train", uid="g0",
+                        rewards=[0.0, 1.0, 1.0])
+    assert [r["session_id"] for r in rows] == [0, 1, 2]
+    stored = sorted(_stored(buf, lake, rows), key=lambda r: r["session_id"])
+    assert [r["response_ids"] for r in stored] == [[10], [11, 11], [12, 12, 12]]
+    assert [r["max_global_steps"] for r in stored] == [3, 4, 3]
+    assert [r["reward"] for r in stored] == [0.0, 1.0, 1.0]
+
+
+def test_request_rows_refuse_a_reward_count_that_differs_from_the_completions():
+    outs = [OUT.completion([1], index=i, spans=[("1", 0, 1)]) for i in range(2)]
+    with pytest.raises(VllmOutputError, match="1 rewards for 2 completions"):
+        request_rows(OUT.request(PROMPT, outs), partition="train", uid="g0", rewards=[1.0])
+
+
+def test_log_probs_survive_the_float32_column_within_float32_precision(buf, lake):
+    values = [-1.2345678901, -0.000123456789]
+    c = OUT.completion([1, 2], logprobs=values, spans=[("0", 0, 2)])
+    row = completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g0", session_id=0,
+                         reward=0.0)
+    (stored,) = _stored(buf, lake, [row])
+    assert all(math.isclose(a, b, rel_tol=1e-6)
+               for a, b in zip(stored["rollout_log_probs"], values))
+
+
+@pytest.mark.skipif(not shapes.REAL, reason="needs vllm 0.33 (make test-vllm)")
+def test_vllm_shapes_match_vllm_field_for_field():
+    import vllm
+    from vllm import logprobs as real_lp
+    from vllm import outputs as real
+
+    assert vllm.__version__.startswith("0.33")
+    for ours, theirs in ((shapes.CompletionOutput, real.CompletionOutput),
+                         (shapes.WeightVersionSpan, real.WeightVersionSpan),
+                         (shapes.Logprob, real_lp.Logprob),
+                         (shapes.FlatLogprobs, real_lp.FlatLogprobs)):
+        assert [f.name for f in dataclasses.fields(ours)] == \
+            [f.name for f in dataclasses.fields(theirs)], theirs
+    import inspect
+    assert list(inspect.signature(shapes.RequestOutput).parameters) == \
+        [p for p in inspect.signature(real.RequestOutput).parameters if p != "kwargs"]

@@ -1,0 +1,183 @@
+"""The audits of sql/audits/: empty on real buffer runs, and each one fires when the lake is tampered
+with the kind of row its invariant forbids (written through the real journal and lake writer)."""
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from jobs.audit import run_audits
+from pipeline.analysis.views import connect
+from pipeline.lake.files import QUARANTINE_DIR
+from pipeline.lake.writer import LakeWriter, read_table
+from pipeline.state.journal import Journal
+from schemas import LAKE_TABLES
+from sql.loader import in_folder, run
+from tests.support.sql_runs import Run, shared_run
+
+
+def _append(lake: Path, table: str, rows: list[dict]) -> None:
+    """Append rows the way the buffer does: stamped with the next seq numbers, written durably."""
+    next_seq = max((int(read_table(lake, t)["seq"].to_numpy().max(initial=-1))
+                    for t in LAKE_TABLES), default=-1) + 1
+    writer = LakeWriter(lake)
+    try:
+        Journal(writer, next_seq).record_rows(table, rows)
+    finally:
+        writer.close()
+
+
+def _group(lake: Path, fate: str) -> dict:
+    con = connect(lake)
+    rows = con.sql("select * from groups where fate = $f and partition = 'train' "
+                   "order by registered_seq limit 1", params={"f": fate}).to_arrow_table()
+    return rows.to_pylist()[0]
+
+
+def _traj(g: dict) -> dict:
+    return {"partition": g["partition"], "uid": g["uid"], "session_id": 99, "index": 0,
+            "min_global_steps": 0, "max_global_steps": 0, "reward": 0.0, "prompt_ids": [1],
+            "response_ids": [2], "is_padding": False}
+
+
+def _in_two_batches(lake: Path) -> str:
+    g = _group(lake, "sampled")
+    _append(lake, "decisions", [{"partition": "train", "step": 99, "call_id": 99, "poll": 0,
+                                 "kind": "select", "uid": g["uid"], "group_span": 1, "batch_id": 999,
+                                 "count": 1}])
+    return g["uid"]
+
+
+def _late_trajectory_of_sampled(lake: Path) -> str:
+    g = _group(lake, "sampled")
+    _append(lake, "trajectories", [_traj(g)])
+    return g["uid"]
+
+
+def _stale_selection(lake: Path) -> str:
+    g = _group(lake, "live")
+    _append(lake, "decisions", [{"partition": "train", "step": g["global_steps"] + 50,
+                                 "call_id": 99, "poll": 0, "kind": "select", "uid": g["uid"],
+                                 "group_span": 51, "batch_id": 999, "count": 1}])
+    return g["uid"]
+
+
+def _evict_after_select(lake: Path) -> str:
+    g = _group(lake, "sampled")
+    _append(lake, "decisions", [{"partition": "train", "step": 99, "call_id": 99, "poll": 0,
+                                 "kind": "evict", "uid": g["uid"], "reason": "stale", "group_span": 9,
+                                 "count": 1}])
+    return g["uid"]
+
+
+def _late_trajectory_of_evicted(lake: Path) -> str:
+    g = _group(lake, "evicted")
+    _append(lake, "trajectories", [_traj(g)])
+    return g["uid"]
+
+
+def _second_terminal(lake: Path) -> str:
+    g = _group(lake, "evicted")
+    _append(lake, "group_events", [{"partition": "train", "uid": g["uid"], "event": "failure",
+                                    "global_steps": g["global_steps"]}])
+    return g["uid"]
+
+
+def _trained_at_step_zero(lake: Path) -> str:
+    """A live group selected at step 0: its versions (>= 0) are from the training step's future."""
+    con = connect(lake)
+    g = con.sql("select g.* from groups g join trajectories t using (partition, uid) "
+                "where g.fate = 'live' and g.partition = 'train' and g.n_traj > 0 "
+                "order by g.registered_seq limit 1").to_arrow_table().to_pylist()[0]
+    _append(lake, "decisions", [{"partition": "train", "step": 0, "call_id": 99, "poll": 0,
+                                 "kind": "select", "uid": g["uid"], "group_span": 1,
+                                 "batch_id": 999, "count": 1}])
+    return g["uid"]
+
+
+def _trajectory_sent_twice(lake: Path) -> str:
+    """A trajectory of a sampled group stored again under its own key: accepted twice."""
+    g = _group(lake, "sampled")
+    _append(lake, "trajectories", [dict(_traj(g), session_id=0)])
+    return g["uid"]
+
+
+def _finished_without_a_session(lake: Path) -> str:
+    """A group registered for 3 sessions that finished holding one (trajectories lost)."""
+    event = {"partition": "train", "uid": "short", "global_steps": 1}
+    _append(lake, "group_events", [dict(event, event="registered", n=3)])
+    _append(lake, "trajectories", [dict(_traj(event), session_id=0)])
+    _append(lake, "group_events", [dict(event, event="running"), dict(event, event="finished")])
+    return "short"
+
+
+def _orphan_in_a_salvaged_partition(lake: Path) -> str:
+    """A trajectory of a group never registered, where a salvage set group events aside (so
+    readers read on, as they do after a salvage that lost a registration)."""
+    writer = LakeWriter(lake)
+    try:
+        writer.record_removed([f"{QUARANTINE_DIR}/then/group_events/partition=train/lost.arrow"])
+    finally:
+        writer.close()
+    _append(lake, "trajectories", [_traj({"partition": "train", "uid": "ghost"})])
+    return "ghost"
+
+
+TAMPERS: dict[str, Callable[[Path], str]] = {
+    "finished_groups_complete": _finished_without_a_session,
+    "no_orphan_rows": _orphan_in_a_salvaged_partition,
+    "no_trajectory_twice": _trajectory_sent_twice,
+    "no_trajectory_in_two_batches": _in_two_batches,
+    "no_future_versions": _trained_at_step_zero,
+    "no_group_in_two_batches": _in_two_batches,
+    "no_partial_group_in_batch": _late_trajectory_of_sampled,
+    "stale_bound_respected": _stale_selection,
+    "conservation": _evict_after_select,
+    "no_trajectory_after_terminal": _late_trajectory_of_evicted,
+    "no_double_terminal": _second_terminal,
+}
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_every_audit_is_empty_on_a_real_run(kind: str) -> None:
+    r: Run = shared_run(kind)
+    results = run_audits(r.lake, threshold=r.threshold or 1_000_000)
+    assert {x.name: x.rows for x in results} == {q.name: [] for q in in_folder("audits")}
+
+
+def test_every_audit_has_a_tampering_test() -> None:
+    assert sorted(TAMPERS) == sorted(q.name for q in in_folder("audits"))
+
+
+@pytest.mark.parametrize("audit", sorted(TAMPERS))
+def test_audit_fires_on_a_tampered_lake(audit: str, tmp_path: Path) -> None:
+    r = shared_run("async")
+    lake = tmp_path / "lake"
+    shutil.copytree(r.lake, lake)
+    uid = TAMPERS[audit](lake)
+    params = {"threshold": r.threshold} if audit == "stale_bound_respected" else {}
+    found = run(connect(lake), audit, **params).to_pylist()
+    assert found and {row["uid"] for row in found} == {uid}
+
+
+def test_audit_fails_after_a_salvage_lost_a_finished_groups_trajectories(lake: Path) -> None:
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+    from pipeline import ReplayBuffer
+    from pipeline.lake.recovery import salvage
+    from pipeline.lake.writer import segment_files
+    from tests.support.lake import add_group
+    from tests.support.lake_damage import write_ends, zero_bytes
+    with ReplayBuffer.sync(lake=lake) as buf:
+        for uid in ("g0", "g1", "g2"):
+            add_group(buf, uid, 1, [0.0, 1.0, 0.0, 1.0], n=4)
+    [seg] = segment_files(lake, "trajectories")
+    zero_bytes(seg, write_ends(seg)[0] + 5, 4)     # g1's put: its four trajectories
+    assert salvage(lake).lost_writes == 1
+    res = CliRunner().invoke(app, ["audit", "--lake", str(lake)])
+    assert res.exit_code == 1, res.output
+    assert "FAIL  finished_groups_complete (1 violating row(s))" in res.output
+    assert "'uid': 'g1', 'n_expected': 4, 'n_sessions': 0, 'missing': [0, 1, 2, 3]" in res.output

@@ -1,0 +1,206 @@
+"""`replaylake report`: a self-contained HTML page whose figures are real PNGs and whose headline
+numbers are what SQL says about the same lake; lakes with nothing to show get a clear message."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from pipeline import ReplayBuffer
+from pipeline.analysis.report.data import ReportError, gather, parse_steps
+from pipeline.analysis.report.figures import FIGURES
+from pipeline.analysis.views import connect
+from tests.support.lake import add_group
+from tests.support.sql_runs import shared_run
+
+ROOT = Path(__file__).resolve().parents[2]
+_IMG = re.compile(r"<img [^>]*src='data:image/png;base64,([A-Za-z0-9+/=]+)'")
+
+
+def _report(lake: Path, out: Path, *args: str) -> str:
+    res = CliRunner().invoke(app, ["report", str(lake), "-o", str(out), "--no-progress", *args])
+    assert res.exit_code == 0, res.output
+    return out.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def async_page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _report(shared_run("async").lake, tmp_path_factory.mktemp("report") / "r.html")
+
+
+def _pngs(page: str) -> list[np.ndarray]:
+    return [mpimg.imread(io.BytesIO(base64.b64decode(b)), format="png")
+            for b in _IMG.findall(page)]
+
+
+def test_every_figure_of_every_trained_partition_is_an_embedded_png_that_decodes(
+        async_page: str) -> None:
+    images = _pngs(async_page)
+    assert len(images) == 2 * len(FIGURES)          # partitions train and val
+    for img in images:
+        h, w = img.shape[:2]
+        assert w >= 800 and h >= 250
+        assert img[..., :3].std() > 0.05             # drawn on, not a blank canvas
+    for spec in FIGURES:
+        assert f"id='train-{spec.key}'" in async_page and f"id='val-{spec.key}'" in async_page
+        assert html.escape(spec.caption) in async_page
+
+
+def test_the_page_refers_to_no_other_file_or_site(async_page: str) -> None:
+    text = _IMG.sub("<img>", async_page)
+    assert "http://" not in text and "https://" not in text
+    assert re.findall(r"(?:src|href)\s*=", text) == []
+    assert "url(" not in text and "@import" not in text
+
+
+def test_the_headline_numbers_agree_with_sql_on_the_same_lake(async_page: str) -> None:
+    lake = shared_run("async").lake
+    data = gather(lake)
+    con = connect(lake)
+    for p in data.partitions:
+        h, args = p.headline, {"p": p.name}
+
+        def one(q: str, args: dict = args) -> tuple:
+            return con.execute(q, args).fetchone()
+        assert h["batches"] == one("select count(*) from batches where partition = $p")[0]
+        n, tokens, mean, worst, span = one(
+            "select count(*), sum(n_response_tokens), avg(staleness), max(staleness), avg(span) "
+            "from provenance where partition = $p and not is_padding")
+        assert (h["trajectories"], h["response_tokens"], h["staleness_max"]) == \
+            (n, tokens, worst)
+        assert h["staleness_mean"] == pytest.approx(mean)
+        assert h["span_mean"] == pytest.approx(span)
+        fates = dict(con.execute("select fate, count(*) from groups where partition = $p "
+                                 "group by fate", args).fetchall())
+        assert h["groups_trained"] == fates.get("sampled", 0) > 0
+        assert h["groups_evicted"] == fates.get("evicted", 0)
+        assert h["groups_live"] == fates.get("live", 0)
+        assert h["groups_dispatched"] == sum(fates.values())
+        assert h["groups_filtered"] == one(
+            "select count(distinct uid) from decisions where partition = $p and kind = 'evict' "
+            "and reason = 'zero_variance'")[0]
+        # the page shows the same figures
+        assert f"<td class='num'>{h['batches']:,}</td>" in async_page
+        assert f"<td class='num'>{h['staleness_mean']:,.3f}</td>" in async_page
+    train = next(p for p in data.partitions if p.name == "train").headline
+    assert train["groups_evicted"] > 0 and train["groups_filtered"] > 0
+
+
+def test_a_step_window_keeps_only_its_steps_and_its_headline_counts_only_them(
+        tmp_path: Path) -> None:
+    lake = shared_run("async").lake
+    data = gather(lake, steps=(3, 5), partitions=["train"])
+    (p,) = data.partitions
+    assert (p.headline["first_step"], p.headline["last_step"]) == (3, 5)
+    want = connect(lake).execute("select count(*) from batches where partition = 'train' and "
+                                 "step between 3 and 5").fetchone()[0]
+    assert p.headline["batches"] == want == 3
+    for name, rows in p.tables.items():
+        col = "dispatch_step" if name == "selection_bias" else "step"
+        assert rows and all(3 <= r[col] <= 5 for r in rows), name
+    page = _report(lake, tmp_path / "w.html", "--steps", "3:5", "--partition", "train")
+    assert "steps 3 to 5" in page and len(_IMG.findall(page)) == len(FIGURES)
+
+
+def test_a_sync_dapo_run_reports_its_surplus_discards(tmp_path: Path) -> None:
+    lake = shared_run("sync").lake
+    page = _report(lake, tmp_path / "s.html")
+    (p,) = gather(lake).partitions
+    discarded = connect(lake, filter_metric="acc").execute(
+        "select count(*) from groups where fate = 'discarded'").fetchone()[0]
+    assert p.headline["groups_discarded"] == discarded > 0
+    assert len(_pngs(page)) == len(FIGURES)
+    assert "<th>filter_groups_metric</th><td>acc</td>" in page
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (None, (None, None)), (":", (None, None)), ("3:9", (3, 9)), ("3:", (3, None)),
+    (":9", (None, 9)), ("4:4", (4, 4))])
+def test_steps_are_read_as_an_inclusive_window(text: str | None, want: tuple) -> None:
+    assert parse_steps(text) == want
+
+
+@pytest.mark.parametrize("text", ["9:3", "3", "a:b", "1:2:3"])
+def test_a_malformed_step_window_is_refused(text: str) -> None:
+    with pytest.raises(ReportError, match="--steps"):
+        parse_steps(text)
+
+
+def _cli_error(*args: str) -> str:
+    res = CliRunner().invoke(app, ["report", *args, "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit)      # a message, not a traceback
+    return res.output
+
+
+def test_an_empty_lake_gets_a_clear_message_and_no_page(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    ReplayBuffer.async_(lake=lake, max_off_policy_threshold=2).close()
+    out = _cli_error(str(lake), "-o", str(tmp_path / "r.html"))
+    assert "nothing to report" in out and "no group was registered" in out
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_lake_without_trained_batches_gets_a_clear_message(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    with ReplayBuffer.async_(lake=lake, max_off_policy_threshold=2) as buf:
+        add_group(buf, "u1", 1)
+        add_group(buf, "u2", 1, status="running")
+    out = _cli_error("--lake", str(lake), "-o", str(tmp_path / "r.html"))
+    assert "nothing to report" in out and "no batch was handed out" in out
+
+
+def test_a_window_without_batches_a_missing_lake_and_an_unknown_partition_are_clear(
+        tmp_path: Path) -> None:
+    lake = shared_run("async").lake
+    assert "no batch was handed out" in _cli_error(str(lake), "--steps", "500:600")
+    assert "no lake at" in _cli_error(str(tmp_path / "nowhere"))
+    assert "no partition 'test'" in _cli_error(str(lake), "--partition", "test")
+    assert "name the lake once" in _cli_error()
+
+
+def test_the_help_shows_an_example() -> None:
+    res = CliRunner().invoke(app, ["report", "--help"])
+    assert res.exit_code == 0
+    assert "Examples:" in res.output
+    assert "replaylake report runs/demo/latest/lake -o report.html" in res.output
+
+
+@pytest.mark.slow
+def test_the_demo_lake_reports_through_the_installed_command_line(tmp_path: Path) -> None:
+    run = tmp_path / "demo"
+    subprocess.run([sys.executable, "-m", "jobs.cli", "demo", "--steps", "8", "--no-wandb",
+                    "--out", str(run)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "report", "--lake",
+                           str(run / "lake"), "--out", str(tmp_path / "demo.html")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "report:" in proc.stderr                  # the progress bar
+    assert "wrote" in proc.stdout and "6 figures" in proc.stdout
+    images = _pngs((tmp_path / "demo.html").read_text(encoding="utf-8"))
+    assert len(images) == len(FIGURES) and all(i[..., :3].std() > 0.05 for i in images)
+
+
+def test_the_shared_views_are_computed_once_into_temporary_tables_with_the_same_rows() -> None:
+    from pipeline.analysis.report.data import QUERIES, SHARED_VIEWS, materialise
+    from sql import loader
+    lake = shared_run("async").lake
+    plain, shared = connect(lake), connect(lake)
+    materialise(shared, SHARED_VIEWS)
+    temp = {r[0] for r in shared.sql(
+        "select table_name from duckdb_tables() where temporary").fetchall()}
+    assert set(SHARED_VIEWS) <= temp
+    params = {"report_headline": {"first_step": -1, "last_step": 2**62}}
+    for name in QUERIES:
+        want = loader.run(plain, name, **params.get(name, {})).to_pylist()
+        assert want and loader.run(shared, name, **params.get(name, {})).to_pylist() == want

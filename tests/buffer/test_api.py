@@ -1,0 +1,172 @@
+"""The public API catches mistakes at the call, with errors chosen by structure, not spelling."""
+from __future__ import annotations
+
+import pytest
+
+import pipeline
+from pipeline import (
+    ConfigError,
+    IngestError,
+    PresetKeywordError,
+    ReplayBuffer,
+    SampleTimeout,
+    UnknownBatchError,
+    UnknownGroupError,
+)
+from tests.support.lake import add_group, traj
+
+
+def test_star_import_exports_every_name_it_lists():
+    ns: dict = {}
+    exec("from pipeline import *", ns)
+    assert set(pipeline.__all__) <= set(ns)
+
+
+def test_the_tensor_pool_and_its_error_are_public_names():
+    from pipeline.to_torch.pool import TensorPool
+    assert pipeline.TensorPool is TensorPool
+    assert issubclass(pipeline.PoolError, pipeline.ReplayLakeError)
+    with pytest.raises(pipeline.PoolError, match="max_bytes"):
+        TensorPool(max_bytes=-1)
+
+
+def test_a_batch_writes_its_tensors_into_a_pool_and_gets_them_back():
+    import torch
+    buf = ReplayBuffer.sync()
+    add_group(buf, "g", 1, (0.0, 1.0, 1.0, 0.0))
+    batch = buf.sample(global_steps=1, partition="train", batch_size=1, timeout=5)
+    pool = pipeline.TensorPool()
+    pooled = batch.to_torch(layout="packed", pool=pool)
+    plain = batch.to_torch(layout="packed")
+    assert pooled.keys() == plain.keys()
+    assert all(torch.equal(pooled[k], plain[k]) for k in plain)
+    assert pool.loaned_bytes > 0
+    pool.give_back(pooled)
+    assert pool.loaned_bytes == 0
+
+
+def test_register_refuses_a_string_of_uids_and_an_empty_call():
+    buf = ReplayBuffer.sync()
+    with pytest.raises(ConfigError, match=r"uids=\['p0'\]"):
+        buf.register(partition="train", uids="p0", global_steps=0)
+    with pytest.raises(ConfigError, match="nothing to do"):
+        buf.register()
+    assert buf.partitions() == []
+
+
+def test_refill_fn_must_be_callable_at_construction():
+    with pytest.raises(ConfigError, match="refill_fn=5 must be callable"):
+        ReplayBuffer.async_(refill_fn=5)
+
+
+def test_put_of_one_dict_says_to_wrap_it_in_a_list():
+    buf = ReplayBuffer.sync()
+    buf.register(partition="train", uids=["p"], global_steps=0)
+    with pytest.raises(IngestError, match=r"wrap it in a list"):
+        buf.put(traj("p", 0))
+    assert buf.put([traj("p", 0)]) == 1
+
+
+def test_a_typo_in_a_preset_keyword_names_the_method_and_the_closest_keyword():
+    with pytest.raises(PresetKeywordError, match=r"ReplayBuffer\.async_\(\).*'max_off_policy_threshold'"):
+        ReplayBuffer.async_(max_off_policy_treshold=3)
+    assert issubclass(PresetKeywordError, TypeError)
+
+
+def test_a_second_release_raises_a_readable_unknown_batch_error():
+    buf = ReplayBuffer.sync(poll_interval=0.05)
+    add_group(buf, "a", 0)
+    batch = buf.sample(0, "train", 1, timeout=5)
+    buf.release(batch)
+    with pytest.raises(UnknownBatchError) as info:
+        buf.release(batch)
+    assert str(info.value).startswith("batch 0 is not held")   # not a quoted repr
+    assert isinstance(info.value, KeyError)
+
+
+def test_partition_and_partition_id_are_the_same_argument():
+    buf = ReplayBuffer.sync(poll_interval=0.05)
+    add_group(buf, "a", 0)
+    add_group(buf, "b", 0)
+    assert buf.sample(0, partition="train", batch_size=1, timeout=5).uids == ["a"]
+    assert buf.sample(0, partition_id="train", batch_size=1, timeout=5).uids == ["b"]
+    with pytest.raises(ConfigError, match="disagree"):
+        buf.sample(0, partition="train", partition_id="val", batch_size=1)
+    assert buf.counts(partition_id="train") == buf.counts("train")
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"global_steps": -1}, "global_steps"), ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": True}, "batch_size"), ({"partition": "../x"}, "partition"),
+])
+def test_bad_sample_arguments_are_config_errors(kw, match):
+    buf = ReplayBuffer.sync()
+    args = {"global_steps": 0, "partition": "train", "batch_size": 1, **kw}
+    with pytest.raises((ConfigError, IngestError), match=match):
+        buf.sample(**args)
+
+
+def test_reissue_with_a_negative_step_is_a_config_error():
+    with pytest.raises(ConfigError, match="global_steps"):
+        ReplayBuffer.sync().reissue(-1)
+
+
+def test_sampling_a_partition_never_seen_names_the_known_ones(caplog):
+    buf = ReplayBuffer.sync(poll_interval=0.05)
+    add_group(buf, "a", 0)
+    with pytest.raises(SampleTimeout, match=r"'trian' has never received a group.*'train'"):
+        buf.sample(0, "trian", 1, timeout=0.1)
+    assert any("trian" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_group_error_is_chosen_by_the_problem_kind():
+    buf = ReplayBuffer.sync()
+    with pytest.raises(UnknownGroupError):
+        buf.put([traj("ghost", 0)])
+    buf.register(partition="train", uids=["p"], global_steps=0)
+    with pytest.raises(IngestError) as info:            # one unknown, one invalid row
+        buf.put([traj("ghost", 0), traj("p", 0, min_gs=3, max_gs=1)])
+    assert not isinstance(info.value, UnknownGroupError)
+    assert {p.kind for p in info.value.problems} == {"unknown_group", "invalid"}
+
+
+def test_lookup_returns_a_frozen_view():
+    buf = ReplayBuffer.sync()
+    buf.register(partition="train", uids=["p"], global_steps=3, n=2)
+    view = buf.lookup("train", "p")
+    assert (view.uid, view.global_steps, view.n, view.status, view.removed) == \
+        ("p", 3, 2, "pending", None)
+    with pytest.raises(AttributeError):
+        view.status = "finished"
+    assert buf.lookup("train", "nobody") is None
+
+
+def test_retire_removes_live_groups_for_good_with_a_decision_of_its_own(tmp_path):
+    from pipeline.lake.writer import read_table
+    with ReplayBuffer.sync(lake=tmp_path / "lake", poll_interval=0.05) as buf:
+        add_group(buf, "done", 1)
+        add_group(buf, "flying", 1, status="running")
+        add_group(buf, "kept", 2)
+        assert buf.retire("train", ["done", "flying", "nobody"]) == ["done", "flying"]
+        assert buf.counts("train") == {"pending": 0, "running": 0, "finished": 1, "failure": 0,
+                                       "sampled": 0}
+        assert buf.sample(2, "train", 1, timeout=5).uids == ["kept"]
+        with pytest.raises(UnknownGroupError):
+            buf.put([traj("flying", 1)])
+    dec = read_table(tmp_path / "lake", "decisions").to_pylist()
+    assert [(d["uid"], d["kind"], d["reason"]) for d in dec if d["reason"] == "vanished"] == [
+        ("done", "evict", "vanished"), ("flying", "evict", "vanished")]
+    with ReplayBuffer.sync(lake=tmp_path / "lake") as again:      # restore agrees
+        assert again.lookup("train", "done").removed == "retired"
+
+
+def test_errors_with_extra_fields_survive_pickling():
+    import pickle
+
+    from schemas import Problem
+    err = UnknownGroupError("trajectories", [Problem("uid", (1,), "unknown", "unknown_group")])
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is UnknownGroupError and back.problems == err.problems
+    assert str(back) == str(err)
+    t = pickle.loads(pickle.dumps(SampleTimeout("waited", {"pending": 2})))
+    assert t.counts == {"pending": 2}

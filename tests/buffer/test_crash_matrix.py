@@ -1,0 +1,127 @@
+"""The crash matrix: the buffer killed (SIGKILL) at every write point of its lake writer — every
+write, checksum record and fsync of every table and of the writer's log, torn halfway or whole,
+new directories and files — during ingest over two partitions, status changes, samples that evict,
+refill, select and discard, and releases. After each kill, a restart must hold exactly the
+acknowledged history up to a whole write, equal the untouched run's live state, keep writing, and
+pass every audit (see jobs/soak.py, which runs the same matrix thousands of times)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from jobs import soak
+from pipeline import ReplayBuffer
+from pipeline.lake.damage import check
+from pipeline.lake.files import sum_path
+from pipeline.lake.read import LakeDamageError
+from pipeline.lake.recovery import salvage
+from pipeline.lake.writer import segment_files
+from tests.support.lake_damage import write_ends, zero_bytes
+
+WORKERS = 2
+KINDS = {"mkdir", "create", "data_torn", "data_written", "sum_torn", "sum_written", "acked"}
+SYNC_KINDS = {"dir_synced", "data_synced", "sum_synced"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("matrix")
+
+
+@pytest.fixture(scope="module")
+def refs(workdir):
+    return {(kind, fsync): soak.reference(kind, workdir, fsync=fsync)
+            for kind, fsync in (("async", False), ("sync", False), ("async", True))}
+
+
+def kinds_of(chosen: list[str]) -> set[str]:
+    return {t.rsplit(":", 1)[0].split(".", 1)[1] for t in chosen}
+
+
+def chosen(refs, which: str) -> list[str]:
+    """The kill targets each matrix test runs: every other point of the async workload, every
+    third of the sync one, every fourth point around an fsync (the soak job runs them all)."""
+    if which == "fsync":
+        every = soak.targets(refs["async", True])
+        return [t for t in every if kinds_of([t]) & SYNC_KINDS][::4]
+    return soak.targets(refs[which, False])[{"async": slice(0, None, 2),
+                                              "sync": slice(1, None, 3)}[which]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_kill_points_of_each_workload_restart_exactly(refs, workdir, kind):
+    targets = chosen(refs, kind)
+    assert kinds_of(targets) == KINDS
+    assert {t.split(".", 1)[0] for t in targets} >= {"trajectories", "group_events", "decisions",
+                                                     "metrics", "log"}
+    assert soak.run_matrix(refs[kind, False], workdir / kind, targets, workers=WORKERS) == []
+
+
+@pytest.mark.slow
+def test_kill_points_around_each_fsync_restart_exactly(refs, workdir):
+    targets = chosen(refs, "fsync")
+    assert kinds_of(targets) == SYNC_KINDS
+    assert soak.run_matrix(refs["async", True], workdir / "fsync", targets,
+                           workers=WORKERS) == []
+
+
+def test_the_matrix_kills_at_least_300_times(refs):
+    assert sum(len(chosen(refs, w)) for w in ("async", "sync", "fsync")) >= 300
+
+
+def test_the_workloads_write_every_decision_kind(refs):
+    import json
+    kinds = {json.loads(row)["kind"] for ref in refs.values() for _, t, row in ref.history
+             if t == "decisions"}
+    assert kinds >= {"evict", "refill", "select", "discard", "release"}
+
+
+def _killed_lake(refs, workdir, target: str):
+    ref = refs["async", False]
+    lake = workdir / "damage" / target.replace(":", "-")
+    soak.kill_at(ref, target, lake)
+    return ref, lake
+
+
+@pytest.mark.parametrize("at", [0.4, 0.7, 0.95])
+def test_a_corrupted_middle_after_a_kill_is_refused_then_salvaged(refs, workdir, at):
+    ref = refs["async", False]
+    every = soak.targets(ref)
+    target = next(t for t in every[int(len(every) * at):] if "data_torn" in t)
+    ref, lake = _killed_lake(refs, workdir, target)
+    seg = max(segment_files(lake, "trajectories"), key=lambda p: len(write_ends(p)))
+    ends = write_ends(seg)
+    middle = ends[len(ends) // 2 - 1]
+    zero_bytes(seg, middle + 3, 16)
+    with pytest.raises(LakeDamageError) as err:
+        soak.history(lake)
+    assert (err.value.path, err.value.offset) == (seg, middle)
+    del err
+    report = salvage(lake)
+    assert report.lost_writes == 1 and report.kept_writes == len(ends) - 1
+    assert check(lake).damaged == []
+    buf, _ = soak.open_buffer("async", lake, False, ref.seed)
+    buf.close()
+
+
+def test_a_missing_file_after_a_kill_is_refused_then_salvaged(refs, workdir):
+    ref = refs["async", False]
+    every = soak.targets(ref)
+    target = next(t for t in every[len(every) // 2:] if "sum_torn" in t)
+    ref, lake = _killed_lake(refs, workdir, target)
+    [seg, *_] = segment_files(lake, "metrics")
+    seg.unlink()
+    sum_path(seg).unlink()
+    try:
+        ReplayBuffer.async_(lake=lake)
+    except LakeDamageError as exc:
+        assert exc.path == seg and "missing" in str(exc)
+    else:
+        raise AssertionError("a lake with a missing segment was opened")
+    salvage(lake)
+    assert check(lake).damaged == []
+    buf, _ = soak.open_buffer("async", lake, False, ref.seed)
+    buf.close()
+    shutil.rmtree(lake)

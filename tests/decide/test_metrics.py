@@ -1,0 +1,107 @@
+"""Metric declarations, merging across polls and calls, and the off-policy batch metrics."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pipeline import METRICS, StepAggregator
+from pipeline.decide.evaluate import Eviction
+from pipeline.decide.metrics import EvictionMetrics, off_policy_metrics
+
+P = "training/off_policy"
+
+
+def _poll(reason, spans, values=None):
+    """One poll's eviction of len(spans) groups for ``reason`` (what decide.evaluate returns)."""
+    n = len(spans)
+    return Eviction(uids=[f"g{i}" for i in range(n)], reasons={reason: [True] * n},
+                    group_spans=list(spans), credits=[0] * n,
+                    values={reason: list(values)} if values is not None else {})
+
+
+def test_eviction_metrics_of_two_polls_merge_to_count_weighted_mean():
+    m = EvictionMetrics()
+    m.add(_poll("stale", [10]))
+    m.add(_poll("stale", [1, 2, 3]))
+    out = m.scalars("training")
+    assert out[f"{P}/evicted_samples"] == 4
+    assert out[f"{P}/evicted_samples_staleness/mean"] == 4.0
+    assert (out[f"{P}/evicted_samples_staleness/max"], out[f"{P}/evicted_samples_staleness/min"]) \
+        == (10, 1)
+
+
+def test_eviction_keys_appear_only_when_non_zero():
+    assert EvictionMetrics().scalars("training") == {}
+    m = EvictionMetrics()
+    m.add(_poll("zero_variance", [1, 1, 1], values=[0.0, 0.0, 1.0]))
+    assert m.scalars("validation") == {"validation/filter_groups/evicted_samples": 3}
+    assert m.reward_counts == {0.0: 2, 1.0: 1}
+
+
+def test_step_aggregator_uses_declared_reductions_and_weights():
+    agg = StepAggregator()
+    agg.add({f"{P}/evicted_samples": 1, f"{P}/evicted_samples_staleness/mean": 10.0,
+             f"{P}/evicted_samples_staleness/max": 10, f"{P}/evicted_samples_staleness/min": 10},
+            reward_counts={0.0: 1})
+    agg.add({f"{P}/evicted_samples": 3, f"{P}/evicted_samples_staleness/mean": 2.0,
+             f"{P}/evicted_samples_staleness/max": 3, f"{P}/evicted_samples_staleness/min": 1,
+             "global_steps": 7}, reward_counts={0.0: 2, 1.0: 1})
+    out = agg.result()
+    assert out[f"{P}/evicted_samples"] == 4
+    assert out[f"{P}/evicted_samples_staleness/mean"] == 4.0
+    assert out[f"{P}/evicted_samples_staleness/max"] == 10
+    assert out[f"{P}/evicted_samples_staleness/min"] == 1
+    assert out["global_steps"] == 7
+    assert agg.reward_counts == {0.0: 3, 1.0: 1}
+
+
+def test_step_aggregator_refuses_undeclared_keys():
+    with pytest.raises(KeyError, match="not declared"):
+        StepAggregator().add({"training/something_new/mean": 1.0})
+
+
+def test_every_declared_mean_names_its_weight():
+    for name, decl in METRICS.items():
+        assert decl.reduction in ("sum", "mean", "max", "min", "last"), name
+        assert (decl.weight is not None) == (decl.reduction == "mean"), name
+
+
+def _batch(rows):
+    base = {"is_padding": False, "response_ids": [1, 2], "version_spans": None}
+    rows = [{**base, **r} for r in rows]
+    return pa.table({
+        "min_global_steps": pa.array([r["min_global_steps"] for r in rows], pa.int64()),
+        "max_global_steps": pa.array([r["max_global_steps"] for r in rows], pa.int64()),
+        "is_padding": pa.array([r["is_padding"] for r in rows]),
+        "response_ids": pa.array([r["response_ids"] for r in rows], pa.list_(pa.int32())),
+        "version_spans": pa.array([r["version_spans"] for r in rows], pa.list_(pa.struct(
+            [("version", pa.int64()), ("n_tokens", pa.int32())]))),
+    })
+
+
+def test_off_policy_metrics_follow_the_spec_formulas_over_non_padding_rows():
+    t = _batch([{"min_global_steps": 3, "max_global_steps": 4},
+                {"min_global_steps": 1, "max_global_steps": 4, "response_ids": [1] * 6},
+                {"min_global_steps": 0, "max_global_steps": 0, "is_padding": True}])
+    m, w = off_policy_metrics(t, step=6)
+    assert m[f"{P}/trajectory_spans/mean"] == 3.0 and m[f"{P}/trajectory_spans/max"] == 4
+    assert m[f"{P}/trajectory_staleness/mean"] == 1.0          # (6-1) - 4
+    assert m[f"{P}/trajectory_staleness_worst/max"] == 4         # (6-1) - 1
+    assert m[f"{P}/trajectory_staleness_worst/min"] == 2
+    assert m[f"{P}/token_staleness/mean"] == 1.0
+    assert w["n_trajectories"] == 2 and w["n_response_tokens"] == 8
+    assert f"{P}/token_staleness_exact/mean" not in m
+
+
+def test_exact_token_staleness_uses_per_token_version_spans():
+    t = _batch([{"min_global_steps": 2, "max_global_steps": 4, "response_ids": [1] * 4,
+                 "version_spans": [{"version": 2, "n_tokens": 1}, {"version": 4, "n_tokens": 3}]}])
+    m, w = off_policy_metrics(t, step=5)
+    assert m[f"{P}/token_staleness_exact/mean"] == (2 * 1 + 0 * 3) / 4
+    assert m[f"{P}/token_staleness_exact/max"] == 2
+    assert w["n_span_tokens"] == 4
+
+
+def test_all_padding_batch_emits_no_off_policy_metrics():
+    t = _batch([{"min_global_steps": 0, "max_global_steps": 0, "is_padding": True}])
+    assert off_policy_metrics(t, step=3) == ({}, {})

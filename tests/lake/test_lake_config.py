@@ -1,0 +1,132 @@
+"""The lake records its configuration and refuses a reopen that would decide differently."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline import LakeError, ReplayBuffer
+from pipeline.lake import config as lake_config
+from tests.support.lake import add_group
+
+
+def test_a_new_lake_records_the_configuration_and_the_library_version(tmp_path):
+    with ReplayBuffer.async_(lake=tmp_path / "lake", max_off_policy_threshold=3):
+        pass
+    rec = json.loads((tmp_path / "lake" / "_config.json").read_text())
+    (entry,) = rec["versions"]
+    assert entry["replaylake"] and entry["from_seq"] == 0
+    cfg = lake_config.current(tmp_path / "lake")
+    assert (cfg["preset"], cfg["max_off_policy_threshold"], cfg["max_off_policy_strategy"]) == \
+        ("async", 3, "drop")
+    assert cfg["rules"] == {"stale": {"threshold": 3}, "failure": {"evict_all": True}}
+
+
+@pytest.mark.parametrize(("kw", "key"), [
+    ({"max_off_policy_threshold": 4}, "max_off_policy_threshold"),
+    ({"max_off_policy_strategy": "wait"}, "max_off_policy_strategy"),
+    ({"filter_groups_metric": "acc", "refill_fn": print}, "filter_groups_metric"),
+    ({"max_response_length": 9}, "rules"),
+])
+def test_a_reopen_with_other_decision_settings_is_refused_naming_them(tmp_path, kw, key):
+    with ReplayBuffer.async_(lake=tmp_path / "lake", max_off_policy_threshold=3) as buf:
+        add_group(buf, "a", 1)
+    args = {"max_off_policy_threshold": 3, **kw}
+    with pytest.raises(LakeError, match=key):
+        ReplayBuffer.async_(lake=tmp_path / "lake", **args)
+    with ReplayBuffer.async_(lake=tmp_path / "lake", max_off_policy_threshold=3) as buf:
+        assert buf.counts("train")["finished"] == 1     # the refusal gave the lock back
+
+
+def test_another_preset_is_refused_too(tmp_path):
+    with ReplayBuffer.async_(lake=tmp_path / "lake"):
+        pass
+    with pytest.raises(LakeError, match="preset"):
+        ReplayBuffer.sync(lake=tmp_path / "lake")
+
+
+def test_an_allowed_change_is_recorded_with_the_seq_it_holds_from(tmp_path):
+    with ReplayBuffer.async_(lake=tmp_path / "lake", max_off_policy_threshold=3) as buf:
+        add_group(buf, "a", 1)
+    with ReplayBuffer.async_(lake=tmp_path / "lake", max_off_policy_threshold=5,
+                             allow_changes=("max_off_policy_threshold",)):
+        pass
+    versions = lake_config.read(tmp_path / "lake")["versions"]
+    assert [v["config"]["max_off_policy_threshold"] for v in versions] == [3, 5]
+    assert versions[1]["from_seq"] > 0
+    assert lake_config.current(tmp_path / "lake")["max_off_policy_threshold"] == 5
+
+
+def test_refill_settings_may_change_freely(tmp_path):
+    with ReplayBuffer.async_(lake=tmp_path / "lake", poll_interval=1.0):
+        pass
+    with ReplayBuffer.async_(lake=tmp_path / "lake", poll_interval=0.05, max_num_gen_batches=3):
+        pass
+
+
+def test_unknown_allowed_keys_are_an_error(tmp_path):
+    with pytest.raises(LakeError, match="allow_changes"):
+        ReplayBuffer.async_(lake=tmp_path / "lake", allow_changes=("treshold",))
+
+
+MALFORMED = ["null", "[]", "{}", '{"versions": []}', '{"versions": [{"config": null}]}',
+             '{"versions": [{"from_seq": 0, "config": {"rules": [1]}}]}', '"text"']
+
+
+@pytest.fixture(scope="module")
+def recorded_lake(tmp_path_factory):
+    lake = tmp_path_factory.mktemp("config") / "lake"
+    with ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3) as buf:
+        add_group(buf, "a", 1)
+        buf.release(buf.sample(1, "train", 1))
+    return lake
+
+
+@pytest.mark.parametrize("text", MALFORMED)
+def test_a_malformed_config_record_is_refused_naming_the_file_and_never_overwritten(
+        recorded_lake, tmp_path, text):
+    import shutil
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    (lake / "_config.json").write_text(text)
+    for read in (lake_config.read, lake_config.current,
+                 lambda p: ReplayBuffer.async_(lake=p, max_off_policy_threshold=3)):
+        with pytest.raises(LakeError, match=rf"{lake / '_config.json'} is not a lake "
+                                            r"configuration record: .*restore it from a backup"):
+            read(lake)
+    assert (lake / "_config.json").read_text() == text
+
+
+@pytest.mark.parametrize("command", [["whatif", "--lake"], ["audit", "--lake"], ["report", "--no-progress"],
+                                     ["sql", "-c", "select 1", "--lake"]])
+@pytest.mark.parametrize("text", ["[]", '{"versions": []}'])
+def test_commands_over_a_malformed_config_print_one_error_line(recorded_lake, tmp_path, command,
+                                                               text):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    (lake / "_config.json").write_text(text)
+    result = CliRunner().invoke(app, [*command, str(lake)] + (
+        ["-o", str(tmp_path / "report.html")] if command[0] == "report" else []))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    if command[0] == "sql":               # reads no configuration: answers as before
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {lake / '_config.json'} is not a lake configuration")
+
+
+def test_whatif_over_a_config_without_its_decision_settings_names_them(recorded_lake, tmp_path):
+    import shutil
+
+    from pipeline.analysis.whatif.rerun import recorded_settings
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    (lake / "_config.json").write_text('{"versions": [{"from_seq": 0, "config": {}}]}')
+    with pytest.raises(LakeError, match="records no preset, max_off_policy_threshold, "
+                                        "max_off_policy_strategy, filter_groups_metric"):
+        recorded_settings(lake)
