@@ -2,6 +2,7 @@
 
     replaylake whatif --lake runs/demo/<ts>/lake --threshold 1
     replaylake whatif --lake L --filter-metric none --max-response-length 12
+    replaylake whatif --lake L --rule short_response.min_response_length=4 --rule overlong=off
 
 Settings not given are the lake's recorded ones, so `replaylake whatif --lake L` alone replays
 the run as it was and must reproduce every batch (it says so, or names the first difference).
@@ -47,6 +48,9 @@ def main(
     = None,
     max_response_length: Annotated[int | None, typer.Option(
         "--max-response-length", metavar="N", help="evict groups with longer responses")] = None,
+    rule: Annotated[list[str] | None, typer.Option(
+        "--rule", metavar="RULE.PARAM=VALUE", help="set an opt-in rule's parameter, or RULE=off "
+        "(repeatable; the recorded rules stay as they were unless named)")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="DIR", help="keep the replay's lake here (default: a temp dir)")] = None,
 ) -> None:
@@ -57,9 +61,10 @@ def main(
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
     """
     from pipeline.analysis.whatif import future_summary, recorded, recorded_settings, replay
+    from pipeline.config import rules_from_options
     settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                 "filter_groups_metric": filter_metric, "max_response_length":
-                max_response_length}
+                max_response_length, "rules": rules_from_options(rule or ()) or None}
     base = recorded_settings(lake)
     if filter_metric == "none":
         settings["filter_groups_metric"] = None

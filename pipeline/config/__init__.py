@@ -11,6 +11,11 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'sync_config': 'buffer_config',
     'preset_kwargs': 'keywords',
     'PREFIXES': 'partitions',
+    'opt_in_rules': 'rule_knobs',
+    'rule_uses': 'rule_knobs',
+    'rules_from_options': 'rule_knobs',
+    'switchable_rules': 'rule_knobs',
+    'with_sugar': 'rule_knobs',
     'is_validation': 'partitions',
     'metric_prefix': 'partitions',
 })

@@ -1,17 +1,20 @@
 """Buffer configuration as frozen values, and the `sync` / `async` presets with verl's keywords.
 
 A configuration switches rules on (sql/rules/, with the parameters they bind) and picks the
-staleness settings and a refill policy. Validation runs at construction and names the parameter,
-the value and what to do, in this order: threshold, strategy, a filter metric without refill_fn,
-sync_refill_failed_groups without refill_fn, then the sync-only checks. Presets map verl 0.9.1's
+staleness settings and a refill policy. Opt-in rules come as data, ``rules={name: {param: value}}``
+checked against each rule's declaration (pipeline/config/rule_knobs.py). Validation runs at
+construction and names the parameter, the value and what to do, in this order: threshold,
+strategy, a filter metric without refill_fn, sync_refill_failed_groups without refill_fn, the
+sync-only checks, then the rules. Presets map verl 0.9.1's
 constructor keywords 1:1, so a verl config carries over unchanged.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pipeline.config import rule_knobs
 from pipeline.config.partitions import is_validation
 from pipeline.decide import RuleUse
 from pipeline.decide.policies import (
@@ -93,14 +96,15 @@ def _non_negative_int(name: str, value: Any) -> None:
         raise ConfigError(f"{name}={value!r} must be an int >= 0 (0 = unbounded)")
 
 
-def _filter_rules(filter_groups_metric: str | None, max_response_length: int | None
-                  ) -> tuple[RuleUse, ...]:
-    """The filter rules: zero variance (DAPO) and the opt-in overlong rule (not in verl)."""
+def _filter_rules(filter_groups_metric: str | None, max_response_length: int | None,
+                  rules: rule_knobs.Knobs | None) -> tuple[RuleUse, ...]:
+    """The filter rules: zero variance (DAPO), then the opt-in rules of the ``rules`` mapping
+    (none is in verl), which ``max_response_length`` fills as shorthand for `overlong`."""
     out = (RuleUse("zero_variance"),) if filter_groups_metric is not None else ()
     if max_response_length is not None:
         _positive_int("max_response_length", max_response_length, "(or None: keep long groups)")
-        out += (RuleUse("overlong", (("max_response_length", max_response_length),)),)
-    return out
+    return out + rule_knobs.rule_uses(
+        rule_knobs.with_sugar(rules, max_response_length=max_response_length))
 
 
 def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
@@ -109,8 +113,10 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
                 max_num_gen_batches: int = 0, max_response_length: int | None = None,
-                poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
-    """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored."""
+                poll_interval: float = DEFAULT_POLL_INTERVAL,
+                rules: Mapping[str, Mapping[str, Any] | None] | None = None) -> BufferConfig:
+    """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored. ``rules``
+    switches opt-in rules on by name (``{"overlong": {"max_response_length": 12}}``)."""
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
                   refill_fn, sync_refill_failed_groups, poll_interval)
     _non_negative_int("max_num_gen_batches", max_num_gen_batches)
@@ -130,11 +136,11 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         refill = RefillFailedWhileShort()
     else:
         refill = NoRefill()
-    rules = _filter_rules(filter_groups_metric, max_response_length)
+    uses = _filter_rules(filter_groups_metric, max_response_length, rules)
     if sync_refill_failed_groups:
-        rules += (RuleUse("failure", (("evict_all", False),)),)
+        uses += (RuleUse("failure", (("evict_all", False),)),)
     return BufferConfig(
-        rules=rules, stale=StalePolicy(), filter_metric=filter_groups_metric,
+        rules=uses, stale=StalePolicy(), filter_metric=filter_groups_metric,
         refill=refill, refill_fn=refill_fn, poll_interval=float(poll_interval),
         empty_batch_is_error=True, preset="sync")
 
@@ -146,8 +152,10 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                  train_batch_size: int | None = None, gen_batch_size: int | None = None,
                  max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
                  max_num_gen_batches: int = 0, max_response_length: int | None = None,
-                 poll_interval: float = DEFAULT_POLL_INTERVAL) -> BufferConfig:
-    """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once.
+                 poll_interval: float = DEFAULT_POLL_INTERVAL,
+                 rules: Mapping[str, Mapping[str, Any] | None] | None = None) -> BufferConfig:
+    """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once;
+    ``rules`` as for `sync_config`.
 
     gen_batch_size / max_inflight_gen_batches / sync_refill_failed_groups are sync-only knobs;
     they are accepted (verl's configs pass them) and have no effect here."""
@@ -155,13 +163,13 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                   refill_fn, sync_refill_failed_groups, poll_interval)
     _non_negative_int("max_num_gen_batches", max_num_gen_batches)
     stale = StalePolicy(max_off_policy_threshold, max_off_policy_strategy)
-    rules: tuple[RuleUse, ...] = ()
+    uses: tuple[RuleUse, ...] = ()
     if stale.bound() is not None:
-        rules += (RuleUse("stale", (("threshold", max_off_policy_threshold),)),)
-    rules += _filter_rules(filter_groups_metric, max_response_length)
-    rules += (RuleUse("failure", (("evict_all", True),)),)
+        uses += (RuleUse("stale", (("threshold", max_off_policy_threshold),)),)
+    uses += _filter_rules(filter_groups_metric, max_response_length, rules)
+    uses += (RuleUse("failure", (("evict_all", True),)),)
     return BufferConfig(
-        rules=rules, stale=stale, filter_metric=filter_groups_metric,
+        rules=uses, stale=stale, filter_metric=filter_groups_metric,
         refill=ReplaceEvicted(max_num_gen_batches if filter_groups_metric else 0,
                               train_batch_size) if refill_fn is not None else NoRefill(),
         refill_fn=refill_fn, poll_interval=float(poll_interval), preset="async")

@@ -5,7 +5,9 @@ aggregates, schema `schemas.CANDIDATES`) whose predicate decides eviction. Its h
 
 - ``reason``: the eviction reason written in the decision log (``check`` instead: a predicate
   that must find nothing, e.g. a trajectory lacking the filter metric);
-- ``params``: what the buffer's configuration binds (``$step`` is always the call's step);
+- ``params``: what the buffer's configuration binds, each with its type (``$step`` is always
+  the call's step; every other parameter is a knob the configuration sets by name, checked
+  against this declaration: ``rules={"overlong": {"max_response_length": 12}}``);
 - ``horizon``: the dispatch step below which *time* can make the rule fire on a group it kept
   before (an expression over the params), or ``none``: the rule reads only the group's own,
   immutable aggregates, so a group is judged once, when it turns terminal;
@@ -14,8 +16,10 @@ aggregates, schema `schemas.CANDIDATES`) whose predicate decides eviction. Its h
   column recorded with each eviction and tallied into the filtered reward counts;
 - ``credit``: the refill credit one eviction earns in sync DAPO (the largest of a group's reasons).
 
-Adding a rule is a new file here plus the configuration keyword that turns it on. Rules never run
-on validation partitions (see `pipeline.config.partitions`).
+Adding a rule is a new file here plus its case in `sql/cases/`: the registry finds the file, its
+parameters and metric keys, and a configuration switches it on by name (see
+`pipeline.config.rule_knobs`); no code names it. Rules never run on validation partitions (see
+`pipeline.config.partitions`).
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from pipeline.decide import compile as declared
 from sql import loader
 from sql.loader import SqlError
 
+STEP = "step"   # bound by every call to its step, never by a configuration
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -38,6 +44,7 @@ class Rule:
     name: str
     kind: str                    # "reason" (evicts) | "check" (must find nothing)
     params: tuple[str, ...]
+    knobs: tuple[loader.Param, ...]   # the declared params a configuration sets (all but step)
     horizon_text: str | None
     metric: str | None
     spread: str | None
@@ -69,6 +76,7 @@ def _rule(q: loader.Query) -> Rule:
         declared.to_polars(horizon)   # a horizon that does not compile fails at load, not later
     return Rule(
         name=name, kind="reason" if "reason" in x else "check", params=params,
+        knobs=tuple(p for p in q.params if p.name != STEP),
         horizon_text=horizon, metric=x.get("metric"), spread=x.get("spread"),
         value=x.get("value"), credit=int(x.get("credit", "0")),
         expr=declared.to_polars(declared.predicate(q)))
@@ -105,5 +113,5 @@ class RuleUse:
 
     def bind(self, step: int) -> dict[str, Any]:
         """The rule's parameters for one call at ``step``: exactly those it declares."""
-        values = dict(self.params, step=step)
+        values = dict(self.params, **{STEP: step})
         return {p: values[p] for p in self.rule.params}

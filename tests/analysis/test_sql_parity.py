@@ -41,13 +41,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                    "overlong": {"max_response_length": 3}}},
     "sync": {"metric": "acc", "enabled": {"zero_variance": {}}},
 }
-# Values tried for every rule parameter besides `step` (engine parity runs every combination).
-# A new rule with a new parameter adds its values here.
+# Values tried for every rule parameter besides `step` (engine parity runs every combination);
+# a parameter not named here is tried with the values of its declared type, so a new rule needs
+# no line here.
 PARAM_VALUES: dict[str, list[Any]] = {
     "threshold": [1, THRESHOLD, 4],
     "evict_all": [True, False],
     "max_response_length": [0, 2, 4],
 }
+TYPE_VALUES: dict[str, list[Any]] = {"BIGINT": [0, 2, 4], "INTEGER": [0, 2, 4],
+                                     "DOUBLE": [0.0, 0.5, 2.0], "BOOLEAN": [True, False]}
 
 
 def _rows(table: pa.Table, columns: list[str]) -> list[tuple]:
@@ -55,10 +58,11 @@ def _rows(table: pa.Table, columns: list[str]) -> list[tuple]:
 
 
 def _bindings(rule: rules.Rule, step: int) -> Iterator[dict[str, Any]]:
-    names = [p for p in rule.params if p != "step"]
-    unknown = [p for p in names if p not in PARAM_VALUES]
+    names = [p.name for p in rule.knobs]
+    tried = {p.name: PARAM_VALUES.get(p.name, TYPE_VALUES.get(p.type)) for p in rule.knobs}
+    unknown = [p for p in names if tried[p] is None]
     assert not unknown, f"rule {rule.name}: give test values for {unknown} in PARAM_VALUES"
-    for values in itertools.product(*(PARAM_VALUES[p] for p in names)):
+    for values in itertools.product(*(tried[p] for p in names)):
         params = dict(zip(names, values))
         if "step" in rule.params:
             params["step"] = step

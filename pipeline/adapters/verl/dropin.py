@@ -64,7 +64,9 @@ class ReplayBuffer:
     Keywords are verl 0.9.1's, in its order, plus replaylake's: ``lake_dir`` (None = memory only;
     else every trajectory and decision also lands in that lake), ``max_num_gen_batches`` (bounds
     DAPO refills; 0 = unbounded), ``fsync`` (the lake's writes also survive power loss),
-    ``max_response_length`` (the opt-in overlong rule; None = off) and ``mirror_fields``: which
+    ``rules`` (opt-in rules by name, ``{"overlong": {"max_response_length": 12}}``; checked
+    as the core's presets check it), ``max_response_length`` (shorthand for the overlong entry;
+    None = off) and ``mirror_fields``: which
     TransferQueue fields are read
     per new trajectory — `decisions` (only what a rule needs: `rm_scores` for metric `reward`,
     `extra_fields` for a named metric or when the tags carry no versions), `rewards` (also every
@@ -86,14 +88,14 @@ class ReplayBuffer:
                  sync_refill_failed_groups: bool = False, *,
                  lake_dir: str | os.PathLike | None = None, max_num_gen_batches: int = 0,
                  mirror_fields: str = "auto", fsync: bool = False,
-                 max_response_length: int | None = None,
+                 max_response_length: int | None = None, rules: Any = None,
                  mirror_max_lag: float | None = None) -> None:
         opts = vo.merge({
             "poll_interval": poll_interval, "refill_fn": refill_fn,
             "filter_groups_metric": filter_groups_metric, "train_batch_size": train_batch_size,
             "gen_batch_size": gen_batch_size, "max_inflight_gen_batches": max_inflight_gen_batches,
             "sync_refill_failed_groups": sync_refill_failed_groups, "lake_dir": lake_dir,
-            "fsync": fsync, "max_response_length": max_response_length,
+            "fsync": fsync, "max_response_length": max_response_length, "rules": rules,
             "max_num_gen_batches": max_num_gen_batches, "mirror_fields": mirror_fields,
             "mirror_max_lag": mirror_max_lag,
         }, sampler_kwargs)

@@ -2,8 +2,10 @@
 
 verl's custom-sampler hook passes only the base keywords (mode, thresholds, `sampler_kwargs`,
 `refill_fn`), so every other option may also arrive inside `sampler_kwargs` (an OmegaConf
-`DictConfig` when it comes from verl's YAML). A keyword given explicitly (not at verl's default)
-wins; the same option given differently in both places is an error rather than a silent pick.
+`DictConfig` when it comes from verl's YAML), the opt-in rules too:
+``sampler_kwargs={"rules": {"overlong": {"max_response_length": 12}}}``. A keyword given
+explicitly (not at verl's default) wins; the same option given differently in both places is an
+error rather than a silent pick.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ VERL_DEFAULTS: dict[str, Any] = {
     "train_batch_size": None, "gen_batch_size": None, "max_inflight_gen_batches": 1,
     "sync_refill_failed_groups": False,
 }
-# replaylake's additions: a lake, the DAPO refill bound, what to mirror, the overlong rule
+# replaylake's additions: a lake, the DAPO refill bound, what to mirror, the opt-in rules (the
+# `rules` mapping, and `max_response_length` as shorthand for its overlong entry)
 EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto",
-                                  "max_response_length": None, "fsync": False,
+                                  "max_response_length": None, "rules": None, "fsync": False,
                                   "mirror_max_lag": None}
 SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
 MIRROR_FIELDS = ("auto", "decisions", "rewards", "full")
@@ -85,6 +88,7 @@ def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any
                     sync_refill_failed_groups=bool(opts["sync_refill_failed_groups"]),
                     max_num_gen_batches=opts["max_num_gen_batches"],
                     max_response_length=opts["max_response_length"],
+                    rules=None if opts["rules"] is None else plain(opts["rules"], "rules"),
                     poll_interval=opts["poll_interval"])
     except ThresholdError as exc:
         raise VerlThresholdError(str(exc)) from None

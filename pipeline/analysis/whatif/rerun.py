@@ -57,7 +57,9 @@ class _Unfillable(Exception):
 
 
 def recorded_settings(lake: Path) -> dict[str, Any]:
-    """The sample settings recorded in the lake's configuration (`async`/`sync` keywords)."""
+    """The sample settings recorded in the lake's configuration (`async`/`sync` keywords, the
+    opt-in rules as ``rules``; a lake from before the mapping records its rules the same way)."""
+    from pipeline.config import opt_in_rules
     from pipeline.lake import config as lake_config
     from pipeline.lake import require_lake
     cfg = lake_config.current(require_lake(lake))
@@ -69,9 +71,8 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
     if missing:
         raise LakeError(f"{Path(lake) / lake_config.FILE} records no {', '.join(missing)}: the replay needs "
                         "the settings the run was made with; restore the file from a backup")
-    rules = cfg.get("rules") or {}
-    return {**{k: cfg[k] for k in keys},
-            "max_response_length": (rules.get("overlong") or {}).get("max_response_length")}
+    # the opt-in rules as a `rules=` mapping; the others follow from the keywords above
+    return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules"))}
 
 
 def _calls(decisions: pa.Table) -> list[dict]:
@@ -231,11 +232,19 @@ class _Feed:
 def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
            **settings: Any) -> Outcome:
     """Replay ``lake`` with ``settings`` (the recorded ones where not given); the replay writes
-    its own lake (``out_lake`` or a temporary directory) so both can be compared with SQL."""
+    its own lake (``out_lake`` or a temporary directory) so both can be compared with SQL.
+
+    ``rules`` changes the recorded opt-in rules one by one (``{"overlong": None}`` switches one
+    off, a rule not named keeps its recorded parameters); ``max_response_length`` is shorthand
+    for the overlong entry, as for the presets."""
     from pipeline import ReplayBuffer
     from pipeline.analysis.views import read_lake
+    from pipeline.config.rule_knobs import SUGAR, with_sugar
     lake = Path(lake)
-    chosen = {**recorded_settings(lake), **{k: v for k, v in settings.items() if v is not None}}
+    given = {k: v for k, v in settings.items() if v is not None}
+    changed = with_sugar(given.pop("rules", None), **{k: given.pop(k) for k in SUGAR if k in given})
+    chosen = recorded_settings(lake)
+    chosen = {**chosen, **given, "rules": {**chosen["rules"], **changed}}
     preset = chosen.pop("preset")
     if preset not in ("async", "sync"):
         raise ConfigError(f"what-if replays the async and sync presets; the lake's is {preset!r}")
