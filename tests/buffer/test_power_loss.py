@@ -70,8 +70,11 @@ def per_kind(default: int) -> int | None:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    logging.getLogger("replaylake").setLevel(logging.ERROR)   # restores take over stale locks
-    return tmp_path_factory.mktemp("power_loss")
+    log = logging.getLogger("replaylake")
+    level = log.level
+    log.setLevel(logging.ERROR)   # restores take over stale locks
+    yield tmp_path_factory.mktemp("power_loss")
+    log.setLevel(level)
 
 
 def _ingest(work: Path, fsync: bool) -> tuple[Traced, Reference]:

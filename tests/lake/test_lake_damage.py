@@ -2,6 +2,7 @@
 lake check` lists it, and `salvage` sets it aside keeping every write that still verifies."""
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -167,6 +168,7 @@ def test_a_lake_whose_salvage_lost_a_registration_restores_without_that_group(la
     lost = 3 * 42                                   # g042's `registered` write
     zero_bytes(seg, ends[lost - 1] + 5, 4)
     salvage(lake)
+    caplog.set_level(logging.WARNING, logger="replaylake")
     with ReplayBuffer.sync(lake=lake) as buf:
         assert buf.lookup("train", "g042") is None     # its later rows cannot be restored
         assert buf.counts("train")["finished"] == 99
