@@ -7,14 +7,14 @@ prompt tokens, or all response tokens, one row after another):
 
 - long rows (the usual RL batch): one ``np.concatenate(..., out=)`` per tensor over per-row views
   -- each row's values, then its padding taken from a small constant template -- so every output
-  byte is written exactly once, in order, with no zero-fill pass and no mask (measured: the packed
-  input ids of B=1024 x ~3.2k tokens in 3.0 ms vs 6.8-10 ms through boolean masks); the packed
+  byte is written exactly once, in order, with no zero-fill pass and no mask (for long rows about
+  half to a third of the time boolean masks take); the packed
   layout of a batch without null lists takes pipeline/to_torch/packed.py (fewer calls per batch),
   anything else pipeline/to_torch/rows.py; both hand each tensor to one call of a compiled
   extension instead, where it is built (pipeline/to_torch/runs.py: same bytes, no per-row
   Python);
-- short rows (below ``ROW_COPY_MIN_TOKENS`` tokens per row on average, where the ~0.2 us a view
-  costs in Python exceeds a mask pass): zeroed outputs and boolean masks built from the lengths
+- short rows (below ``ROW_COPY_MIN_TOKENS`` tokens per row on average, where what a view costs
+  in Python exceeds a mask pass): zeroed outputs and boolean masks built from the lengths
   (pipeline/to_torch/masks.py).
 
 Layouts and tensors (B rows, L = max(prompt + response length), R = max response length,
@@ -93,8 +93,8 @@ class _Outputs:
     ``zeroed``: the mask path writes only the real tokens and needs zeros elsewhere; the row-copy
     path writes every byte itself, so it takes uninitialised memory (no fill pass).
     Each tensor owns its memory (pinned when asked): torch.save, sharing and freeing work per
-    tensor as users expect. (One shared buffer for all of them faults fewer pages -- ~1.4x faster
-    for B=256 padded -- but torch.save refuses tensors viewing one buffer as different dtypes.)
+    tensor as users expect. (One shared buffer for all of them faults fewer pages, and is
+    faster, but torch.save refuses tensors viewing one buffer as different dtypes.)
     """
 
     def __init__(self, specs: dict[str, tuple[tuple[int, ...], Any]], pin: bool,
