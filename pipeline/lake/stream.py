@@ -1,12 +1,13 @@
 """One open append-only lake stream (an Arrow IPC stream and its checksum file) and how it writes.
 
 Why the stream assembles its own IPC messages: an Arrow stream writer hands its bytes to a Python
-sink one Arrow buffer at a time (a Python callback each, a large part of a small put's cost), and
-they must be joined again so one write lands as one unit. The stream format is a schema message, record
-batch messages and an end-of-stream marker; `RecordBatch.serialize` makes a batch's message in one
-C++ buffer byte for byte as the stream writer would, so the files are unchanged. A segment's first
-write (schema and batch) and a batch that carries custom metadata (the parts of a multi-partition
-call; `serialize` cannot attach it) go through a throwaway stream writer on a C++ sink instead.
+sink one Arrow buffer at a time (a Python callback each, a large part of a small put's cost),
+and they must be joined again so one write lands as one unit. The stream format is a schema
+message, record batch messages and an end-of-stream marker; `RecordBatch.serialize` makes a
+batch's message in one C++ buffer byte for byte as the stream writer would, so the files are
+unchanged. A segment's first write (schema and batch) and a batch that carries custom metadata
+(the parts of a multi-partition call; `serialize` cannot attach it) go through a throwaway stream
+writer on a C++ sink instead.
 """
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import interrupts
-from pipeline.lake import kill as lake_kill
 from pipeline.errors import LakeError
+from pipeline.lake import kill as lake_kill
 from pipeline.lake.files import (
     CALL_KEY,
     DEFAULT_WINDOW,

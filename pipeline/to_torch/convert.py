@@ -72,11 +72,11 @@ from pipeline.to_torch.pool import TensorPool
 from pipeline.to_torch.ragged import (
     BatchFormatError,
     Pieces,
-    _merged,
-    _Ragged,
-    _ragged,
-    _response_stream,
-    _rows,
+    Ragged,
+    describe_rows,
+    merged,
+    read_ragged,
+    response_stream,
 )
 
 LAYOUTS = ("padded", "packed")
@@ -136,12 +136,13 @@ def _per_row(table: pa.Table, pin: bool, p: np.ndarray, r: np.ndarray) -> dict[s
         col = table.column(name)
         if col.null_count:
             isnull = col.is_null().to_numpy(zero_copy_only=False)
-            raise BatchFormatError(f"column {name!r} is null in {_rows(isnull)}; it must not be")
+            raise BatchFormatError(f"column {name!r} is null in {describe_rows(isnull)}; "
+                                   "it must not be")
         out[key] = _small(col.to_numpy(), dtype, pin)
     return out
 
 
-def _padded(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
+def _padded(pin: bool, prompt: Ragged, resp: Ragged, mask: Pieces | float,
             logp: Pieces | float, pad: int, row_copy: bool,
             pool: TensorPool | None) -> dict[str, torch.Tensor]:
     p, r = prompt.lengths, resp.lengths
@@ -218,15 +219,15 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
             return _finish(table, pin, device, pool, plain.p, plain.r, partial(
                 _packed, pin, plain.p, plain.r, True,
                 lambda out, n, _: to_torch_packed.write(out, plain, n), pool))
-    prompt, resp = _ragged(table, "prompt_ids", 0), _ragged(table, "response_ids", 0)
+    prompt, resp = read_ragged(table, "prompt_ids", 0), read_ragged(table, "response_ids", 0)
     n = prompt.lengths + resp.lengths     # the writer follows from the row lengths alone
     row_copy = to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()),
                                           int(n.max(initial=0)))
     merge = 0 if row_copy else None     # the row-copy writer takes chunks as they are
-    prompt, resp = _merged(prompt, merge), _merged(resp, merge)
-    mask = _response_stream(_ragged(table, "response_mask", merge), "response_mask",
+    prompt, resp = merged(prompt, merge), merged(resp, merge)
+    mask = response_stream(read_ragged(table, "response_mask", merge), "response_mask",
                             resp.lengths, 1)
-    logp = _response_stream(_ragged(table, "rollout_log_probs", merge), "rollout_log_probs",
+    logp = response_stream(read_ragged(table, "rollout_log_probs", merge), "rollout_log_probs",
                             resp.lengths, 0.0)
     if layout == "padded":
         build = partial(_padded, pin, prompt, resp, mask, logp, int(pad_token_id), row_copy, pool)
