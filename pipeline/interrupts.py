@@ -12,12 +12,13 @@ batch, for room in the memory budget) is never held, so Ctrl-C still stops a wai
 
 How: the first `held()` of the main thread wraps the signal's current Python handler in one that
 defers while a change is running and otherwise calls it straight through; installing a handler
-costs ~5 us, checking that ours is still in place ~0.5 us, so a change pays the check only. A
+costs about ten checks that ours is still in place, so a change pays the check only. A
 handler the user installs later is wrapped the same way at the next change. Signals are handled in
 the main thread only, so other threads need no holding. SIG_DFL and SIG_IGN are left as they are
 (they never raise: a default SIGTERM ends the process, which the crash tests cover). The wrapper
 stays installed (`signal.getsignal` returns it; its ``inner`` is your handler): restoring the
-handler after every change would cost each change ~10 us.
+handler after every change would make each change pay two installs (figures in
+docs/performance.md).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class _Deferring:
 def _wrap() -> None:
     for sig in HELD_SIGNALS:
         # `_signal.getsignal`: `signal.getsignal` converts the answer to an enum, which for a
-        # Python handler goes through a caught ValueError (~20 us; this ~0.2)
+        # Python handler goes through a caught ValueError, a hundred times the raw lookup
         handler = _signal.getsignal(sig)
         if callable(handler) and not isinstance(handler, _Deferring):
             signal.signal(sig, _Deferring(handler))

@@ -62,8 +62,8 @@ def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
         lo.append(_ints(chunk, "min_global_steps", local))
         hi.append(_ints(chunk, "max_global_steps", local))
     n = len(owner)
-    # every column assembled in Arrow and handed to polars as one record batch (~25 us, where
-    # each polars series built from Python costs ~20 us); `__group` numbers the groups so the
+    # every column assembled in Arrow and handed to polars as one record batch (about the cost
+    # of one polars series built from Python, paid once); `__group` numbers the groups so the
     # aggregation groups by one integer, as (partition, uid) would within one partition
     names = ["partition", "uid", "metric", "n_response_tokens", "min_global_steps",
              "max_global_steps", GROUP]
@@ -86,8 +86,8 @@ def complete(part: PartitionState) -> None:
     names = list(items)
     if meta is not None:
         uids = list(pending)
-        # maintain_order: the single-threaded grouping (~100 us for a poll's few groups, where
-        # the parallel hash grouping costs ~170 us); the order itself is not used
+        # maintain_order: the single-threaded grouping (for a poll's few groups the parallel hash
+        # grouping costs more in its threads than it saves); the order itself is not used
         out = meta.group_by(GROUP, maintain_order=True).agg(e.alias(k) for k, e in items.items())
         agg = {uids[r[0]]: r[1:] for r in out.rows()}
     empty = (0,) + tuple(None for _ in names[1:])

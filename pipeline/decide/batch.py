@@ -34,7 +34,7 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
     Per-trajectory token counts come straight from the Arrow list offsets; the version-span sums
     only when some row reported spans. Every input column is assembled in Arrow and crosses into
     polars at once, and the declared formulas run in one frame evaluation: each eager polars call
-    costs ~80 us here whatever its size, which is most of a batch's bookkeeping."""
+    has a fixed cost whatever its size, which is most of a batch's bookkeeping."""
     n = payload.num_rows
     meta = payload.select(_META)
     uids = meta.column("uid").to_pylist()
@@ -50,8 +50,8 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
     if not spans_reported:
         names += _SPAN_COLUMNS
         arrays += [pa.nulls(n, pa.int64())] * len(_SPAN_COLUMNS)
-    # one record batch: polars takes it whole (~25 us) where `from_arrow` of a chunked table
-    # converts column by column (~25 us each)
+    # one record batch: polars takes it whole, for about what `from_arrow` of a chunked table
+    # pays for each column it converts
     frame = pl.DataFrame(pa.RecordBatch.from_arrays(
         [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays],
         names=names))
@@ -82,7 +82,7 @@ def with_provenance(payload: pa.Table, rows: pl.DataFrame, group_status: dict[st
 
 
 def _as(array: pa.Array, typ: pa.DataType) -> pa.Array:
-    """``array`` as ``typ``; most columns already are (a no-op cast still costs ~4 us)."""
+    """``array`` as ``typ``; most columns already are (a no-op cast is not free)."""
     return array if array.type == typ else array.cast(typ)
 
 

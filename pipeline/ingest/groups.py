@@ -17,7 +17,7 @@ def _fresh_groups_only(cols: list[list], lookup: Callable[[str, str], Any]) -> b
     """True when `group_problems` cannot find anything: no (partition, uid, session, index)
     twice, and every group named is in flight with no trajectory stored yet and an ``n`` (if
     any) above every session id. The usual put -- a group's sessions sent together -- is then
-    checked per group, not per row (the row walk was ~0.15 ms of a 256-row put)."""
+    checked per group, not per row (walking every row was a large part of a big put)."""
     if len(set(zip(*cols))) != len(cols[0]):
         return False
     least_n = None

@@ -51,8 +51,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.lake import kill as lake_kill
 from pipeline.errors import LakeError
+from pipeline.lake import kill as lake_kill
 from pipeline.lake.files import (
     CALL_KEY,
     LOCK_NAME,
@@ -66,11 +66,11 @@ from pipeline.lake.identity import require_lake
 from pipeline.lake.names import newest_copy, superseded
 from pipeline.lake.read import (
     HIGHEST_SEQ_KEY,
-    _stream_max_seq,
     batches,
     committed_calls,
     compacted_path,
     segment_files,
+    stream_max_seq,
 )
 from pipeline.lake.verify import verify
 from schemas import LAKE_TABLES
@@ -150,7 +150,7 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
     schema = LAKE_TABLES[table]
     target = compacted_path(path)
     tmp = _tmp_of(path)
-    meta = {HIGHEST_SEQ_KEY: str(_stream_max_seq(path)).encode()}
+    meta = {HIGHEST_SEQ_KEY: str(stream_max_seq(path)).encode()}
     rows, size = 0, 0
     pending: list[pa.RecordBatch] = []
     with pq.ParquetWriter(tmp, schema.with_metadata({**(schema.metadata or {}), **meta}),

@@ -5,7 +5,7 @@ checksum file `X.arrow.crc` beside it. The checksum file holds one fixed-size re
 the stream: the stream's length after that write and the checksum of the bytes the write added,
 plus the record's own CRC-32. Which checksum is in the record's top byte of the length: 0 for a
 CRC-32 (zlib's; every lake written before CRC-32C came in), 1 for a CRC-32C (hardware-accelerated,
-~7 us instead of ~29 us per 86 KB write). A write counts (was acknowledged) once its record is in
+a few times cheaper per write). A write counts (was acknowledged) once its record is in
 the checksum file,
 so the bytes of a stream past its last record are a torn tail, and every byte before it can be
 verified: that is what tells a torn tail (ignored) from damage anywhere else (refused).

@@ -222,7 +222,7 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
     return out.take(pc.sort_indices(out, [("seq", "ascending")]))
 
 
-def _stream_max_seq(path: Path) -> int:
+def stream_max_seq(path: Path) -> int:
     """The highest seq of any complete batch in the file, acknowledged or not, damage ignored."""
     best = -1
     try:
@@ -255,7 +255,7 @@ def _file_max_seq(path: Path) -> int:
     replace the one listed before it is read)."""
     if path.suffix == ".parquet":
         return read_newest(path, _parquet_max_seq)
-    best = _stream_max_seq(path)
+    best = stream_max_seq(path)
     if path.exists():
         return best
     copy = newest_copy(path)            # compacted since it was listed

@@ -38,9 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.errors import ConfigError
 from pipeline.lake import kill as lake_kill
 from pipeline.lake.compaction import CompactReport, compact, job_lock
-from pipeline.errors import ConfigError
 from pipeline.lake.files import fsync_dir, replace_durably
 from pipeline.lake.names import next_generation
 from pipeline.lake.read import live_files, read_table

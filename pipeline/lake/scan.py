@@ -46,9 +46,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from pipeline.errors import LakeError
 from pipeline.lake import kill as lake_kill
 from pipeline.lake import scratch
-from pipeline.errors import LakeError
 from pipeline.lake.files import CALL_KEY, table_of
 from pipeline.lake.names import newest_copy, read_newest
 from pipeline.lake.read import (

@@ -1,12 +1,13 @@
 """One open append-only lake stream (an Arrow IPC stream and its checksum file) and how it writes.
 
 Why the stream assembles its own IPC messages: an Arrow stream writer hands its bytes to a Python
-sink one Arrow buffer at a time (a callback each, ~30 us per 16-trajectory batch), and they must
-be joined again so one write lands as one unit. The stream format is a schema message, record
-batch messages and an end-of-stream marker; `RecordBatch.serialize` makes a batch's message in one
-C++ buffer byte for byte as the stream writer would, so the files are unchanged. A segment's first
-write (schema and batch) and a batch that carries custom metadata (the parts of a multi-partition
-call; `serialize` cannot attach it) go through a throwaway stream writer on a C++ sink instead.
+sink one Arrow buffer at a time (a Python callback each, a large part of a small put's cost),
+and they must be joined again so one write lands as one unit. The stream format is a schema
+message, record batch messages and an end-of-stream marker; `RecordBatch.serialize` makes a
+batch's message in one C++ buffer byte for byte as the stream writer would, so the files are
+unchanged. A segment's first write (schema and batch) and a batch that carries custom metadata
+(the parts of a multi-partition call; `serialize` cannot attach it) go through a throwaway stream
+writer on a C++ sink instead.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from pipeline.lake.files import record_for, sum_path
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"     # the stream format's end-of-stream marker
 
 
-# Larger writes go out in pieces of this size: on the VMs measured, one `write` of tens of MB
-# into the page cache sometimes ran at ~0.5 GB/s (always the first in a process), while the same
-# bytes in 1 MiB pieces, as `dd bs=1M` writes them, ran at ~4 GB/s every time.
+# Larger writes go out in pieces of this size: one `write` of tens of MB into the page cache is
+# now and then several times slower (always the first in a process) than the same bytes in 1 MiB
+# pieces, as `dd bs=1M` writes them, which keep their speed every time.
 WRITE_PIECE = 1 << 20
 
 

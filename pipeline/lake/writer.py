@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import interrupts
-from pipeline.lake import kill as lake_kill
 from pipeline.errors import LakeError
+from pipeline.lake import kill as lake_kill
 from pipeline.lake.files import (
     CALL_KEY,
     DEFAULT_WINDOW,
@@ -193,7 +193,7 @@ class LakeWriter:
     def _split(self, table: str, rows: pa.Table):
         """One (partition, window) part per partition; the window is that of its oldest row.
         A small call's partitions are found in Python and its lowest step with numpy: a compute
-        kernel's dispatch costs more than a 16-row put's whole scan (48 -> 28 us per put)."""
+        kernel's dispatch costs more than a 16-row put's whole scan in Python."""
         col = rows.column("partition")
         parts = (list(dict.fromkeys(col.to_pylist())) if rows.num_rows <= _FEW_ROWS
                  else pc.unique(col).to_pylist())

@@ -3,8 +3,7 @@
 Rows come as an Arrow table, as a few Python dicts (`Journal.record_rows`), or built column by
 column with `by_column`: a poll writes its decisions as a few dozen rows that share most of their
 values (partition, step, call, poll, kind, batch), and one Arrow array per varying column plus a
-repeated scalar per shared one costs about half of the same rows as dicts (~40 against ~90 us for
-a 64-row selection).
+repeated scalar per shared one costs about half of the same rows as dicts.
 """
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ def _stamp(rows: pa.Table, table: str, seq: pa.Array, now: pa.Array) -> pa.Table
 
     Rows that already have the schema's fields in order (what validation hands a `put`) get the
     two columns appended and the schema's field docs re-attached through record batches: no
-    per-column lookup or validation, which cost ~60 µs per small put (cProfile: the column
-    list-comprehension and `Table.from_arrays` were a fifth of `put`). Rows whose columns are in
-    order take them all at once (a lookup by name costs ~2 µs a column); anything else is
+    per-column lookup or validation, which were a fifth of a small `put`. Rows whose columns are
+    in order take them all at once (no lookup by name per column); anything else is
     assembled column by column, by name."""
     schema, head = LAKE_TABLES[table], _HEADS[table]
     if head is not None and rows.schema.equals(head):
@@ -87,7 +85,7 @@ class Journal:
             self.next_seq += len(rows)
             return None
         # names and types read once per table: `Field.name` is a property that builds a new str
-        # on every call, which cost ~100 us per 64 rows when read inside the per-row loop
+        # on every call, which adds up when read inside the per-row loop
         data = {name: pa.array([r.get(name) for r in rows], type=typ)
                 for name, typ in _COLUMNS[table]}
         return self.record(table, pa.table(data))
@@ -98,8 +96,8 @@ def by_column(table: str, n: int, values: Mapping[str, Any]) -> pa.Table:
     Python list holds one value per row, any other value is shared by every row, and a column
     not named (or None) is null. A shared value of a list-typed column is written ``[v] * n``.
 
-    A shared string is built from ``[v] * n`` (~5 us at 64 rows; `pa.repeat` of a string scalar
-    ~11 us), any other shared value by `pa.repeat` (~2.6 us; ~4.5 from a list)."""
+    A shared string is built from ``[v] * n`` (cheaper than `pa.repeat` of a string scalar at a
+    poll's row counts), any other shared value by `pa.repeat` (cheaper than from a list)."""
     unknown = values.keys() - _NAMES[table]
     if unknown:
         raise InvariantError(f"table {table!r} has no column(s) {sorted(unknown)}")

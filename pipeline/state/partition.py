@@ -34,7 +34,7 @@ class Group:
     Kept compact, since a buffer holds one per prompt group (memory should stay near the Arrow
     payload): row ids are a `range` while they arrive contiguously (one put per group, the
     usual case), else a list; keys are a tuple of shared pairs up to 32 of them, else a set;
-    sessions are derived from the keys. A set of 5-16 tuples costs ~1.6 KB, this ~0.2 KB."""
+    sessions are derived from the keys. A set of a few tuples costs several times this."""
 
     __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "removed", "batch_id", "prompt_id")
 

@@ -70,8 +70,8 @@ class TrajectoryRows:
 
         A group's rows usually arrive together, so the ids asked of a chunk are mostly one run:
         those are sliced (no copy) and everything is copied once at the end by combining the
-        chunks, instead of a `take` per chunk, which costs ~8 us per column and chunk (~140 us
-        for a chunk of the trajectory table, however few rows)."""
+        chunks, instead of a `take` per chunk, whose cost is per column and chunk, however few
+        rows it takes."""
         located = list(self._locate(row_ids))
         if not located:
             return TRAJECTORIES.empty_table()
@@ -96,8 +96,8 @@ class TrajectoryRows:
         """Forget rows (released or evicted); frees whole chunks once they hold no live row.
 
         A group's row ids are usually a `range` (its rows arrived in one put): that is taken a
-        chunk's run at a time (one bisect per chunk touched, not one per row: a release of 64
-        groups of 4 spent ~0.1 ms bisecting row by row)."""
+        chunk's run at a time (one bisect per chunk touched, not one per row: a release of many
+        groups bisecting row by row was a visible part of it)."""
         if type(row_ids) is range and row_ids.step == 1:
             self._drop_run(row_ids.start, row_ids.stop)
             return

@@ -7,14 +7,14 @@ prompt tokens, or all response tokens, one row after another):
 
 - long rows (the usual RL batch): one ``np.concatenate(..., out=)`` per tensor over per-row views
   -- each row's values, then its padding taken from a small constant template -- so every output
-  byte is written exactly once, in order, with no zero-fill pass and no mask (measured: the packed
-  input ids of B=1024 x ~3.2k tokens in 3.0 ms vs 6.8-10 ms through boolean masks); the packed
+  byte is written exactly once, in order, with no zero-fill pass and no mask (for long rows about
+  half to a third of the time boolean masks take); the packed
   layout of a batch without null lists takes pipeline/to_torch/packed.py (fewer calls per batch),
   anything else pipeline/to_torch/rows.py; both hand each tensor to one call of a compiled
   extension instead, where it is built (pipeline/to_torch/runs.py: same bytes, no per-row
   Python);
-- short rows (below ``ROW_COPY_MIN_TOKENS`` tokens per row on average, where the ~0.2 us a view
-  costs in Python exceeds a mask pass): zeroed outputs and boolean masks built from the lengths
+- short rows (below ``ROW_COPY_MIN_TOKENS`` tokens per row on average, where what a view costs
+  in Python exceeds a mask pass): zeroed outputs and boolean masks built from the lengths
   (pipeline/to_torch/masks.py).
 
 Layouts and tensors (B rows, L = max(prompt + response length), R = max response length,
@@ -72,11 +72,11 @@ from pipeline.to_torch.pool import TensorPool
 from pipeline.to_torch.ragged import (
     BatchFormatError,
     Pieces,
-    _merged,
-    _Ragged,
-    _ragged,
-    _response_stream,
-    _rows,
+    Ragged,
+    describe_rows,
+    merged,
+    read_ragged,
+    response_stream,
 )
 
 LAYOUTS = ("padded", "packed")
@@ -93,8 +93,8 @@ class _Outputs:
     ``zeroed``: the mask path writes only the real tokens and needs zeros elsewhere; the row-copy
     path writes every byte itself, so it takes uninitialised memory (no fill pass).
     Each tensor owns its memory (pinned when asked): torch.save, sharing and freeing work per
-    tensor as users expect. (One shared buffer for all of them faults fewer pages -- ~1.4x faster
-    for B=256 padded -- but torch.save refuses tensors viewing one buffer as different dtypes.)
+    tensor as users expect. (One shared buffer for all of them faults fewer pages, and is
+    faster, but torch.save refuses tensors viewing one buffer as different dtypes.)
     """
 
     def __init__(self, specs: dict[str, tuple[tuple[int, ...], Any]], pin: bool,
@@ -136,12 +136,13 @@ def _per_row(table: pa.Table, pin: bool, p: np.ndarray, r: np.ndarray) -> dict[s
         col = table.column(name)
         if col.null_count:
             isnull = col.is_null().to_numpy(zero_copy_only=False)
-            raise BatchFormatError(f"column {name!r} is null in {_rows(isnull)}; it must not be")
+            raise BatchFormatError(f"column {name!r} is null in {describe_rows(isnull)}; "
+                                   "it must not be")
         out[key] = _small(col.to_numpy(), dtype, pin)
     return out
 
 
-def _padded(pin: bool, prompt: _Ragged, resp: _Ragged, mask: Pieces | float,
+def _padded(pin: bool, prompt: Ragged, resp: Ragged, mask: Pieces | float,
             logp: Pieces | float, pad: int, row_copy: bool,
             pool: TensorPool | None) -> dict[str, torch.Tensor]:
     p, r = prompt.lengths, resp.lengths
@@ -218,15 +219,15 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
             return _finish(table, pin, device, pool, plain.p, plain.r, partial(
                 _packed, pin, plain.p, plain.r, True,
                 lambda out, n, _: to_torch_packed.write(out, plain, n), pool))
-    prompt, resp = _ragged(table, "prompt_ids", 0), _ragged(table, "response_ids", 0)
+    prompt, resp = read_ragged(table, "prompt_ids", 0), read_ragged(table, "response_ids", 0)
     n = prompt.lengths + resp.lengths     # the writer follows from the row lengths alone
     row_copy = to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()),
                                           int(n.max(initial=0)))
     merge = 0 if row_copy else None     # the row-copy writer takes chunks as they are
-    prompt, resp = _merged(prompt, merge), _merged(resp, merge)
-    mask = _response_stream(_ragged(table, "response_mask", merge), "response_mask",
+    prompt, resp = merged(prompt, merge), merged(resp, merge)
+    mask = response_stream(read_ragged(table, "response_mask", merge), "response_mask",
                             resp.lengths, 1)
-    logp = _response_stream(_ragged(table, "rollout_log_probs", merge), "rollout_log_probs",
+    logp = response_stream(read_ragged(table, "rollout_log_probs", merge), "rollout_log_probs",
                             resp.lengths, 0.0)
     if layout == "padded":
         build = partial(_padded, pin, prompt, resp, mask, logp, int(pad_token_id), row_copy, pool)

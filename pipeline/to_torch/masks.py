@@ -1,7 +1,7 @@
 """The token tensors of short rows, written through boolean masks into zeroed outputs.
 
-Below ``to_torch_rows.ROW_COPY_MIN_TOKENS`` tokens per row the ~0.2 us a per-row view costs in
-Python exceeds a mask pass (~1.3 ns per element), so short rows are scattered where a mask built
+Below ``pipeline.to_torch.rows.ROW_COPY_MIN_TOKENS`` tokens per row what a per-row view costs in
+Python exceeds a mask pass over the row, so short rows are scattered where a mask built
 from the lengths is set. The outputs come zeroed: only real tokens (and the pad token, when it is
 not 0) are written. Names and shapes as in pipeline/to_torch/convert.py.
 

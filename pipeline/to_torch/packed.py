@@ -6,10 +6,10 @@ put). ``read`` takes such a table straight from its chunks' buffers and returns 
 else, which the general path (pipeline/to_torch/ragged.py, then pipeline/to_torch/rows.py)
 handles, with its errors.
 
-Why a path of its own: at B=256 x ~3.2k tokens the copies take ~2.1 ms (about a memcpy of the
-output plus ~0.4 us per copied run) and the rest was ~1.5 ms of fixed cost per call, paid with
-cold caches (a trainer builds a batch after a step has evicted everything): each numpy or Arrow
-call ~5-10 us cold, each per-row view ~0.2-0.4 us. So the columns are read without Arrow compute
+Why a path of its own: at B=256 x ~3.2k tokens the copies cost about a memcpy of the output,
+and the general path added nearly as much again in fixed cost per call, paid with cold caches (a
+trainer builds a batch after a step has evicted everything): every numpy or Arrow call and every
+per-row view costs more cold. So the columns are read without Arrow compute
 kernels (one ``buffers()`` per chunk, ``np.frombuffer`` for offsets and values), both lengths
 come from one diff of the stacked offsets and every row's slice from the raw offsets (no
 rebasing per chunk), the loss mask and log-probs reuse the response ids' slices when their
@@ -142,7 +142,7 @@ def _slices(off: np.ndarray, sizes: list[int]) -> list[slice]:
 def template(kind: str, length: int) -> np.ndarray:
     """A read-only template of at least ``length`` values: zeros as int8 (``zeros8``) or the
     positions 0, 1, ... as int32 (``positions``), both widened while copied (numpy's widening
-    loop wrote packed B=256 positions in 0.50 ms against 0.60 ms for the int64 memcpy, cold)."""
+    loop beats the int64 memcpy of the same positions)."""
     have = _templates.get(kind)
     if have is not None and len(have) >= length:
         return have
@@ -183,8 +183,8 @@ def write(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray) -> None:
     seq[1::2] = _views(lists, 1)
     np.concatenate(seq, out=out["input_ids"], casting="same_kind")
     # The prompts' zero runs: int8 views shared by the int64 mask and the float32 log-probs
-    # (cast while copied). One list for both was ~0.18 ms cheaper at B=256 than a float32
-    # template's views for the log-probs, though those copy without a cast.
+    # (cast while copied). One list for both is cheaper than a float32 template's views for the
+    # log-probs, though those copy without a cast: half the views to build.
     zeros = template("zeros8", int(lists.p.max()))
     seq[0::2] = [zeros[s] for s in map(slice, lists.p.tolist())]
     seq[1::2] = _views(lists, 2)

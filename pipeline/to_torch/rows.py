@@ -6,7 +6,7 @@ Arrow value buffer a column's chunk already is, or of a small constant template 
 token, ones for a null loss mask, 0..n-1 for positions) -- and one ``np.concatenate(views,
 out=tensor)`` writes the whole tensor in order, casting int32 / int8 to int64 on the way. Every
 output byte is written exactly once: no zero-fill pass, no boolean mask, so the output memory can
-come uninitialised. The Python cost is one view per run (~0.2 us), which is why the mask path of
+come uninitialised. The Python cost is one view per run, which is why the mask path of
 pipeline/to_torch/convert.py stays for short rows (see ``ROW_COPY_MIN_TOKENS``). Where the compiled
 extension is available, the same runs are written by a few C calls instead
 (pipeline/to_torch/runs.py); these numpy writers are the fallback.
@@ -23,9 +23,9 @@ from pipeline.to_torch import runs as to_torch_segments
 from pipeline.to_torch.ragged import Pieces
 
 # Rows at least this long on average (packed) / padded to at least this length (padded) are
-# written by this module. Measured on a 2-core machine: a mask pass costs ~1.3 ns per element of
-# the mask, a view ~0.2 us per run, a run per stream and row; rows of a few hundred tokens are
-# where the two meet.
+# written by this module: a view per run costs about what a mask pass over a hundred-odd
+# elements does, and a row has a run per stream, so rows of a few hundred tokens are where the
+# two meet (figures in docs/performance.md).
 ROW_COPY_MIN_TOKENS = 256
 
 
@@ -57,7 +57,7 @@ class RowSlices:
             local = self._local.get((r0, r1))
             if local is None:
                 local = self._slices(stream)[r0, r1]
-            out += [vals[s] for s in local]     # a comprehension: ~15% cheaper than map
+            out += [vals[s] for s in local]     # a comprehension: cheaper than map here
         return out
 
     def _slices(self, stream: Pieces) -> dict[tuple[int, int], list[slice]]:
@@ -133,9 +133,8 @@ def write_packed(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
     _fill(out["response_mask"], zeros, rs.views(mask, i64))
     _fill(out["rollout_log_probs"], zeros, rs.views(logp, f32))
     n = p + r
-    # an int32 template (half the bytes, widened while copied): numpy's widening loop wrote
-    # packed B=256 positions in 0.50 ms against 0.60 ms for the same-dtype copy, which goes
-    # through memcpy (measured on the benchmark's 2-core AMD machine, cold caches)
+    # an int32 template (half the bytes, widened while copied): numpy's widening loop beats the
+    # same-dtype copy, which goes through memcpy, on the machines measured
     top = int(n.max(initial=0))
     template = np.arange(top, dtype=np.int32 if top <= np.iinfo(np.int32).max else i64)
     _fill(out["position_ids"], RowSlices(n).prefixes(template))

@@ -1,12 +1,13 @@
 """The compiled path of the row-copy writers: whole tensors written by a few C calls.
 
 The numpy writers (pipeline/to_torch/rows.py, pipeline/to_torch/packed.py) build a tensor as one
-``np.concatenate`` over per-row views, a view per row and run (~0.2-0.4 us each in Python: at
-B=256 packed, ~1,800 of them). The optional extension ``pipeline.to_torch._runs`` (built from
+``np.concatenate`` over per-row views, a view per row and run (each a Python object: at B=256
+packed, ~1,800 of them). The optional extension ``pipeline.to_torch._runs`` (built from
 pipeline/to_torch/_runs.c by ``pip install``) takes the runs as int64 arrays instead -- where each row
 starts in the output, then per run of a row: how many values, and which source buffer it reads
 from where, or the constant it repeats -- and writes a whole tensor in one loop, in memory order
-(fresh pages written in one pass: a pass per kind of run was 3x slower at B=1024 padded). It
+(fresh pages written in one pass, each touched once, where a pass per kind of run would walk
+them again per kind). It
 widens int32 / int8 to int64 and converts floats to float32 with the C casts numpy's loops use,
 so both paths write bit-identical tensors. Every run is checked against the buffers' sizes
 before anything is written.

@@ -39,12 +39,12 @@ lists by itself and raises the same error to its caller, where it belongs. Each 
 is logged once.
 
 Cost. The thread takes the adapter's lock only to apply a listing or make a clear, and a listing
-costs what it costs inside a call (at 10,000 groups of 4 trajectories ~0.2 s of wall time; the
-adapter's process measured ~0.18-0.22 s of CPU per second at `max_lag=1.0`, two listings and the
-new groups' take-in, besides the work of TransferQueue's controller process). Arrival order of
-terminal statuses (the tie-break among groups of one dispatch step) then follows the thread's
-polls rather than the calls', so it depends on timing; without the option it depends only on
-what each call's listing holds.
+costs what it costs inside a call; it grows with the partition's keys, and the thread lists about
+twice per `max_lag`, so a large partition with a short lag keeps a good part of a core busy
+(docs/performance.md has the figures; TransferQueue's controller process works besides).
+Arrival order of terminal statuses (the tie-break among groups of one dispatch step) then
+follows the thread's polls rather than the calls', so it depends on timing; without the option
+it depends only on what each call's listing holds.
 """
 from __future__ import annotations
 
@@ -79,10 +79,16 @@ def usable(mirror: Any, max_lag: float | None, now: float | None = None) -> bool
 
 class BackgroundMirror:
     """One daemon thread per adapter instance; it holds the adapter weakly and ends when the
-    adapter is closed or garbage-collected."""
+    adapter is closed or garbage-collected.
 
-    def __init__(self, adapter: Any, max_lag: float):
+    ``lock`` is the adapter's, the one that makes its calls one at a time: the thread takes it
+    to apply a listing or make a clear, never to list. Of the adapter itself it uses only
+    `partition_mirrors()` and `core`, and holds it weakly: the core's listener holds the adapter,
+    so a strong reference from a running thread would keep both alive for good."""
+
+    def __init__(self, adapter: Any, lock: Any, max_lag: float):
         self.max_lag = max_lag
+        self._lock = lock
         self.polls = 0                 # listings applied by the thread (for tests and logs)
         self.cleared = 0               # keys the thread cleared for the calls
         self._stop = threading.Event()
@@ -127,12 +133,10 @@ class BackgroundMirror:
                 del adapter
 
     def _poll_all(self, adapter: Any) -> None:
-        with adapter._lock:
-            mirrors = list(adapter._mirrors.values())
-        for m in mirrors:
+        for m in adapter.partition_mirrors():
             if self._stop.is_set():
                 return
-            with adapter._lock:
+            with self._lock:
                 try:
                     self.cleared += m.flush()
                 except Exception as exc:  # noqa: BLE001 - still owed: the next call makes them
@@ -146,14 +150,14 @@ class BackgroundMirror:
             except Exception as exc:  # noqa: BLE001 - TransferQueue down: try next period
                 self._log_once(logging.DEBUG, f"listing {m.partition!r} failed: {exc}")
                 continue
-            with adapter._lock:
+            with self._lock:
                 if m.epoch != epoch or self._stop.is_set():
                     continue          # the adapter changed TransferQueue or listed since
                 try:
                     m.apply(listing, began)
                     adapter.core.prepare(m.partition)   # the new groups' aggregates, off the call
                 except Exception as exc:  # noqa: BLE001 - the next call lists and raises it
-                    m.fresh_epoch = -1
+                    m.mark_stale()
                     self._log_once(logging.WARNING,
                                    f"partition {m.partition!r}: {type(exc).__name__}: {exc} "
                                    "(the next call lists TransferQueue itself and raises it)")

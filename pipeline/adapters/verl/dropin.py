@@ -137,7 +137,7 @@ class ReplayBuffer:
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric)
             if self.mirror_max_lag is not None and self._background is None:
-                self._background = BackgroundMirror(self, self.mirror_max_lag)
+                self._background = BackgroundMirror(self, self._lock, self.mirror_max_lag)
         return m
 
     def _poller(self, m: PartitionMirror) -> Callable[[], None]:
@@ -163,6 +163,11 @@ class ReplayBuffer:
             if m is None or not usable(m, self.mirror_max_lag):
                 return None
             return time.monotonic() - m.listed_at
+
+    def partition_mirrors(self) -> list[PartitionMirror]:
+        """The partitions mirrored so far, as a snapshot (the background mirror walks it)."""
+        with self._lock:
+            return list(self._mirrors.values())
 
     def _on_decision(self, kind: str, partition: str, uids: list[str], batch_id: int | None) -> None:
         """The core's listener (under its lock): verl's effects on TransferQueue."""

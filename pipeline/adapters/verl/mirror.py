@@ -21,6 +21,13 @@ may fall between them) is classified by the first listing that shows its tags, a
 re-reads every key on every poll, sees it then. A trajectory key of a *selected* group that
 the mirror has never seen (only after a restart on a lake) is tracked, not cleared: the trainer
 may still hold that batch.
+
+The other direction is the core's decisions, told to the mirror by the adapter's listener: an
+evicted or discarded group gives up its prompt key and every trajectory key, a selected group
+only its prompt key (its trajectory keys form the batch the trainer reads and later clears).
+The mirror makes those `kv_clear` calls itself, or owes them to the background thread
+(background.py), which makes them with `flush`. Both directions change the same maps, so they
+live in one class.
 """
 from __future__ import annotations
 
@@ -28,7 +35,6 @@ import logging
 import time
 from typing import Any
 
-from pipeline.adapters.verl.effects import MirrorEffects
 from pipeline.adapters.verl.keys import (
     IGNORED,
     PROMPT,
@@ -36,10 +42,12 @@ from pipeline.adapters.verl.keys import (
     UNTAGGED,
     WAITING,
     check_prompts,
+    clear,
     parse_key,
 )
 from pipeline.adapters.verl.rows import trajectory_rows
 from pipeline.config import is_validation
+from pipeline.errors import InvariantError
 
 log = logging.getLogger("replaylake.verl")
 
@@ -47,10 +55,10 @@ _TERMINAL = ("finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
 
 
-class PartitionMirror(MirrorEffects):
+class PartitionMirror:
     """What the adapter knows of one partition's keys, and how to bring the core up to date.
 
-    ``fields``: which trajectory fields to read for new keys (see verl.py, `mirror_fields`):
+    ``fields``: which trajectory fields to read for new keys (the drop-in's option `mirror_fields`):
     `decisions` reads only what a decision needs, `rewards` also every reward for the lake,
     `full` also the token payload."""
 
@@ -75,7 +83,7 @@ class PartitionMirror(MirrorEffects):
         self.ignored_count = 0
         self._orphans: list[str] = []
         self._arrivals = 0
-        # the background mirror's bookkeeping (verl_background.py): `epoch` grows with every
+        # the background mirror's bookkeeping (background.py): `epoch` grows with every
         # listing applied and every clear (made or deferred); `fresh_epoch` is the epoch right
         # after the last listing was applied; `listed_at` when that listing began
         # (time.monotonic()); `deferred`: keys whose kv_clear the background thread still owes
@@ -267,6 +275,72 @@ class PartitionMirror(MirrorEffects):
             if not any(k in listing for k in keys):
                 del self.batches[batch_id]
                 self.core.release(batch_id)
+
+    # --- core -> TransferQueue (called from the core's listener, under its lock) --------------
+    def on_remove(self, uids: list[str]) -> list[str]:
+        """Evicted / discarded groups: their prompt key and every trajectory key (verl's set)."""
+        keys = list(uids)
+        for u in uids:
+            self.kind.pop(u, None)
+            self.watch.pop(u, None)
+            for k in self.by_uid.pop(u, ()):
+                keys.append(k)
+                self.kind.pop(k, None)
+                self.order.pop(k, None)
+                self.waiting.pop(k, None)
+        return keys
+
+    def on_select(self, uids: list[str], batch_id: int) -> list[str]:
+        """Selected groups: only their prompt keys go; their trajectory keys form the batch."""
+        traj = [k for u in uids for k in self.by_uid.get(u, ()) if self.kind.get(k) == TRAJ]
+        traj.sort(key=self.order.__getitem__)
+        self.batches[batch_id] = traj
+        for u in uids:
+            self.kind.pop(u, None)
+            self.watch.pop(u, None)
+        return traj
+
+    def batch_keys(self, batch_id: int, expected_rows: int) -> list[str]:
+        """A selected batch's trajectory keys, in arrival order; a count other than the batch's
+        rows means the mirror and the core disagree, which must never reach the trainer."""
+        keys = self.batches.get(batch_id, [])
+        if len(keys) != expected_rows:
+            raise InvariantError(f"batch {batch_id}: {len(keys)} TransferQueue keys for "
+                                 f"{expected_rows} trajectories")
+        return keys
+
+    # --- clears, at once or owed to the background thread --------------------------------------
+    def clear_keys(self, keys: list[str], defer: bool = False) -> None:
+        """kv_clear (never with an empty list); afterwards no listing taken before counts as
+        current (the epoch moves on once the clear has returned). ``defer``: only note the keys;
+        `flush` clears them (the background thread right after the call, or the next listing
+        before it lists), and until then no listing counts as current either."""
+        if not keys:
+            return
+        if defer:
+            self.deferred.extend(keys)
+        else:
+            clear(self.tq, self.partition, keys)
+        self.epoch += 1
+
+    def flush(self) -> int:
+        """Make the deferred clears (in the order they were deferred); returns how many keys.
+        If TransferQueue refuses, every key stays owed and the error propagates."""
+        if not self.deferred:
+            return 0
+        keys, self.deferred = self.deferred, []
+        try:
+            clear(self.tq, self.partition, keys)
+        except Exception:
+            self.deferred[:0] = keys
+            raise
+        self.epoch += 1
+        return len(keys)
+
+    def mark_stale(self) -> None:
+        """No call may use the mirrored state without listing first (the background thread's
+        listing failed in the core: the next call lists and raises it to its caller)."""
+        self.fresh_epoch = -1
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _mark_mirrored(self, keys: Any) -> None:

@@ -1,8 +1,9 @@
 """New TransferQueue trajectory keys -> one Arrow table of the core's trajectory input schema.
 
 Which fields are read decides the mirror's cost (one `kv_batch_get` per poll for the fields every
-new key needs -- `rm_scores` and `extra_fields` together in `rewards` mode --, ~40-50 us per
-trajectory and field on 2 cores, measured): `decisions` reads only what a rule
+new key needs -- `rm_scores` and `extra_fields` together in `rewards` mode --, whose cost grows
+with every trajectory and field read; docs/performance.md has the figures): `decisions` reads only
+what a rule
 needs (`rm_scores` for metric `reward`, `extra_fields` for a named metric or when the tags carry
 no versions), `rewards` also every reward for the lake, `full` also the token payload. Token
 columns not read stay empty lists (the core's payload is then provenance only: verl's trainer
