@@ -22,8 +22,8 @@ import pytest
 from jobs.soak_jobs import answers as ask
 from jobs.soak_jobs import parquet_names
 from pipeline import ReplayBuffer
-from pipeline.lake import kill as lake_kill
 from pipeline.analysis.views import connect
+from pipeline.lake import kill as lake_kill
 from pipeline.lake.compaction import compact
 from pipeline.lake.damage import check
 from pipeline.lake.names import superseded

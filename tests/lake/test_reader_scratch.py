@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import ReplayBuffer
+from pipeline.analysis.views import connect
 from pipeline.lake import kill as lake_kill
 from pipeline.lake import scratch
-from pipeline.analysis.views import connect
 from pipeline.lake.scan import scan_lake
 from tests.support.lake import ROOT, add_group, python_env, write_script
 

@@ -26,9 +26,9 @@ from pipeline.lake.names import next_generation
 from pipeline.lake.read import live_files
 from pipeline.lake.retention import retain
 from pipeline.lake.writer import highest_seq, read_table
+from tests.lake.test_compact_crash import QUERIES, ROLL, without_payload
 from tests.support.lake import lake_history
 from tests.support.sql_runs import simulate_async
-from tests.lake.test_compact_crash import QUERIES, ROLL, without_payload
 
 PAYLOAD = "select seq, len(response_ids), response_ids, rollout_log_probs is null " \
           "from trajectories order by seq"

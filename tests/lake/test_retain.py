@@ -12,9 +12,9 @@ from pipeline.analysis.views import connect
 from pipeline.errors import ConfigError
 from pipeline.lake.retention import retain
 from pipeline.lake.writer import read_table
+from tests.lake.test_compact import second_phase
 from tests.support.lake import lake_history
 from tests.support.sql_runs import simulate_async
-from tests.lake.test_compact import second_phase
 
 # a retained trajectory's response length reads 0; everything else of its fate stays
 FATES = "select * exclude (response_len) from trajectory_fates order by all"
