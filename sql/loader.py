@@ -10,7 +10,8 @@ the relations it reads and the columns it returns::
     -- returns: partition, uid, batch_id, step, group_span
 
 Declarations the live buffer compiles (rules/) add `reason`/`check`, `horizon`, `metric`,
-`spread`, `value` and `credit` (see pipeline/decide/rules.py). `params: none` declares a query without
+`spread`, `value` and `credit` (see pipeline/decide/rules.py); the metric declarations (metrics/)
+add `weights` (see pipeline/decide/metrics.py). `params: none` declares a query without
 parameters; a header line starting with two spaces after
 `--` continues the previous field. The header is checked when the file is loaded (every field
 present, no unknown field, name == file stem, the declared params are exactly the `$name`
@@ -32,8 +33,9 @@ from pipeline.errors import ReplayLakeError
 SQL_DIR = Path(__file__).resolve().parent
 HEADER_FIELDS = ("name", "description", "params", "reads", "returns")
 # Fields only declarations compiled by the live engine carry (rules and checks; see
-# pipeline/decide/compile.py): the eviction reason or check name, the horizon, the metric keys, ...
-OPTIONAL_FIELDS = ("reason", "check", "horizon", "metric", "spread", "value", "credit")
+# pipeline/decide/compile.py): the eviction reason or check name, the horizon, the metric keys,
+# the weight of each mean (metrics/), ...
+OPTIONAL_FIELDS = ("reason", "check", "horizon", "metric", "spread", "value", "credit", "weights")
 
 # DuckDB parameter types a header may declare, with the python values each accepts.
 PARAM_TYPES: dict[str, tuple[type, ...]] = {
@@ -47,8 +49,9 @@ PARAM_TYPES: dict[str, tuple[type, ...]] = {
 _FIELD = re.compile(r"^--\s?([a-z_]+):\s*(.*)$")
 _CONTINUATION = re.compile(r"^--\s{2,}(\S.*)$")
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
-# $name placeholders outside string literals and comments
-_PLACEHOLDER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+# A `$name` parameter. The one spelling of it: the loader checks a header against it and the live
+# engine (pipeline/decide/compile.py) substitutes it.
+PLACEHOLDER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _STRINGS_AND_COMMENTS = re.compile(r"'(?:[^']|'')*'|--[^\n]*")
 
 
@@ -156,7 +159,7 @@ def _parse_params(path: Path, value: str) -> tuple[Param, ...]:
 
 def placeholders(text: str) -> set[str]:
     """The `$name` placeholders of a query, ignoring string literals and comments."""
-    return set(_PLACEHOLDER.findall(_STRINGS_AND_COMMENTS.sub(" ", text)))
+    return set(PLACEHOLDER.findall(_STRINGS_AND_COMMENTS.sub(" ", text)))
 
 
 def parse(path: str | Path) -> Query:

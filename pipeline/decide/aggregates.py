@@ -1,5 +1,10 @@
 """Group aggregates, computed live from their one declaration (sql/aggregates/group_aggregates.sql).
 
+A candidate row is completed from declarations the lake runs too: a group without trajectories
+takes the empty aggregates of the `candidates` view (its `final` items over a group the
+aggregates left out), and a group's status is the `effective_status` of the `groups` view (a
+finished group without trajectories counts as a failure), both compiled from those files.
+
 The first poll after groups turned terminal runs the declared aggregates once over the
 per-trajectory inputs (schemas.GROUP_TRAJECTORIES) of all of them: one query per poll, and one for
 everything a restore brought back, never per group and never over the token payload. Those inputs
@@ -8,6 +13,7 @@ put then only stores a reference, and nothing beside the payload is kept in memo
 """
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,12 +23,50 @@ import pyarrow.compute as pc
 
 from pipeline.decide import compile as declared
 from pipeline.ingest import metric_values
+from sql.loader import SqlError
 
 if TYPE_CHECKING:
     from pipeline.state import PartitionState
 
 QUERY = "group_aggregates"
 GROUP = "__group"   # the group's position in the `uids` handed to `meta_frame`
+# where the effective status is declared (a step of the groups view) and what it may read
+STATUS = ("groups", "status_words", "effective_status")
+_STATUS_INPUTS = {"last_event": pl.String, "n_traj": pl.Int64}
+
+
+@cache
+def empty_aggregates() -> tuple:
+    """The aggregates of a group without trajectories, in `group_aggregates` order: the
+    `candidates` view's final items evaluated with every aggregate null (no aggregates row)."""
+    names = list(declared.compiled_items(QUERY))
+    items = declared.compiled_items("candidates", "final")
+    missing = [n for n in names if n not in items]
+    if missing:
+        raise SqlError(f"candidates: its final step lacks `<expression> as <name>` items for "
+                       f"the aggregates {', '.join(missing)}")
+    nulls = pl.DataFrame({n: [None] for n in names})
+    return nulls.select(items[n].alias(n) for n in names).row(0)
+
+
+@cache
+def _status_expr() -> pl.Expr:
+    query, step, column = STATUS
+    expr = declared.compiled_items(query, step)[column]
+    reads = set(expr.meta.root_names())
+    if not reads <= set(_STATUS_INPUTS):
+        raise SqlError(f"{query}: {column} of step {step} may read only "
+                       f"{', '.join(_STATUS_INPUTS)}, it reads {', '.join(sorted(reads))}")
+    return expr
+
+
+@cache
+def effective_status(status: str, n_traj: int) -> str:
+    """The declared effective status of a group whose last status is ``status`` (finished or
+    failure) with ``n_traj`` trajectories. It reads nothing else, so each pair is evaluated once
+    per process (~100 us) and remembered: a poll pays a dict lookup per group."""
+    frame = pl.DataFrame({"last_event": [status], "n_traj": [n_traj]}, schema=_STATUS_INPUTS)
+    return frame.select(_status_expr()).item()
 
 
 def _ints(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
@@ -90,12 +134,10 @@ def complete(part: PartitionState) -> None:
         # grouping costs more in its threads than it saves); the order itself is not used
         out = meta.group_by(GROUP, maintain_order=True).agg(e.alias(k) for k, e in items.items())
         agg = {uids[r[0]]: r[1:] for r in out.rows()}
-    empty = (0,) + tuple(None for _ in names[1:])
-    empty = tuple(0 if k in ("n_traj", "metric_nulls") else v for k, v in zip(names, empty))
+    empty = empty_aggregates()
     n_at = names.index("n_traj")
     rows = []
     for uid, (gs, term_seq, status) in pending.items():
         a = agg.get(uid, empty)
-        effective = "failure" if status == "failure" or a[n_at] == 0 else "finished"
-        rows.append((part.partition, uid, gs, term_seq, effective, *a))
+        rows.append((part.partition, uid, gs, term_seq, effective_status(status, a[n_at]), *a))
     part.candidates.complete(rows)

@@ -5,7 +5,10 @@ formulas, the off-policy metrics). DuckDB runs the file as it is, over the lake.
 compiles parts of the *same text* into polars expressions, once per process:
 
 - the predicate of a rule or check: the text between `where (` and its closing `)`;
-- the items of a select list written `<expression> as <name>` (plain column names are skipped).
+- the items of a select list written `<expression> as <name>` (plain column names are skipped):
+  the query's first select list, or that of one named step (`<step> as (select ...)`);
+- the sort key of a ranking window (`row_number() over (partition by ... order by a, b)`), which
+  the live engine's own order is derived from.
 
 Parameters (`$name` in the text) become literal columns `__p_name` that the caller adds to the
 frame right before evaluating (`with_params`), so a compiled expression never has to be rebuilt
@@ -25,9 +28,12 @@ import polars as pl
 from sql import loader
 from sql.loader import Query, SqlError
 
-_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _WHERE = re.compile(r"^where \(\n(.*?)\n\)$", re.MULTILINE | re.DOTALL)
 _ALIAS = re.compile(r"^(.*\S)\s+as\s+([a-z_][a-z0-9_]*)$", re.DOTALL)
+_STEP_FROM = re.compile(r"\n\s*from\s")
+_WINDOW_ORDER = re.compile(r"row_number\(\)\s+over\s*\(\s*partition by\s+[a-z_][a-z0-9_]*\s+"
+                           r"order by\s+([^()]*?)\s*\)")
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def param_column(name: str) -> str:
@@ -37,7 +43,7 @@ def param_column(name: str) -> str:
 
 def to_polars(text: str) -> pl.Expr:
     """Compile one SQL expression (with `$name` parameters) into a polars expression."""
-    return pl.sql_expr(_PARAM.sub(lambda m: param_column(m.group(1)), text))
+    return pl.sql_expr(loader.PLACEHOLDER.sub(lambda m: param_column(m.group(1)), text))
 
 
 def with_params(frame: pl.DataFrame, params: Mapping[str, Any]) -> pl.DataFrame:
@@ -64,7 +70,7 @@ def _sql_literal(value: Any) -> str:
 
 
 def _bound(text: str, params: Mapping[str, Any]) -> pl.Expr:
-    return pl.sql_expr(_PARAM.sub(lambda m: _sql_literal(params[m.group(1)]), text))
+    return pl.sql_expr(loader.PLACEHOLDER.sub(lambda m: _sql_literal(params[m.group(1)]), text))
 
 
 def evaluate_bound(text: str, params: Mapping[str, Any]) -> Any:
@@ -105,13 +111,21 @@ def _split_top_level(text: str) -> list[str]:
     return out
 
 
-def select_items(q: Query) -> dict[str, str]:
-    """`{name: expression}` for every `<expression> as <name>` item of the first select list."""
+def select_items(q: Query, step: str | None = None) -> dict[str, str]:
+    """`{name: expression}` for every `<expression> as <name>` item of the first select list, or
+    of the select list of the named step ``step`` (written `<step> as (` on its own line)."""
     body = _body(q)
-    start = body.find("select")
-    end = body.find("\nfrom ", start)
+    if step is None:   # the query's own select list: its `from` starts a line
+        start = body.find("select")
+        end = body.find("\nfrom ", start) if start >= 0 else -1
+    else:              # a step's: its `from` is indented like its select
+        m = re.search(rf"^{re.escape(step)} as \(\n\s*select\b", body, re.MULTILINE)
+        start = body.find("select", m.start()) if m else -1
+        found = _STEP_FROM.search(body, start) if start >= 0 else None
+        end = found.start() if found else -1
     if start < 0 or end < 0:
-        raise SqlError(f"{q.path}: expected `select ... from ...`")
+        where = f"step {step!r}: " if step else ""
+        raise SqlError(f"{q.path}: {where}expected `select ... from ...`")
     items = {}
     for item in _split_top_level(body[start + len("select"):end]):
         m = _ALIAS.match(item)
@@ -120,10 +134,26 @@ def select_items(q: Query) -> dict[str, str]:
     return items
 
 
+def window_order(q: Query) -> tuple[str, ...]:
+    """The columns of the query's `row_number() over (partition by p order by a, b, ...)`, in
+    order. Only plain ascending columns are accepted: they are what a key tuple can reproduce."""
+    found = _WINDOW_ORDER.findall(_body(q))
+    if len(found) != 1:
+        raise SqlError(f"{q.path}: expected one `row_number() over (partition by <column> "
+                       f"order by <columns>)`, found {len(found)}")
+    columns = tuple(c.strip() for c in found[0].split(","))
+    bad = [c for c in columns if not _IDENT.match(c)]
+    if bad:
+        raise SqlError(f"{q.path}: the ranking order must list plain columns (ascending), got "
+                       f"{', '.join(bad)}")
+    return columns
+
+
 @cache
-def compiled_items(name: str) -> dict[str, pl.Expr]:
-    """The select items of the named query, compiled (cached per process)."""
-    return {k: to_polars(v) for k, v in select_items(loader.load(name)).items()}
+def compiled_items(name: str, step: str | None = None) -> dict[str, pl.Expr]:
+    """The select items of the named query (or of one of its steps), compiled (cached per
+    process)."""
+    return {k: to_polars(v) for k, v in select_items(loader.load(name), step).items()}
 
 
 @cache

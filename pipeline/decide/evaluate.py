@@ -77,8 +77,9 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
     if filter_metric is not None:
         _raise_missing(out, part.partition, filter_metric)
     col = {c: out.get_column(c).to_list() for c in out.columns}
+    # oldest first, in the order selection declares (the candidate index's)
     hit = sorted((i for i, h in enumerate(col[_HIT]) if h),
-                 key=lambda i: (col["global_steps"][i], col["term_seq"][i]))
+                 key=lambda i: tuple(col[c][i] for c in candidates.ORDER))
     if not hit:
         return Eviction()
     ev = Eviction(uids=[col["uid"][i] for i in hit],

@@ -2,7 +2,8 @@
 polls, and the off-policy metrics of a batch computed from their SQL declaration.
 
 Eviction keys come from the rules' headers (sql/rules/: `metric`, `spread`); off-policy keys from
-the aggregates of sql/metrics/off_policy.sql (`<name>_mean|max|min` -> `off_policy/<name>/...`).
+the aggregates of sql/metrics/off_policy.sql (`<name>_mean|max|min` -> `off_policy/<name>/...`),
+each mean weighted by the column its `weights` header names (`<name> by <column>`).
 The step aggregator reads the declarations and never guesses from a key's spelling.
 """
 from __future__ import annotations
@@ -17,12 +18,12 @@ from pipeline.config import PREFIXES
 from pipeline.decide import compile as declared
 from pipeline.decide import rules
 from pipeline.errors import UnknownMetricError
+from sql import loader
+from sql.loader import Query, SqlError
 
 OFF_POLICY = "off_policy"
 DISCARDED = "filter_groups/discarded_surplus_samples"
-# off_policy.sql columns that are weights (how many rows a mean was taken over), not metrics
-WEIGHTS = {"trajectory": "n_trajectories", "token": "n_response_tokens",
-           "token_exact": "n_span_tokens"}
+STATS = ("mean", "max", "min")
 
 
 @dataclass(frozen=True)
@@ -37,18 +38,51 @@ class Metric:
 STALENESS_MIN = "off_policy/trajectory_staleness/min"
 
 
-def _off_policy_keys() -> dict[str, Metric]:
-    """`off_policy/<name>/<stat>` for every `<name>_<stat>` aggregate of off_policy.sql."""
-    out: dict[str, Metric] = {}
-    for col in declared.compiled_items(OFF_POLICY):
-        name, _, stat = col.rpartition("_")
-        if stat not in ("mean", "max", "min"):
-            continue   # a weight column
-        weight = WEIGHTS["token_exact" if "exact" in name else
-                         "token" if name.startswith("token") else "trajectory"]
-        out[f"off_policy/{name}/{stat}"] = Metric(
-            stat, weight if stat == "mean" else None, float if stat == "mean" else int, col)
+def declared_weights(q: Query) -> dict[str, str]:
+    """`{metric name: weight column}` from the query's `weights` header (`<name> by <column>`,
+    comma-separated). Every metric of the query names one, and each weight is a column the
+    query returns that is not itself a metric."""
+    out: dict[str, str] = {}
+    for item in q.extra.get("weights", "").split(","):
+        if not item.strip():
+            continue
+        bits = item.split()
+        if len(bits) != 3 or bits[1] != "by":
+            raise SqlError(f"{q.path}: weight {item.strip()!r}: write `<metric> by <column>`")
+        if bits[0] in out:
+            raise SqlError(f"{q.path}: metric {bits[0]!r} declares its weight twice")
+        out[bits[0]] = bits[2]
+    names = {c.rpartition("_")[0] for c in q.columns if c.rpartition("_")[2] in STATS}
+    if missing := sorted(names - set(out)):
+        raise SqlError(f"{q.path}: metrics without a declared weight: {', '.join(missing)}; "
+                       "add `<metric> by <column>` to its `weights` header")
+    if unknown := sorted(set(out) - names):
+        raise SqlError(f"{q.path}: weights declared for metrics it does not return: "
+                       f"{', '.join(unknown)}")
+    if bad := sorted({w for w in out.values() if w not in q.columns
+                      or w.rpartition("_")[2] in STATS}):
+        raise SqlError(f"{q.path}: weight columns {', '.join(bad)} are not count columns it "
+                       "returns")
     return out
+
+
+def _off_policy_keys(q: Query) -> dict[str, Metric]:
+    """`off_policy/<name>/<stat>` for every `<name>_<stat>` aggregate of the query, each mean
+    weighted by the column its header declares."""
+    weights = declared_weights(q)
+    out: dict[str, Metric] = {}
+    for col in q.columns:
+        name, _, stat = col.rpartition("_")
+        if stat not in STATS:
+            continue   # a weight column, or the partition and step
+        out[f"off_policy/{name}/{stat}"] = Metric(
+            stat, weights[name] if stat == "mean" else None, float if stat == "mean" else int, col)
+    return out
+
+
+OFF_POLICY_KEYS = _off_policy_keys(loader.load(OFF_POLICY))
+# the columns the means are weighted by (how many rows or tokens each was taken over)
+WEIGHTS = tuple(sorted({m.weight for m in OFF_POLICY_KEYS.values() if m.weight is not None}))
 
 
 def _declare() -> dict[str, Metric]:
@@ -62,7 +96,7 @@ def _declare() -> dict[str, Metric]:
                 out[f"{p}/{rule.spread}/max"] = Metric("max")
                 out[f"{p}/{rule.spread}/min"] = Metric("min")
         out[f"{p}/{DISCARDED}"] = Metric("sum", type=int)
-        for key, m in _off_policy_keys().items():
+        for key, m in OFF_POLICY_KEYS.items():
             out[f"{p}/{key}"] = m
     out["global_steps"] = Metric("last", type=int)
     return out
@@ -157,11 +191,11 @@ def off_policy_metrics(rows: Any, step: int | None = None, prefix: str = "traini
     items = declared.compiled_items(OFF_POLICY)
     row = kept.select(e.alias(k) for k, e in items.items()).row(0, named=True)
     out: dict[str, Any] = {}
-    for key, m in _off_policy_keys().items():
+    for key, m in OFF_POLICY_KEYS.items():
         v = row[m.column]
         if v is not None:
             out[f"{prefix}/{key}"] = m.type(v)
-    weights = {w: float(row[w]) for w in WEIGHTS.values() if row[w]}
+    weights = {w: float(row[w]) for w in WEIGHTS if row[w]}
     return out, weights
 
 

@@ -70,7 +70,7 @@ def _rule(q: loader.Query) -> Rule:
     horizon = None if horizon.lower() == "none" else horizon
     params = tuple(p.name for p in q.params)
     if horizon is not None:
-        undeclared = set(declared._PARAM.findall(horizon)) - set(params)
+        undeclared = loader.placeholders(horizon) - set(params)
         if undeclared:
             raise SqlError(f"{q.path}: horizon uses undeclared params {sorted(undeclared)}")
         declared.to_polars(horizon)   # a horizon that does not compile fails at load, not later

@@ -10,19 +10,50 @@ database index serving `WHERE` and `ORDER BY ... LIMIT`:
   match, found by walking the front of a heap ordered by (global_steps, terminal seq);
 - the k oldest groups come off the same heap in O(k log k).
 So a poll costs O(fresh + newly matching + k log n), never O(buffer size).
+
+What "oldest" means is declared once, by the ranking of sql/policies/select_oldest.sql (what the
+lake runs): the heap's entries are key tuples of the columns that ranking orders by, in its order.
 """
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Sequence
 
 import polars as pl
 import pyarrow as pa
 
+from pipeline.decide import compile as declared
 from schemas import CANDIDATES
+from sql import loader
+from sql.loader import SqlError
 
 COLUMNS = tuple(CANDIDATES.names)
 POLARS_SCHEMA = pl.Schema(pl.from_arrow(CANDIDATES.empty_table()).schema)
 _TERM_SEQ = COLUMNS.index("term_seq")
+SELECTION = "select_oldest"
+# What the index knows of a group the moment it turns terminal (its aggregates come later).
+_AT_TERMINAL = ("global_steps", "term_seq", "uid")
+
+
+def heap_key(order: Sequence[str]) -> Callable[[int, int, str], tuple]:
+    """The heap entry of a group as the key tuple of ``order``: `(gs, term_seq, uid) -> key`.
+
+    The order must name exactly the dispatch step, the terminal seq and the uid, the step first:
+    `before` prunes the heap by its first component against a horizon (a dispatch step), and an
+    entry must carry the uid and seq to tell a group's current entry from one it left behind.
+    That leaves two orders; each builds its tuple directly (`add` runs once per terminal group)."""
+    order = tuple(order)
+    if order == ("global_steps", "term_seq", "uid"):
+        return lambda gs, term_seq, uid: (gs, term_seq, uid)
+    if order == ("global_steps", "uid", "term_seq"):
+        return lambda gs, term_seq, uid: (gs, uid, term_seq)
+    raise SqlError(f"{SELECTION}: the candidate index orders by {', '.join(_AT_TERMINAL)} with "
+                   f"global_steps first; the declaration ranks by {', '.join(order)}")
+
+
+ORDER = declared.window_order(loader.load(SELECTION))
+_key = heap_key(ORDER)
+_ENTRY_SEQ, _ENTRY_UID = ORDER.index("term_seq"), ORDER.index("uid")   # within a heap entry
 
 
 class _Rows(dict):
@@ -44,7 +75,7 @@ class CandidateIndex:
         self.alive: dict[str, tuple] = _Rows()
         self.pending: dict[str, tuple[int, int, str]] = {}   # uid -> (gs, term seq, status)
         self.fresh: list[str] = []
-        self._heap: list[tuple[int, int, str]] = []
+        self._heap: list[tuple] = []    # key tuples in ORDER
 
     @property
     def alive_count(self) -> int:
@@ -54,7 +85,7 @@ class CandidateIndex:
         """A group turned terminal; its aggregates come with the next `complete`."""
         self.pending[uid] = (gs, term_seq, status)
         self.fresh.append(uid)
-        heapq.heappush(self._heap, (gs, term_seq, uid))
+        heapq.heappush(self._heap, _key(gs, term_seq, uid))
 
     def complete(self, rows: list[tuple]) -> None:
         """Store the candidate rows of pending groups (their aggregates are now known)."""
@@ -78,21 +109,24 @@ class CandidateIndex:
         """A committed poll examined every fresh group: from now on only horizons revisit them."""
         self.fresh = []
 
-    def _live(self, e: tuple[int, int, str]) -> bool:
-        r = self.alive.get(e[2])
+    def _live(self, e: tuple, _uid: int = _ENTRY_UID, _seq: int = _ENTRY_SEQ) -> bool:
+        # the positions are bound as defaults: local lookups, in the hottest loop of a poll
+        r = self.alive.get(e[_uid])
         if r is not None:
-            return r[_TERM_SEQ] == e[1]
-        p = self.pending.get(e[2])
-        return p is not None and p[1] == e[1]
+            return r[_TERM_SEQ] == e[_seq]
+        p = self.pending.get(e[_uid])
+        return p is not None and p[1] == e[_seq]
 
     def before(self, horizon: int) -> list[str]:
-        """Alive groups with gs < horizon, by walking only the heap's front (no pops)."""
+        """Alive groups with gs < horizon, by walking only the heap's front (no pops): the
+        dispatch step is every entry's first component."""
         out, h, stack = [], self._heap, [0] if self._heap else []
+        uid = _ENTRY_UID
         while stack:
             i = stack.pop()
             if i < len(h) and h[i][0] < horizon:
                 if self._live(h[i]):
-                    out.append(h[i][2])
+                    out.append(h[i][uid])
                 stack.extend((2 * i + 1, 2 * i + 2))
         return out
 
@@ -105,16 +139,16 @@ class CandidateIndex:
         return [self.alive[u] for u in uids]
 
     def oldest(self, k: int | None) -> list[str]:
-        """The k oldest alive groups by (gs, term_seq), oldest first; all of them if k is None."""
+        """The k oldest alive groups in the declared ORDER, oldest first; all of them if k is None."""
         if k is None:
-            return [e[2] for e in sorted(e for e in self._heap if self._live(e))]
+            return [e[_ENTRY_UID] for e in sorted(e for e in self._heap if self._live(e))]
         out: list[str] = []
         h = self._heap
         front = [(h[0], 0)] if h else []
         while front and len(out) < k:
             entry, i = heapq.heappop(front)
             if self._live(entry):
-                out.append(entry[2])
+                out.append(entry[_ENTRY_UID])
             for j in (2 * i + 1, 2 * i + 2):
                 if j < len(h):
                     heapq.heappush(front, (h[j], j))

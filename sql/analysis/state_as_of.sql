@@ -4,7 +4,7 @@
 --   recorded before the first decision taken at a later step (the whole lake when there is
 --   none), so it includes the rollouts that arrived while step s trained.
 -- params: step BIGINT
--- reads: group_events, trajectories, decisions
+-- reads: group_events, trajectories, decisions, group_fates
 -- returns: partition, uid, global_steps, status, fate, reason, batch_id, released, n_traj
 with
 events as (
@@ -14,7 +14,7 @@ trajs as (
     select partition, uid, seq from trajectories
 ),
 decs as (
-    select partition, uid, kind, reason, batch_id, step, seq from decisions
+    select kind, step, seq from decisions
 ),
 
 cutoff as (
@@ -45,15 +45,10 @@ n_trajs as (
 ),
 fates as (
     select
-        d.partition, d.uid,
-        arg_min(d.kind, d.seq) filter (where d.kind in ('select', 'evict', 'discard')) as first_kind,
-        string_agg(distinct d.reason, ',' order by d.reason) filter (where d.kind = 'evict')
-            as reason,
-        arg_min(d.batch_id, d.seq) filter (where d.kind = 'select') as batch_id,
-        bool_or(d.kind = 'release') as released
-    from decs as d, cutoff as c
-    where d.seq < c.seq and d.uid is not null
-    group by d.partition, d.uid
+        f.partition, f.uid, f.fate, f.reason, f.batch_id,
+        f.fate_seq < c.seq as decided,
+        coalesce(f.release_seq < c.seq, false) as released
+    from group_fates as f, cutoff as c
 ),
 
 final as (
@@ -61,18 +56,16 @@ final as (
         l.partition, l.uid, l.global_steps,
         case when l.last_event in ('registered', 'reissued') then 'pending'
              else l.last_event end as status,
-        case f.first_kind when 'select' then 'sampled'
-                          when 'evict' then 'evicted'
-                          when 'discard' then 'discarded'
-                          else 'live' end as fate,
-        f.reason,
-        f.batch_id,
-        coalesce(f.released, false) as released,
+        -- the fate the group had then: live until its decision (group_fates' words)
+        case when f.decided then f.fate else 'live' end as fate,
+        case when f.decided then f.reason end as reason,
+        case when f.decided then f.batch_id end as batch_id,
+        f.released,
         n.n_traj,
         l.registered_seq
     from lifecycle as l
     join n_trajs as n on n.partition = l.partition and n.uid = l.uid
-    left join fates as f on f.partition = l.partition and f.uid = l.uid
+    join fates as f on f.partition = l.partition and f.uid = l.uid
     where l.registered_seq is not null
 )
 

@@ -4,8 +4,12 @@
 --   min), staleness weighted by response tokens, and the exact per-token staleness where
 --   version spans were reported (token-weighted sums in 128 bits, so no step below the ingest
 --   limit overflows them). The live buffer compiles these aggregates for each batch; the
---   lake runs the file over the `provenance` view.
+--   lake runs the file over the `provenance` view. `weights` names, for each metric, the
+--   column counting what its mean was taken over, which merges the means of several batches.
 -- params: none
+-- weights: trajectory_spans by n_trajectories, trajectory_staleness by n_trajectories,
+--   trajectory_staleness_worst by n_trajectories, token_staleness by n_response_tokens,
+--   token_staleness_exact by n_span_tokens
 -- reads: provenance
 -- returns: partition, step, n_trajectories, trajectory_spans_mean, trajectory_spans_max,
 --   trajectory_spans_min, trajectory_staleness_mean, trajectory_staleness_max,

@@ -2,11 +2,13 @@
 -- description: one row per registered prompt group: its current dispatch step, last status,
 --   terminal event, the trajectories of its current incarnation (a re-issue drops the earlier
 --   ones), and its fate in the decision log: sampled, evicted (reason = every reason, sorted,
---   comma-joined), discarded, or live. `effective_status` is `failure` for a finished group
---   without trajectories, as the live policies treat it. `prompt_id` is the dataset id the group
---   was registered with (null when none was given, or the lake predates prompt ids).
+--   comma-joined), discarded, or live (see group_fates). `effective_status` is `failure` for a
+--   finished group without trajectories; the live buffer compiles that CASE (the step
+--   `status_words`) for the groups it holds, so both engines treat such a group alike.
+--   `prompt_id` is the dataset id the group was registered with (null when none was given, or
+--   the lake predates prompt ids).
 -- params: none
--- reads: group_events, trajectories, decisions
+-- reads: group_events, trajectories, group_fates
 -- returns: partition, uid, global_steps, status, effective_status, registered_seq, reissued_seq,
 --   term_seq, n_expected, n_traj, fate, reason, batch_id, fate_step, fate_seq, released,
 --   prompt_id
@@ -17,10 +19,9 @@ events as (
 trajs as (
     select partition, uid, seq from trajectories
 ),
-fate_rows as (
-    select partition, uid, kind, reason, batch_id, step, seq
-    from decisions
-    where kind in ('select', 'evict', 'discard', 'release')
+fates as (
+    select partition, uid, fate, reason, batch_id, fate_step, fate_seq, release_seq
+    from group_fates
 ),
 
 lifecycle as (
@@ -45,18 +46,17 @@ current_trajs as (
         on t.partition = l.partition and t.uid = l.uid and t.seq > coalesce(l.reissued_seq, -1)
     group by l.partition, l.uid
 ),
-fates as (
+status_words as (
     select
-        partition,
-        uid,
-        arg_min(kind, seq) filter (where kind <> 'release') as first_kind,
-        string_agg(distinct reason, ',' order by reason) filter (where kind = 'evict') as reason,
-        arg_min(batch_id, seq) filter (where kind = 'select') as batch_id,
-        arg_min(step, seq) filter (where kind <> 'release') as fate_step,
-        min(seq) filter (where kind <> 'release') as fate_seq,
-        bool_or(kind = 'release') as released
-    from fate_rows
-    group by partition, uid
+        l.partition,
+        l.uid,
+        case when last_event in ('registered', 'reissued') then 'pending'
+             else last_event end as status,
+        case when last_event = 'finished' and n_traj = 0 then 'failure'
+             when last_event in ('registered', 'reissued') then 'pending'
+             else last_event end as effective_status
+    from lifecycle as l
+    join current_trajs as c on c.partition = l.partition and c.uid = l.uid
 ),
 
 final as (
@@ -64,30 +64,24 @@ final as (
         l.partition,
         l.uid,
         l.global_steps,
-        case when l.last_event in ('registered', 'reissued') then 'pending'
-             else l.last_event end as status,
-        case when l.last_event = 'finished' and c.n_traj = 0 then 'failure'
-             when l.last_event in ('registered', 'reissued') then 'pending'
-             else l.last_event end as effective_status,
+        s.status,
+        s.effective_status,
         l.registered_seq,
         l.reissued_seq,
         l.term_seq,
         l.n_expected,
         c.n_traj,
-        case f.first_kind when 'select' then 'sampled'
-                          when 'evict' then 'evicted'
-                          when 'discard' then 'discarded'
-                          else 'live' end as fate,
+        f.fate,
         f.reason,
         f.batch_id,
         f.fate_step,
         f.fate_seq,
-        coalesce(f.released, false) as released,
+        f.release_seq is not null as released,
         l.prompt_id
     from lifecycle as l
     join current_trajs as c on c.partition = l.partition and c.uid = l.uid
-    left join fates as f on f.partition = l.partition and f.uid = l.uid
-    where l.registered_seq is not null
+    join status_words as s on s.partition = l.partition and s.uid = l.uid
+    join fates as f on f.partition = l.partition and f.uid = l.uid
 )
 
 select * from final

@@ -6,7 +6,8 @@ import pytest
 
 from pipeline import METRICS, StepAggregator
 from pipeline.decide.evaluate import Eviction
-from pipeline.decide.metrics import EvictionMetrics, off_policy_metrics
+from pipeline.decide.metrics import EvictionMetrics, declared_weights, off_policy_metrics
+from sql.loader import SqlError, load
 
 P = "training/off_policy"
 
@@ -105,3 +106,63 @@ def test_exact_token_staleness_uses_per_token_version_spans():
 def test_all_padding_batch_emits_no_off_policy_metrics():
     t = _batch([{"min_global_steps": 0, "max_global_steps": 0, "is_padding": True}])
     assert off_policy_metrics(t, step=3) == ({}, {})
+
+
+# --- each mean's weight is declared beside its metric (off_policy.sql's `weights` header) -------
+
+# The reductions and weights the off-policy keys had before the weights were declared: reading
+# the header must change none of them.
+OFF_POLICY_DECLARED = {
+    "trajectory_spans/mean": "n_trajectories", "trajectory_staleness/mean": "n_trajectories",
+    "trajectory_staleness_worst/mean": "n_trajectories", "token_staleness/mean": "n_response_tokens",
+    "token_staleness_exact/mean": "n_span_tokens",
+    **{f"{name}/{stat}": None for name in ("trajectory_spans", "trajectory_staleness",
+                                           "trajectory_staleness_worst") for stat in ("max", "min")},
+    "token_staleness_exact/max": None,
+}
+
+
+def test_every_off_policy_metric_has_the_weight_its_header_declares():
+    q = load("off_policy")
+    weights = declared_weights(q)
+    names = {c.rpartition("_")[0] for c in q.columns if c.rsplit("_", 1)[-1] in ("mean", "max", "min")}
+    assert set(weights) == names
+    for prefix in ("training", "validation"):
+        got = {k[len(f"{prefix}/off_policy/"):]: (m.reduction, m.weight) for k, m in METRICS.items()
+               if k.startswith(f"{prefix}/off_policy/") and not k.startswith(
+                   f"{prefix}/off_policy/evicted")}
+        assert got == {k: (k.rpartition("/")[2], w) for k, w in OFF_POLICY_DECLARED.items()}
+        for key, weight in OFF_POLICY_DECLARED.items():
+            if weight is not None:
+                assert weights[key.rpartition("/")[0]] == weight
+
+
+def _metrics_file(tmp_path, weights: str):
+    """A metrics declaration with two metrics (span, tok) and two count columns."""
+    header = "-- name: m\n-- description: d\n-- params: none\n"
+    if weights:
+        header += f"-- weights: {weights}\n"
+    (tmp_path / "m.sql").write_text(
+        header + "-- reads: provenance\n-- returns: n_rows, n_tokens, span_mean, span_max, "
+        "tok_mean\nselect count(*) as n_rows, sum(n) as n_tokens, avg(s) as span_mean, "
+        "max(s) as span_max, avg(t) as tok_mean from provenance\n")
+    return load("m", tmp_path)
+
+
+def test_declared_weights_are_read_from_the_header_not_guessed_from_the_names(tmp_path):
+    q = _metrics_file(tmp_path, "span by n_tokens, tok by n_rows")
+    assert declared_weights(q) == {"span": "n_tokens", "tok": "n_rows"}
+
+
+@pytest.mark.parametrize(("weights", "message"), [
+    ("", "without a declared weight: span, tok"),
+    ("span by n_rows", "without a declared weight: tok"),
+    ("span by n_rows, tok by n_rows, other by n_rows", "does not return: other"),
+    ("span by n_rows, tok by n_lines", "n_lines are not count columns"),
+    ("span by n_rows, tok by span_mean", "span_mean are not count columns"),
+    ("span n_rows, tok by n_rows", "write `<metric> by <column>`"),
+    ("span by n_rows, span by n_tokens, tok by n_rows", "twice"),
+])
+def test_a_metric_without_a_sound_weight_is_an_error_at_declaration(tmp_path, weights, message):
+    with pytest.raises(SqlError, match=message):
+        declared_weights(_metrics_file(tmp_path, weights))

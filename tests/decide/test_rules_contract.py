@@ -1,5 +1,6 @@
 """The contract every declaration keeps: the live engine (polars, compiled once) and the lake's
-engine (DuckDB, the file as written) agree on random inputs, and a rule's horizon is honest.
+engine (DuckDB, the file as written) agree on random inputs, and a rule's horizon is honest;
+the same holds for the selection order and for the status and empty aggregates of a candidate.
 
 The test iterates over every registered rule and check, so a new rule file is covered the moment
 it exists."""
@@ -12,13 +13,14 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from pipeline.decide import aggregates, rules
 from pipeline.decide import compile as declared
-from pipeline.decide import rules
 from pipeline.decide.batch import batch_rows
 from pipeline.decide.metrics import off_policy_metrics
 from pipeline.state import candidates
 from schemas import CANDIDATES, GROUP_TRAJECTORIES
 from sql import loader
+from tests.support.sql_cases import case_connection
 
 SEEDS = range(12)
 
@@ -159,3 +161,114 @@ def test_provenance_and_off_policy_metrics_agree_between_engines(seed: int) -> N
         col = key.split("/", 1)[1].replace("off_policy/", "").replace("/", "_")
         assert row[col] == pytest.approx(value), key
     assert weights["n_trajectories"] == row["n_trajectories"]
+
+
+# --- the selection order: one ranking, run by DuckDB and derived by the candidate index --------
+
+def _index_of(rows: list[tuple], removed: set[str]) -> candidates.CandidateIndex:
+    """A candidate index holding ``rows`` (status as given), with ``removed`` taken out again."""
+    index = candidates.CandidateIndex()
+    for r in rows:
+        index.add(r[1], r[2], r[3], r[4])
+    index.complete(rows)
+    index.remove(sorted(removed))
+    return index
+
+
+def _lake_oldest(rows: list[tuple], k: int) -> list[str]:
+    con = duckdb.connect()
+    con.register("candidates", candidates.table(rows))
+    return loader.run(con, candidates.SELECTION, batch_size=k).column("uid").to_pylist()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_both_engines_pick_the_same_oldest_groups_in_the_same_order(seed: int) -> None:
+    """Dispatch steps drawn from a few values, so most groups tie on the step and the terminal
+    seq (drawn out of order) decides; some groups leave the index before it is asked."""
+    rng = random.Random(seed)
+    rows = _random_candidates(rng, 40)
+    seqs = rng.sample(range(1000, 2000), len(rows))
+    rows = [(r[0], r[1], rng.randint(0, 3), seqs[i], *r[4:]) for i, r in enumerate(rows)]
+    removed = {r[1] for r in rows if rng.random() < 0.25}
+    kept = [r for r in rows if r[1] not in removed]
+    index = _index_of(rows, removed)
+    for k in (1, 3, 10, len(kept)):
+        assert index.oldest(k) == _lake_oldest(kept, k), k
+    assert index.oldest(None) == _lake_oldest(kept, len(kept))
+
+
+def test_a_tie_on_the_dispatch_step_goes_to_the_earlier_terminal_status() -> None:
+    rows = [("train", "late", 2, 30, "finished", *[None] * 9),
+            ("train", "early", 2, 10, "failure", *[None] * 9),
+            ("train", "older", 1, 99, "finished", *[None] * 9)]
+    assert _index_of(rows, set()).oldest(3) == _lake_oldest(rows, 3) == ["older", "early", "late"]
+
+
+def test_the_live_order_is_the_ranking_the_selection_file_declares() -> None:
+    assert candidates.ORDER == declared.window_order(loader.load("select_oldest")) \
+        == ("global_steps", "term_seq", "uid")
+    # the lake's candidates view lists groups in the same order, per partition
+    last = loader.load("candidates").text.strip().splitlines()[-1]
+    assert last == f"order by partition, {', '.join(candidates.ORDER)}"
+
+
+def test_the_heap_key_follows_the_declared_order() -> None:
+    assert candidates.heap_key(("global_steps", "term_seq", "uid"))(1, 5, "a") == (1, 5, "a")
+    assert candidates.heap_key(("global_steps", "uid", "term_seq"))(1, 5, "a") == (1, "a", 5)
+
+
+@pytest.mark.parametrize("order", [("term_seq", "global_steps", "uid"), ("global_steps", "term_seq"),
+                                   ("global_steps", "term_seq", "uid", "n_traj")])
+def test_an_order_the_index_cannot_keep_is_refused(order: tuple[str, ...]) -> None:
+    with pytest.raises(loader.SqlError, match="global_steps first"):
+        candidates.heap_key(order)
+
+
+@pytest.mark.parametrize(("ranking", "message"), [
+    ("order by global_steps desc, term_seq, uid", "plain columns"),
+    ("order by global_steps + 1, term_seq, uid", "plain columns"),
+])
+def test_a_ranking_the_live_engine_cannot_reproduce_is_refused(tmp_path, ranking: str,
+                                                               message: str) -> None:
+    (tmp_path / "q.sql").write_text(
+        "-- name: q\n-- description: d\n-- params: none\n-- reads: candidates\n-- returns: uid\n"
+        f"select uid, row_number() over (partition by partition {ranking}) as rank "
+        "from candidates\n")
+    with pytest.raises(loader.SqlError, match=message):
+        declared.window_order(loader.load("q", tmp_path))
+
+
+# --- effective status and empty aggregates: the lake's views, compiled for the live buffer ------
+
+def test_groups_without_trajectories_get_the_same_status_and_aggregates_in_both_engines(
+        tmp_path) -> None:
+    from pipeline import ReplayBuffer
+    from pipeline.analysis.views import connect
+    from tests.support.lake import add_group
+
+    lake = tmp_path / "lake"
+    with ReplayBuffer.sync(lake=lake, poll_interval=0.05) as buf:
+        add_group(buf, "finished-empty", 1, [])
+        add_group(buf, "failed-empty", 2, [], status="failure")
+        add_group(buf, "finished", 3, [0.0, 1.0])
+        add_group(buf, "failed", 4, [1.0], status="failure")
+        live = buf.candidates("train")
+        lake_rows = connect(lake, filter_metric=None).sql(   # the sync preset filters on none
+            "select * from candidates where partition = 'train'").to_arrow_table()
+    assert live.to_pylist() == lake_rows.to_pylist()
+    by_uid = {r["uid"]: r for r in live.to_pylist()}
+    assert [by_uid[u]["status"] for u in ("finished-empty", "failed-empty", "finished", "failed")] \
+        == ["failure", "failure", "finished", "failure"]
+    assert tuple(by_uid["finished-empty"][c] for c in CANDIDATES.names[5:]) \
+        == aggregates.empty_aggregates() == (0, None, None, 0, None, None, None, None, None)
+
+
+@pytest.mark.parametrize("status", ["finished", "failure"])
+@pytest.mark.parametrize("n_traj", [0, 1, 3])
+def test_the_live_effective_status_is_the_groups_view_s(status: str, n_traj: int) -> None:
+    log = [{"table": "group_events", "uid": "g", "event": "registered", "global_steps": 1}]
+    log += [{"table": "trajectories", "uid": "g", "session_id": s} for s in range(n_traj)]
+    log += [{"table": "group_events", "uid": "g", "event": status, "global_steps": 1}]
+    con = case_connection({"log": log})
+    ((lake,),) = con.sql("select effective_status from groups").fetchall()
+    assert aggregates.effective_status(status, n_traj) == lake
