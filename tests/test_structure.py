@@ -304,11 +304,7 @@ def all_job_reaches() -> set[str]:
 
 # --- what other work still has to remove (to be removed by the lead) ------------------------------
 # Keyed without line numbers ("file: what"), so that edits elsewhere in a file do not move them.
-KNOWN_PRIVATE_REACHES: set[str] = {
-    # pipeline/decide is being changed by other work (item 2 of issue 24: the `$name` pattern is
-    # written twice, as `_PARAM` in pipeline/decide/compile.py and in sql/loader.py)
-    "pipeline/decide/rules.py: declared._PARAM",
-}
+KNOWN_PRIVATE_REACHES: set[str] = set()
 KNOWN_JOB_REACHES: set[str] = set()
 
 
