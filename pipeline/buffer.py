@@ -25,20 +25,28 @@ from pipeline.arguments import (
     step_arg,
     uid_list,
 )
-from pipeline.buffer_reads import BufferReads
 from pipeline.config import BufferConfig, async_config, preset_kwargs, sync_config
-from pipeline.decide import Batch, Ready, run_call
+from pipeline.decide import Batch, Ready, aggregates, run_call
 from pipeline.decide import evaluate as decide
 from pipeline.decide.policies import PollContext
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
 from pipeline.ingest import validate_groups, validate_status, validate_trajectories
 from pipeline.lake import LakeWriter
-from pipeline.state import BufferState, Journal, Listener, by_column
+from pipeline.state import (
+    BufferState,
+    GroupView,
+    Journal,
+    Listener,
+    candidates,
+    decision_rows,
+    view,
+)
 
 log = logging.getLogger("replaylake")
+_STATUSES = ("pending", "running", "finished", "failure", "sampled")
 
 
-class ReplayBuffer(BufferReads):
+class ReplayBuffer:
     """The live buffer over an optional on-disk lake (``lake=None``: memory only).
 
     Opening an existing lake directory restores the buffer exactly as the last acknowledged
@@ -96,8 +104,7 @@ class ReplayBuffer(BufferReads):
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn(kind, partition, uids, batch_id)`` after every evict / discard / select /
         release, under the buffer's lock (adapters mirror these effects onto their data plane)."""
-        with self._state.cond:
-            self._state.listeners.append(fn)
+        self._state.add_listener(fn)
 
     def register(self, data: Any = None, *, partition: str | None = None,
                  uids: list[str] | None = None, global_steps: int | None = None,
@@ -116,7 +123,7 @@ class ReplayBuffer(BufferReads):
         elif prompt_ids is not None:
             raise ConfigError("register: prompt_ids= goes with the uids= shorthand; with rows, "
                               "give each row a `prompt_id`")
-        with self._state.cond:
+        with self._state.locked():
             rows = validate_groups(data, self._state.lookup)
             events = rows.append_column("event", pa.array(["registered"] * rows.num_rows))
             self._state.commit("group_events", events.select(
@@ -129,11 +136,10 @@ class ReplayBuffer(BufferReads):
             uids = uid_list("update_status", uids)
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "status": [status] * len(uids)}
-        with self._state.cond:
+        with self._state.locked():
             rows = validate_status(data, self._state.lookup)
-            parts = self._state.parts
-            gs = [parts[p].groups[u].gs for p, u in
-                  zip(rows.column("partition").to_pylist(), rows.column("uid").to_pylist())]
+            gs = self._state.dispatch_steps(rows.column("partition").to_pylist(),
+                                            rows.column("uid").to_pylist())
             self._state.commit("group_events", pa.table({
                 "partition": rows.column("partition"), "uid": rows.column("uid"),
                 "event": rows.column("status"), "global_steps": pa.array(gs, pa.int64()),
@@ -148,7 +154,7 @@ class ReplayBuffer(BufferReads):
         raises `BufferFullError` (nothing of the call accepted). A single put larger than the
         whole budget is accepted when the buffer holds nothing else, so it can never deadlock."""
         deadline = time.monotonic() + max(timeout, 0.0)
-        with self._state.cond:
+        with self._state.locked():
             while True:   # validated again after every wait: a group may have settled meanwhile
                 rows = validate_trajectories(trajectories, self._state.lookup,
                                              self.config.filter_metric)
@@ -160,7 +166,7 @@ class ReplayBuffer(BufferReads):
         budget = self.max_live_bytes
         if budget is None:
             return True
-        live = sum(p.rows.live_bytes for p in self._state.parts.values())
+        live = self._state.live_bytes()
         if live == 0 or live + nbytes <= budget:
             return True
         if nbytes > budget:       # could only ever fit into an empty buffer: say so at once
@@ -175,7 +181,7 @@ class ReplayBuffer(BufferReads):
                 f"put of {nbytes:,} payload bytes would exceed max_live_bytes={budget:,} "
                 f"({live:,} held in memory); sample and release batches, raise the budget, or "
                 "pass put(..., timeout=seconds) to wait; nothing of this call was accepted")
-        self._state.cond.wait(left)
+        self._state.wait(left)
         return False
 
     def reissue(self, global_steps: int, partition: str | None = None, *,
@@ -195,8 +201,8 @@ class ReplayBuffer(BufferReads):
         only = None if partition is None and partition_id is None else \
             partition_arg(partition, partition_id, "reissue")
         out: dict[str, list[str]] = {}
-        with self._state.cond, interrupts.held():
-            for pid, part in sorted(self._state.parts.items()):
+        with self._state.locked(), interrupts.held():
+            for pid, part in self._state.partitions():
                 if only is not None and pid != only:
                     continue
                 uids = sorted(part.inflight)
@@ -216,13 +222,13 @@ class ReplayBuffer(BufferReads):
         step_arg(where, global_steps)
         p = partition_arg(partition, partition_id, where)
         batch_size_arg(where, batch_size)
-        with self._state.cond:
-            known = self._state.parts.get(p)
-            if (known is None or not known.groups) and p not in self._warned \
-                    and any(q.groups for q in self._state.parts.values()):
+        with self._state.locked():
+            known = self._state.find(p)
+            with_groups = [q for q, s in self._state.partitions() if s.groups]
+            if (known is None or not known.groups) and p not in self._warned and with_groups:
                 self._warned.add(p)
                 log.warning("%s: partition %r has no group yet (known: %s); waiting for one",
-                            where, p, sorted(q for q, s in self._state.parts.items() if s.groups))
+                            where, p, with_groups)
         return PollContext(global_steps, p, batch_size)
 
     def sample(self, global_steps: int, partition: str | None = None,
@@ -260,8 +266,8 @@ class ReplayBuffer(BufferReads):
         uids = uid_list("retire", uids)
         if global_steps is not None:
             step_arg("retire", global_steps)
-        with self._state.cond:
-            part = self._state.parts.get(partition)
+        with self._state.locked():
+            part = self._state.find(partition)
             if part is None:
                 return []
             live = [u for u in uids if u in part.groups and part.groups[u].removed is None]
@@ -272,32 +278,109 @@ class ReplayBuffer(BufferReads):
                 steps, spans = gs, [1] * len(gs)
             else:
                 steps, spans = [global_steps] * len(gs), decide.group_spans(global_steps, gs)
-            self._state.commit("decisions", [
-                {"partition": partition, "step": s, "call_id": -1, "poll": 0, "kind": "evict",
-                 "uid": u, "reason": reason, "group_span": span, "count": 1}
-                for u, s, span in zip(live, steps, spans)])
+            # `replaces` as rows of None: the layout these rows always had in the lake
+            self._state.commit("decisions", decision_rows(
+                "evict", partition=partition, step=steps, uids=live, reason=reason,
+                group_span=spans, replaces=[None] * len(live)))
             return live
 
     def release(self, batch: Batch | int) -> None:
         """The trainer is done with the batch: its trajectories leave memory (not the lake)."""
         batch_id = batch.batch_id if isinstance(batch, Batch) else batch_id_arg(batch)
-        with self._state.cond, interrupts.held():
-            for pid, part in self._state.parts.items():
+        with self._state.locked(), interrupts.held():
+            for pid, part in self._state.partitions():
                 if batch_id in part.batches:
                     uids = part.batches[batch_id]
                     nulls = [None] * len(uids)   # laid out as rows of None (not `pa.nulls`)
-                    self._state.commit("decisions", by_column("decisions", len(uids), {
-                        "partition": pid, "step": part.batch_step[batch_id], "call_id": -1,
-                        "poll": 0, "kind": "release", "uid": list(uids), "reason": nulls,
-                        "batch_id": batch_id, "count": 1, "replaces": nulls}))
+                    self._state.commit("decisions", decision_rows(
+                        "release", partition=pid, step=part.batch_step[batch_id], uids=uids,
+                        reason=nulls, batch_id=batch_id, replaces=nulls))
                     return
         raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or "
                                 "already released)")
 
+    # --- reads: none of them changes a group's fate ----------------------------------------------
+    def get_sampleable_count(self, global_steps: int, partition: str | None = None, *,
+                             partition_id: str | None = None) -> int:
+        """How many groups `sample` could hand out now; evicts, refills and removes nothing."""
+        step_arg("get_sampleable_count", global_steps)
+        p = partition_arg(partition, partition_id, "get_sampleable_count")
+        with self._state.locked():
+            part = self._state.find(p)
+            if part is None:
+                return 0
+            ev = decide.evaluate(part, self.config.rules_for(p), global_steps,
+                                 self.config.filter_metric)
+            return part.candidates.alive_count - ev.count
+
+    def lookup(self, partition: str, uid: str) -> GroupView | None:
+        """A frozen view of the group (uid, global_steps, n, status, removed, keys,
+        prompt_id), a retired marker (``removed == 'retired'``: never accepted again), or None
+        when never seen."""
+        with self._state.locked():
+            part = self._state.find(partition)
+            if part is None:
+                return None
+            return view(uid, part.groups.get(uid), uid in part.retired)
+
+    def held_batches(self, partition: str) -> dict[int, list[tuple[str, int, int]]]:
+        """Selected, unreleased batches: batch id -> its (uid, session_id, index) keys."""
+        with self._state.locked():
+            part = self._state.find(partition)
+            if part is None:
+                return {}
+            return {b: [(u, s, x) for u in uids for s, x in sorted(part.groups[u].keys)]
+                    for b, uids in part.batches.items()}
+
+    def sampleable_uids(self, partition: str) -> list[str]:
+        """Every group the last poll left sampleable, oldest first (evicts nothing)."""
+        with self._state.locked():
+            part = self._state.find(partition)
+            return part.candidates.oldest(None) if part is not None else []
+
+    def prepare(self, partition: str) -> None:
+        """Compute now the aggregates of the groups that turned terminal since the last poll,
+        which the next poll would compute first (a group's aggregates never change once it is
+        terminal, so the poll then decides exactly as it would have). Decides nothing; for a
+        thread that feeds the buffer between calls."""
+        with self._state.locked():
+            part = self._state.find(partition)
+            if part is not None:
+                aggregates.complete(part)
+
+    def candidates(self, partition: str) -> pa.Table:
+        """The candidate table of a partition (schemas.CANDIDATES): every terminal group not yet
+        sampled, evicted or discarded, with the aggregates the rules read, oldest first."""
+        with self._state.locked():
+            part = self._state.find(partition)
+            if part is None:
+                return candidates.table([])
+            aggregates.complete(part)
+            alive = part.candidates.alive
+            return candidates.table([alive[u] for u in part.candidates.oldest(None)])
+
+    def counts(self, partition: str | None = None, *,
+               partition_id: str | None = None) -> dict[str, int]:
+        """Live groups of a partition per status (selected, unreleased groups: `sampled`)."""
+        p = partition_arg(partition, partition_id, "counts")
+        with self._state.locked():
+            part = self._state.find(p)
+            return part.counts() if part else dict.fromkeys(_STATUSES, 0)
+
+    def partitions(self) -> list[str]:
+        with self._state.locked():
+            return [p for p, _ in self._state.partitions()]
+
+    @property
+    def lake(self) -> LakeWriter | None:
+        """The lake this buffer writes (its ``root`` and ``lock``), or None in memory only."""
+        return self._state.lake
+
+    # --- the end ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Finish the lake's open segments and give its writer lock back (idempotent)."""
-        if self._state.journal.lake is not None:
-            self._state.journal.lake.close()
+        if self._state.lake is not None:
+            self._state.lake.close()
 
     def __enter__(self) -> ReplayBuffer:
         return self

@@ -11,7 +11,7 @@ constructor keywords 1:1, so a verl config carries over unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pipeline.config import rule_knobs
@@ -21,8 +21,10 @@ from pipeline.decide.policies import (
     DapoCredit,
     NoRefill,
     RefillFailedWhileShort,
+    RefillPolicy,
     ReplaceEvicted,
     StalePolicy,
+    WaitGate,
 )
 from pipeline.errors import ConfigError
 
@@ -48,7 +50,7 @@ class BufferConfig:
     rules: tuple[RuleUse, ...] = ()
     stale: StalePolicy = field(default_factory=StalePolicy)
     filter_metric: str | None = None
-    refill: Any = field(default_factory=NoRefill)
+    refill: RefillPolicy = field(default_factory=NoRefill)
     refill_fn: Callable[[int], Any] | None = None
     poll_interval: float = DEFAULT_POLL_INTERVAL
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
@@ -56,7 +58,26 @@ class BufferConfig:
 
     def rules_for(self, partition: str) -> tuple[RuleUse, ...]:
         """The rules a poll of ``partition`` runs (none on a validation partition)."""
-        return () if is_validation(partition) else self.rules
+        return self.for_partition(partition).rules
+
+    # --- one partition's configuration: a validation partition is a value, not a mode -------
+    def for_partition(self, partition: str) -> BufferConfig:
+        """What a call on ``partition`` decides with. A validation partition evaluates its model
+        on every group it is given: no rule evicts there (so no staleness bound is checked), no
+        refill is asked, and an empty batch is no error; the wait gate still applies (as verl)."""
+        if not is_validation(partition):
+            return self
+        return replace(self, rules=(), refill=NoRefill(), empty_batch_is_error=False)
+
+    @property
+    def gate(self) -> WaitGate | None:
+        """The wait gate a sample must find open before it returns, or None."""
+        return self.stale.gate()
+
+    def bound(self) -> int | None:
+        """The span no selected group may exceed: the threshold of the `stale` rule, if on."""
+        use = self.uses("stale")
+        return None if use is None else dict(use.params)["threshold"]
 
     def uses(self, name: str) -> RuleUse | None:
         return next((u for u in self.rules if u.name == name), None)
@@ -130,7 +151,7 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
             f"sync_refill_failed_groups=True requires gen_batch_size=1 (got {gen_batch_size!r}): "
             "failed prompts are replaced one by one")
     if filter_groups_metric is not None:
-        refill: Any = DapoCredit(train_batch_size, gen_batch_size, max_inflight_gen_batches,
+        refill: RefillPolicy = DapoCredit(train_batch_size, gen_batch_size, max_inflight_gen_batches,
                                  max_num_gen_batches)
     elif sync_refill_failed_groups:
         refill = RefillFailedWhileShort()

@@ -24,7 +24,7 @@ from pipeline.decide.metrics import CallMetrics, EvictionMetrics
 from pipeline.decide.policies import CallState, PollContext, PollOutcome
 from pipeline.decide.selection import deliver, select
 from pipeline.errors import SampleTimeout
-from pipeline.state import BufferState, PartitionState, by_column
+from pipeline.state import BufferState, PartitionState, decision_rows
 
 log = logging.getLogger("replaylake")
 WARN_EVERY_S = 60.0
@@ -53,7 +53,7 @@ def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume
         # the evictions of a call that raises (a refill_fn that failed, a timeout, Ctrl-C) are
         # in the lake already: their metrics go out with the partition's next call, not lost
         # (unless the call chose its batch: they are in that batch's metrics)
-        with state.cond:
+        with state.locked():
             part = state.part(ctx.partition)
             if part.undelivered is not None and part.undelivered[2] == call.call_id:
                 raise
@@ -74,15 +74,16 @@ class _Call:
 
     def __init__(self, state: BufferState, cfg: BufferConfig, ctx: PollContext, consume: bool,
                  timeout: float | None):
+        # the partition's own configuration: a validation partition's has no rule and no refill
         self.state, self.cfg, self.ctx, self.consume, self.timeout = \
-            state, cfg, ctx, consume, timeout
+            state, cfg.for_partition(ctx.partition), ctx, consume, timeout
         self.st = CallState()
         self.start = self.last_warn = time.monotonic()
         self.deadline = None if timeout is None else self.start + timeout
         self.call_id = state.new_call()
-        self.uses = cfg.rules_for(ctx.partition)
+        self.uses = self.cfg.rules
         self.asked: tuple[int, int] | None = None   # (poll, prompts) of a refill not yet asked
-        with state.cond:
+        with state.locked():
             part = state.part(ctx.partition)
             self.acc, part.unreported = part.unreported or EvictionMetrics(), None
 
@@ -91,7 +92,7 @@ class _Call:
             return self._run(before_poll)
         except BaseException as exc:
             if self.asked is not None:     # a refill was decided and logged, never asked for
-                self._ask_failed(self.state.part(self.ctx.partition), *self.asked, exc)
+                self._ask_failed(*self.asked, exc)
             raise
 
     def _run(self, before_poll: Callable[[], None] | None) -> Batch | Ready:
@@ -101,7 +102,7 @@ class _Call:
             self._await_ask()
             if before_poll is not None:
                 before_poll()
-            with state.cond:
+            with state.locked():
                 part = state.part(self.ctx.partition)
                 if self.consume and part.undelivered is not None:
                     batch = self._undelivered(part)
@@ -114,7 +115,7 @@ class _Call:
                         part.undelivered = None       # the caller has it now
                     return result
                 if wait is not None:
-                    state.cond.wait(wait)
+                    state.wait(wait)
             poll += 1
             if dispatch:
                 self._refill(part, dispatch, poll - 1)
@@ -160,28 +161,22 @@ class _Call:
             st.replaces = []
             wanted = cfg.refill.after_poll(outcome, st, ctx)
             if part.refill_asking:     # an earlier ask has not returned: never ask twice
-                part.refill_owed += wanted
-                part.refill_replaces = part.refill_replaces + st.replaces
+                state.owe_refill(ctx.partition, wanted, st.replaces)
             else:
-                dispatch = wanted + part.refill_owed
+                # the row asks for what is owed too; should it fail to be written, the next poll
+                # (of this or a later call) still owes these prompts, as when refill_fn raises
+                dispatch = state.decide_refill(ctx.partition, wanted, st.replaces, step=ctx.step,
+                                               call_id=self.call_id, poll=poll,
+                                               policy=cfg.refill.name)
         now = time.monotonic()
         if dispatch:
-            # owed first: should the refill row fail to be written, the next poll (of this or a
-            # later call) still owes these prompts, as it does when refill_fn raises
-            part.refill_owed = dispatch
-            part.refill_replaces = part.refill_replaces + st.replaces
-            state.commit("decisions", [{
-                "partition": ctx.partition, "step": ctx.step, "call_id": self.call_id,
-                "poll": poll, "kind": "refill", "reason": type(cfg.refill).__name__,
-                "count": dispatch, "replaces": part.refill_replaces}])
             st.refilled += dispatch
             self.asked = (poll, dispatch)
         elif _ready(cfg, part, ctx, outcome, st):
             if not self.consume:
                 uids = part.candidates.oldest(ctx.batch_size)
-                scalars = {} if ctx.validation else acc.scalars(metric_prefix(ctx.partition))
-                return Ready(uids, CallMetrics(scalars, {} if ctx.validation
-                                               else acc.reward_counts)), 0, None
+                scalars = acc.scalars(metric_prefix(ctx.partition))
+                return Ready(uids, CallMetrics(scalars, acc.reward_counts)), 0, None
             return select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None
         _check_time(ctx, self.timeout, self.deadline, now, part, state, st)
         if st.refilled and now - self.last_warn >= WARN_EVERY_S:
@@ -213,21 +208,20 @@ class _Call:
             try:
                 self.cfg.refill_fn(dispatch)
             except BaseException as exc:
-                with self.state.cond:
+                with self.state.locked():
                     part.refill_asking = False
-                self._ask_failed(part, poll, dispatch, exc)
+                self._ask_failed(poll, dispatch, exc)
                 raise
-            with self.state.cond, interrupts.held():   # what was owed meanwhile stays owed
+            with self.state.locked(), interrupts.held():   # what was owed meanwhile stays owed
                 part.refill_asking = False
-                part.refill_owed -= dispatch
-                part.refill_replaces = part.refill_replaces[replaced:]
+                self.state.refill_served(self.ctx.partition, dispatch, replaced)
 
         if self.deadline is None:
             ask()
             return
         errors: list[BaseException] = []
         done = threading.Event()
-        with self.state.cond:
+        with self.state.locked():
             part.refill_asking, part.refill_done = True, done
 
         def run() -> None:
@@ -243,7 +237,7 @@ class _Call:
 
         threading.Thread(target=run, name="replaylake-refill", daemon=True).start()
         if not done.wait(max(self.deadline - time.monotonic(), 0.0)):
-            with self.state.cond:
+            with self.state.locked():
                 raise SampleTimeout(
                     f"{_call(self.ctx)} timed out after {self.timeout}s: refill_fn({dispatch}) "
                     "has not returned (the rollout side is not answering); the ask stays in "
@@ -255,29 +249,25 @@ class _Call:
         """Before a poll: wait (until the deadline) for a refill an earlier call asked for and
         left in flight when it timed out or was interrupted, so that this call decides on what
         that ask registered as a whole, as the earlier call would have, never on half of it."""
-        with self.state.cond:
+        with self.state.locked():
             part = self.state.part(self.ctx.partition)
             done = part.refill_done if part.refill_asking else None
         if done is None or done.is_set():
             return
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
         if not done.wait(left):
-            with self.state.cond:
+            with self.state.locked():
                 raise SampleTimeout(
                     f"{_call(self.ctx)} timed out after {self.timeout}s: a refill_fn an earlier "
                     "call asked has not returned (the rollout side is not answering); its "
                     "groups count as soon as they arrive", part.counts())
 
-    def _ask_failed(self, part: PartitionState, poll: int, dispatch: int,
-                    exc: BaseException) -> None:
+    def _ask_failed(self, poll: int, dispatch: int, exc: BaseException) -> None:
         """Record that the refill decided at ``poll`` served nothing (refill_fn raised, or the
         call raised before asking): a `refill_failed` row, named by the exception's type."""
         self.asked = None
-        with self.state.cond:
-            self.state.commit("decisions", [{
-                "partition": self.ctx.partition, "step": self.ctx.step, "call_id": self.call_id,
-                "poll": poll, "kind": "refill_failed", "reason": type(exc).__name__,
-                "count": dispatch, "replaces": list(part.refill_replaces)}])
+        self.state.refill_failed(self.ctx.partition, step=self.ctx.step, call_id=self.call_id,
+                                 poll=poll, error=exc, count=dispatch)
 
 
 def _call(ctx: PollContext) -> str:
@@ -301,7 +291,7 @@ def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None,
                    "none of them is in flight: refill_fn returned without registering them, "
                    f"or they were evicted in turn (evicted in this call: {seen})"))
     elif not part.groups and not part.retired and not part.candidates.alive_count:
-        known = sorted(p for p in state.parts if p != ctx.partition and state.parts[p].groups)
+        known = [p for p, s in state.partitions() if p != ctx.partition and s.groups]
         hint = (f"; partition {ctx.partition!r} has never received a group (known partitions: "
                 f"{known or 'none'})")
     raise SampleTimeout(f"{_call(ctx)} timed out after {timeout}s with "
@@ -310,20 +300,21 @@ def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None,
 
 def _ready(cfg: BufferConfig, part: PartitionState, ctx: PollContext, o: PollOutcome,
            st: CallState) -> bool:
+    """Whether the call may hand out its batch: enough sampleable groups, the gate (if any)
+    open, and the refill policy done (sync DAPO waits for its in-flight groups)."""
     if o.sampleable < ctx.batch_size:
         return False
-    if cfg.stale.gate_active() and not cfg.stale.gate_open(ctx.step, part.oldest_inflight()):
+    gate = cfg.gate
+    if gate is not None and not gate.open(ctx.step, part.oldest_inflight()):
         return False
-    if cfg.refill.drains and not ctx.validation:
-        return st.draining and o.inflight == 0
-    return True
+    return cfg.refill.may_finish(o, st)
 
 
 def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: int, poll: int,
            ev: decide.Eviction) -> None:
     fired = ev.rows()
-    state.commit("decisions", by_column("decisions", len(fired), {
-        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-        "kind": "evict", "uid": [ev.uids[i] for i, _ in fired], "reason": [r for _, r in fired],
-        "group_span": [ev.group_spans[i] for i, _ in fired],
-        "value": [ev.values[r][i] if r in ev.values else None for i, r in fired], "count": 1}))
+    state.commit("decisions", decision_rows(
+        "evict", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
+        uids=[ev.uids[i] for i, _ in fired], reason=[r for _, r in fired],
+        group_span=[ev.group_spans[i] for i, _ in fired],
+        value=[ev.values[r][i] if r in ev.values else None for i, r in fired]))

@@ -20,7 +20,7 @@ from pipeline.decide.batch import Batch, batch_rows, with_provenance
 from pipeline.decide.metrics import STALENESS_MIN, EvictionMetrics, off_policy_metrics
 from pipeline.decide.policies import PollContext
 from pipeline.errors import EmptyBatchError, InvariantError
-from pipeline.state import BufferState, PartitionState, by_column
+from pipeline.state import BufferState, PartitionState, decision_rows
 
 log = logging.getLogger("replaylake")
 
@@ -63,24 +63,22 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     chosen = part.candidates.oldest(ctx.batch_size)
     steps = {u: part.groups[u].gs for u in chosen}
     payload = part.payload(chosen)
-    batch_id = state.next_batch
+    batch_id = state.next_batch_id()
     rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
     spans = _spans(rows, chosen, steps, ctx.step)
-    bound = cfg.stale.bound()
-    if bound is not None and not ctx.validation:
+    bound = cfg.bound()
+    if bound is not None:
         over = [u for u in chosen if spans[u] > bound]
         if over:
             raise InvariantError(f"selected groups exceed the staleness bound {bound}: {over[:5]}")
-    if cfg.refill.drains and not ctx.validation:
-        chosen_set = set(chosen)
-        surplus = [u for u in part.candidates.oldest(None) if u not in chosen_set]
-        if surplus:
-            surplus_spans = decide.group_spans(ctx.step, [part.groups[u].gs for u in surplus])
-            state.commit("decisions", by_column("decisions", len(surplus), {
-                "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-                "kind": "discard", "uid": surplus, "group_span": surplus_spans, "count": 1}))
-            acc.discarded += len(surplus)
-    if cfg.empty_batch_is_error and not ctx.validation and payload.num_rows == 0:
+    surplus = cfg.refill.surplus(chosen, lambda: part.candidates.oldest(None))
+    if surplus:
+        surplus_spans = decide.group_spans(ctx.step, [part.groups[u].gs for u in surplus])
+        state.commit("decisions", decision_rows(
+            "discard", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
+            uids=surplus, group_span=surplus_spans))
+        acc.discarded += len(surplus)
+    if cfg.empty_batch_is_error and payload.num_rows == 0:
         hint = "" if cfg.uses("failure") else (
             "; set sync_refill_failed_groups=True (with refill_fn and gen_batch_size=1) to "
             "replace failure groups that produced no trajectory")
@@ -92,17 +90,16 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     # they are written too) for a retry, should this call raise before returning it
     table = with_provenance(payload, rows, status)
     prefix = metric_prefix(ctx.partition)
-    evm = {} if ctx.validation else acc.scalars(prefix)
+    evm = acc.scalars(prefix)     # empty on a validation partition: nothing is evicted there
     opm, weights = off_policy_metrics(rows, prefix=prefix)
     _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
     batch = Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
-                  {} if ctx.validation else dict(acc.reward_counts))
+                  dict(acc.reward_counts))
     metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
                     "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
-    state.commit("decisions", by_column("decisions", len(chosen), {
-        "partition": ctx.partition, "step": ctx.step, "call_id": call_id, "poll": poll,
-        "kind": "select", "uid": chosen, "group_span": [spans[u] for u in chosen],
-        "batch_id": batch_id, "count": 1}))
+    state.commit("decisions", decision_rows(
+        "select", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
+        uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id))
     part.undelivered = (batch, metric_rows, call_id)
     deliver(state, part)
     return batch

@@ -37,7 +37,7 @@ def library_version() -> str:
 
 def describe(cfg: BufferConfig) -> dict[str, Any]:
     """Every setting of ``cfg`` as plain JSON values (refill_fn by name only)."""
-    refill = {"policy": type(cfg.refill).__name__}
+    refill = {"policy": cfg.refill.name}      # the declared name, whatever the class is called
     if is_dataclass(cfg.refill):
         refill.update({f.name: getattr(cfg.refill, f.name) for f in fields(cfg.refill)})
     return {

@@ -6,6 +6,8 @@ from pipeline._face import face
 __getattr__, __dir__, __all__ = face(__name__, {
     'BufferState': 'buffer_state',
     'Listener': 'buffer_state',
+    'KINDS': 'decisions',
+    'decision_rows': 'decisions',
     'Journal': 'journal',
     'by_column': 'journal',
     'GroupView': 'partition',

@@ -2,8 +2,10 @@
 
 Every change goes through `commit(table, rows)`: stamp the rows with seq numbers, write them to the
 lake (when there is one), then `apply` them. Restore replays the lake through the very same
-`apply`, decisions included, so a restarted buffer is the buffer that was acknowledged before the
-crash. Nothing outside this module touches the lock, the counters or the journal.
+`apply`, decisions included (the refills a partition owes too), so a restarted buffer is the
+buffer that was acknowledged before the crash. Callers use the methods below (the lock, the change
+counter, the batch and call counters, the partitions); nothing outside this module touches the
+attributes behind them.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pyarrow.compute as pc
 
 from pipeline import interrupts
 from pipeline.errors import InvariantError
+from pipeline.state.decisions import decision_rows
 from pipeline.state.journal import Journal
 from pipeline.state.partition import PartitionState
 
@@ -35,35 +38,123 @@ class BufferState:
     """Lock, partitions and journal of one buffer (see the module docstring)."""
 
     def __init__(self, journal: Journal, filter_metric: str | None):
-        self.cond = threading.Condition(threading.RLock())
+        self._cond = threading.Condition(threading.RLock())
         self.journal = journal
         self.filter_metric = filter_metric
-        self.parts: dict[str, PartitionState] = {}
-        self.version = 0          # bumps on every change: a waiting sample re-polls
-        self.next_batch = 0
-        self.next_call = 0
-        self.listeners: list[Listener] = []
+        self._parts: dict[str, PartitionState] = {}
+        self._version = 0          # bumps on every change: a waiting sample re-polls
+        self._next_batch = 0
+        self._next_call = 0
+        self._listeners: list[Listener] = []
         self.broken: str | None = None   # why memory may differ from the lake (see `commit`)
+
+    # --- the lock and the change counter -----------------------------------------------------
+    def locked(self) -> threading.Condition:
+        """The buffer's lock, as a context manager (re-entrant): `with state.locked(): ...`."""
+        return self._cond
+
+    def wait(self, timeout: float | None) -> None:
+        """Release the lock until a change is committed or ``timeout`` seconds pass."""
+        self._cond.wait(timeout)
+
+    @property
+    def version(self) -> int:
+        """How many changes were committed: a poll that saw this value saw them all."""
+        return self._version
+
+    def add_listener(self, fn: Listener) -> None:
+        with self._cond:
+            self._listeners.append(fn)
 
     # --- partitions and groups ---------------------------------------------------------------
     def part(self, partition: str) -> PartitionState:
-        p = self.parts.get(partition)
+        """The partition's state, made empty on first use (a call may wait for its groups)."""
+        p = self._parts.get(partition)
         if p is None:
-            p = self.parts[partition] = PartitionState(partition, self.filter_metric)
+            p = self._parts[partition] = PartitionState(partition, self.filter_metric)
         return p
 
+    def find(self, partition: str) -> PartitionState | None:
+        """The partition's state, or None when nothing ever named it."""
+        return self._parts.get(partition)
+
+    def partitions(self) -> list[tuple[str, PartitionState]]:
+        """Every partition's state, by id."""
+        return sorted(self._parts.items())
+
     def lookup(self, partition: str, uid: str) -> Any:
-        p = self.parts.get(partition)
+        p = self._parts.get(partition)
         if p is None:
             return None
         g = p.groups.get(uid)       # a live group: `PartitionState.lookup` without its call
         return g if g is not None else p.lookup(uid)
 
+    def dispatch_steps(self, partitions: list[str], uids: list[str]) -> list[int]:
+        """The dispatch step of each live group named (validated input: every one exists)."""
+        parts = self._parts
+        return [parts[p].groups[u].gs for p, u in zip(partitions, uids)]
+
+    def live_bytes(self) -> int:
+        """Trajectory payload held in memory, over every partition."""
+        return sum(p.rows.live_bytes for p in self._parts.values())
+
     def new_call(self) -> int:
-        with self.cond:
-            call_id = self.next_call
-            self.next_call += 1
+        with self._cond:
+            call_id = self._next_call
+            self._next_call += 1
             return call_id
+
+    def next_batch_id(self) -> int:
+        """The id the next selection's batch gets (taken when its `select` rows are applied)."""
+        return self._next_batch
+
+    @property
+    def lake(self) -> Any:
+        """The lake writer, or None for a buffer in memory only."""
+        return self.journal.lake
+
+    # --- refills: what is owed, through the decision rows --------------------------------------
+    def decide_refill(self, partition: str, wanted: int, replaces: list[str], *,
+                      step: int, call_id: int, poll: int, policy: str) -> int:
+        """Ask for ``wanted`` new prompts plus every one the partition still owes: one `refill`
+        row, whose apply makes it what is owed until the ask is served (a restart replays it).
+        Returns the prompts asked (0: none). Should the row not be written, memory still owes
+        ``wanted`` (the lake never saw it), and the next poll asks again."""
+        part = self.part(partition)
+        dispatch = wanted + part.refill_owed
+        if not dispatch:
+            return 0
+        seen = self._version
+        try:
+            self.commit("decisions", decision_rows(
+                "refill", partition=partition, step=step, call_id=call_id, poll=poll,
+                reason=policy, count=dispatch, replaces=part.refill_replaces + replaces))
+        except BaseException:
+            if self._version == seen:      # not written: nothing applied
+                part.owe_refill(wanted, replaces)
+            raise
+        return dispatch
+
+    def owe_refill(self, partition: str, wanted: int, replaces: list[str]) -> None:
+        """A poll wanted a refill while an earlier ask is still running: the next ask takes it.
+        (In memory only: a restart before that ask forgets it, as the lake never heard of it.)"""
+        self.part(partition).owe_refill(wanted, replaces)
+
+    def refill_served(self, partition: str, count: int, replaced: int) -> None:
+        """refill_fn returned: its ``count`` prompts and the first ``replaced`` evictions they
+        replace are owed no more (what later polls owed meanwhile stays owed). No row: the
+        lake's readers count every `refill` without a `refill_failed` beside it as served."""
+        self.part(partition).refill_served(count, replaced)
+
+    def refill_failed(self, partition: str, *, step: int, call_id: int, poll: int,
+                      error: BaseException, count: int) -> None:
+        """The ask decided at ``poll`` served nothing: a `refill_failed` row named by the
+        exception's type; its prompts stay owed."""
+        with self._cond:
+            part = self.part(partition)
+            self.commit("decisions", decision_rows(
+                "refill_failed", partition=partition, step=step, call_id=call_id, poll=poll,
+                reason=type(error).__name__, count=count, replaces=list(part.refill_replaces)))
 
     # --- the one write path --------------------------------------------------------------------
     def commit(self, table: str, rows: pa.Table | list[dict]) -> pa.Table | None:
@@ -91,11 +182,11 @@ class BufferState:
                                    f"matches what it acknowledged and takes no more changes; "
                                    f"{again}")
                     raise InvariantError(self.broken) from exc
-            self.version += 1
-            self.cond.notify_all()
+            self._version += 1
+            self._cond.notify_all()
             # listeners last: one that raises (an adapter's data plane) leaves the state whole
             for effect in effects:
-                for fn in self.listeners:
+                for fn in self._listeners:
                     fn(*effect)
         return stamped
 
@@ -143,12 +234,15 @@ class BufferState:
                 ("partition", "kind", "uid", "batch_id", "step", "call_id")]
         calls = [c for c in cols[5] if c is not None and c >= 0]
         if calls:
-            self.next_call = max(self.next_call, max(calls) + 1)
+            self._next_call = max(self._next_call, max(calls) + 1)
+        at = 0
         for (p, kind, batch_id, step), grp in groupby(zip(*cols), key=_DECISION_RUN):
+            run = list(grp)
+            at += len(run)
             part = self.part(p)
-            uids = list(dict.fromkeys(r[2] for r in grp))   # 2 reasons -> 2 rows, 1 removal
+            uids = list(dict.fromkeys(r[2] for r in run))   # 2 reasons -> 2 rows, 1 removal
             if batch_id is not None:
-                self.next_batch = max(self.next_batch, batch_id + 1)
+                self._next_batch = max(self._next_batch, batch_id + 1)
             if kind == "evict":
                 part.apply_removed(uids, "evicted")
             elif kind == "discard":
@@ -158,6 +252,19 @@ class BufferState:
             elif kind == "release":
                 uids = part.apply_released(batch_id)
             else:
-                continue   # refill rows change nothing in memory
+                # refills: the last row of the run says what is owed now (rows a few, rare)
+                last = rows.slice(at - 1, 1)
+                if kind == "refill":
+                    part.apply_refill(last.column("count")[0].as_py(),
+                                      last.column("replaces")[0].as_py() or [])
+                elif kind == "refill_failed":
+                    part.apply_refill_failed()
+                continue   # refills change no group
             if effects is not None:
                 effects.append((kind, p, uids, batch_id))
+
+    def settle_restored(self) -> None:
+        """After restore: an ask the lake shows without a `refill_failed` row counts as served
+        (as the lake's readers count it), whatever the process that asked saw of it."""
+        for part in self._parts.values():
+            part.settle_asked()

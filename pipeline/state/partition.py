@@ -126,8 +126,10 @@ class PartitionState:
         self.batches: dict[int, list[str]] = {}  # selected, not yet released
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
         self.retired: set[str] = set()           # removed uids: never accepted again
-        self.refill_owed = 0                     # refills decided but not yet acknowledged
-        self.refill_replaces: list[str] = []     # the evicted uids those refills replace
+        self.refill_owed = 0                     # prompts decided, not yet served (see below)
+        self.refill_replaces: list[str] = []     # the evicted uids those prompts replace
+        self._asked: tuple[int, int] | None = None   # (count, replaced) of the last ask in the
+        #                                          lake not yet known served or failed
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.refill_done: Any = None             # ... and the threading.Event it sets on return
         self.unreported: Any = None              # EvictionMetrics of calls that raised
@@ -197,6 +199,32 @@ class PartitionState:
             n = len(list(run))
             groups[u].add_run(first + at, first + at + n, keys[at:at + n])
             at += n
+
+    # --- refills -----------------------------------------------------------------------------
+    # A `refill` row asks for everything owed (its count and replaces are the whole debt), so
+    # applying it sets what is owed; a `refill_failed` row leaves the debt as it is. Serving an
+    # ask writes no row (the lake's readers count an ask served unless it failed), so restore
+    # settles the last ask it saw as served once the lake is replayed.
+    def apply_refill(self, count: int, replaces: list[str]) -> None:
+        self.refill_owed, self.refill_replaces = count, list(replaces)
+        self._asked = (count, len(replaces))
+
+    def apply_refill_failed(self) -> None:
+        self._asked = None
+
+    def owe_refill(self, wanted: int, replaces: list[str]) -> None:
+        """Prompts a poll wanted that no row asked for yet (the next ask includes them)."""
+        self.refill_owed += wanted
+        self.refill_replaces = self.refill_replaces + replaces
+
+    def refill_served(self, count: int, replaced: int) -> None:
+        self.refill_owed -= count
+        self.refill_replaces = self.refill_replaces[replaced:]
+        self._asked = None
+
+    def settle_asked(self) -> None:
+        if self._asked is not None:
+            self.refill_served(*self._asked)
 
     # --- the consumer ------------------------------------------------------------------------
     def apply_removed(self, uids: list[str], how: str, batch_id: int | None = None,

@@ -27,7 +27,7 @@ log = logging.getLogger("replaylake")
 def _orphans_dropped(lake: str | os.PathLike, tables: dict[str, pa.Table]) -> int:
     """Drop the rows of groups whose registration is not in the lake, where a salvage set
     registrations aside (they cannot be restored); anywhere else they are damage (see
-    `lake_orphans`). Returns how many were dropped."""
+    `pipeline.lake.orphans`). Returns how many were dropped."""
     found = orphans.orphans_in(tables)
     orphans.refuse(lake, orphans.summary(found))
     registered = orphans.registered_keys(tables["group_events"])
@@ -62,6 +62,7 @@ def restore(state: BufferState, lake: str | os.PathLike) -> None:
             continue
         name = _REPLAYED[int(run_src[0])]
         state.apply(name, tables[name].slice(int(run_idx[0]), len(run_idx)))
+    state.settle_restored()
     # metric rows took seq numbers too, and so did calls torn by a crash (rows on disk that no
     # reader accepts): never hand any of those out again
     state.journal.next_seq = int(max(all_seq.max(initial=-1), metric_seq.max(initial=-1),

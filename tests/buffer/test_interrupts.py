@@ -132,7 +132,7 @@ def test_a_write_that_cannot_be_taken_back_stops_the_writer_until_the_lake_is_re
 
 def test_a_state_whose_memory_failed_to_follow_the_lake_refuses_further_changes(lake):
     buf = ReplayBuffer.sync(lake=lake)
-    buf._state.listeners.append(lambda *a: None)
+    buf._state.add_listener(lambda *a: None)
 
     def broken_apply(table, rows, effects=None):
         raise MemoryError("out of memory")

@@ -272,3 +272,61 @@ def test_the_live_effective_status_is_the_groups_view_s(status: str, n_traj: int
     con = case_connection({"log": log})
     ((lake,),) = con.sql("select effective_status from groups").fetchall()
     assert aggregates.effective_status(status, n_traj) == lake
+
+
+# --- the wait gate: one declaration, both engines ---------------------------------------------
+# `sql/policies/wait_gate_blockers.sql` lists the in-flight groups that keep `sample` from
+# returning; the live buffer compiles its predicate and asks it of the oldest in-flight group.
+# Both are held to that one text, at the `>=` boundary above all.
+
+def _inflight(rng: random.Random, step: int, threshold: int) -> pa.Table:
+    """In-flight and landed groups of two partitions, spans clustered around the threshold."""
+    rows = []
+    for i in range(rng.randint(0, 8)):
+        span = threshold + rng.choice([-2, -1, 0, 0, 1, 2])
+        rows.append({"partition": rng.choice(["train", "val"]), "uid": f"u{i}",
+                     "global_steps": step - span + 1,
+                     "status": rng.choice(["pending", "running", "running", "finished"])})
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("partition", pa.string()), ("uid", pa.string()), ("global_steps", pa.int64()),
+        ("status", pa.string())]))
+
+
+def _blockers(table: pa.Table, step: int, threshold: int) -> set[tuple[str, str]]:
+    con = duckdb.connect()
+    con.register("inflight", table)
+    out = loader.run(con, "wait_gate_blockers", step=step, threshold=threshold)
+    return set(zip(out.column("partition").to_pylist(), out.column("uid").to_pylist()))
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 4])
+@pytest.mark.parametrize("span_offset", [-1, 0, 1])
+def test_the_wait_gate_blocks_at_exactly_the_threshold_in_both_engines(
+        threshold: int, span_offset: int) -> None:
+    from pipeline.decide.policies.stale import WaitGate, blocks
+    step, span = 10, threshold + span_offset
+    gs = step - span + 1
+    table = pa.table({"partition": ["train"], "uid": ["g"], "global_steps": pa.array([gs], pa.int64()),
+                      "status": ["running"]})
+    expected = span >= threshold
+    assert (_blockers(table, step, threshold) == {("train", "g")}) is expected
+    assert blocks(step, gs, threshold) is expected
+    assert WaitGate(threshold).open(step, gs) is not expected
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_live_gate_opens_exactly_when_the_declaration_lists_no_blocker(seed: int) -> None:
+    from pipeline.decide.policies.stale import WaitGate, blocks
+    rng = random.Random(seed)
+    step, threshold = rng.randint(0, 20), rng.randint(1, 6)
+    table = _inflight(rng, step, threshold)
+    lake = _blockers(table, step, threshold)
+    rows = table.to_pylist()
+    flying = [r for r in rows if r["status"] in ("pending", "running")]
+    assert {(r["partition"], r["uid"]) for r in flying
+            if blocks(step, r["global_steps"], threshold)} == lake
+    for partition in ("train", "val"):
+        oldest = min((r["global_steps"] for r in flying if r["partition"] == partition),
+                     default=None)
+        assert WaitGate(threshold).open(step, oldest) is \
+            (not any(p == partition for p, _ in lake))

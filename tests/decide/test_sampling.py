@@ -308,7 +308,7 @@ def test_prepare_computes_new_groups_aggregates_ahead_and_the_poll_decides_the_s
         add_group(b, "stale", 1, [0.0, 1.0])
         add_group(b, "ok", 3, [0.0, 2.0])
         add_group(b, "failed", 3, [], status="failure")
-        part = b._state.parts["train"]
+        part = b._state.find("train")
         if prepare:
             assert len(part.candidates.pending) == 4
             b.prepare("train")

@@ -1,4 +1,4 @@
-"""Policies as values: staleness settings (bound and `wait` gate) and refill."""
+"""Policies as values: staleness settings (the `wait` gate) and refill."""
 from __future__ import annotations
 
 from pipeline._face import face
@@ -10,6 +10,8 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'DapoCredit': 'refill',
     'NoRefill': 'refill',
     'RefillFailedWhileShort': 'refill',
+    'RefillPolicy': 'refill',
     'ReplaceEvicted': 'refill',
     'StalePolicy': 'stale',
+    'WaitGate': 'stale',
 })

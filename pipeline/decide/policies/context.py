@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config import is_validation
-
 
 @dataclass(frozen=True)
 class PollContext:
@@ -13,10 +11,6 @@ class PollContext:
     step: int
     partition: str
     batch_size: int
-
-    @property
-    def validation(self) -> bool:
-        return is_validation(self.partition)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
 replaces evicted failures only while the batch is short; `DapoCredit` (sync DAPO, "bufferless")
 earns credit per evicted group (each rule declares its credit: 2 for a filtered group, 1 for an
 empty failure) and dispatches it into free in-flight slots, then drains in-flight groups and
-discards the surplus. `NoRefill` is for buffers without `refill_fn`.
+discards the surplus (`may_finish` and `surplus`: the loop asks every policy, only DAPO says
+more than "yes" and "none"). `NoRefill` is for buffers without `refill_fn` and for validation
+partitions.
 
 Lineage: every dispatch names, in `CallState.replaces`, the evicted groups it replaces (the
 decision log's `replaces` column). Async and sync-failure refills replace exactly the groups the
@@ -22,10 +24,39 @@ DAPO the credit failures earned is spent first, and only dispatches beyond it co
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 from pipeline.decide.policies.context import CallState, PollContext, PollOutcome
 from pipeline.errors import RefillLimitError
+
+
+class RefillPolicy(Protocol):
+    """What the poll loop asks a refill policy; the loop never asks which policy it holds.
+
+    ``name`` is what the lake records for the policy (a `refill` row's reason, the recorded
+    configuration): declared, so renaming a class never changes what lands in the lake. The
+    names are the ones lakes already hold. ``drains`` says whether the policy ends a call by
+    draining (told to the user's configuration, not read by the loop)."""
+
+    name: ClassVar[str]
+    drains: bool
+
+    def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
+        """How many new prompts to ask for after this poll."""
+        ...
+
+    def may_finish(self, o: PollOutcome, st: CallState) -> bool:
+        """Whether the call may hand out its batch now that enough groups are sampleable."""
+        return True
+
+    def surplus(self, chosen: Sequence[str], sampleable: Callable[[], Sequence[str]]
+                ) -> list[str]:
+        """The groups, besides the chosen batch, that the call discards; ``sampleable()`` lists
+        every sampleable group oldest first (asked only by a policy that discards: it costs a
+        sort of the candidates)."""
+        return []
 
 
 def _check_limit(max_num_gen_batches: int, train_batch_size: int, st: CallState,
@@ -44,9 +75,10 @@ def _check_limit(max_num_gen_batches: int, train_batch_size: int, st: CallState,
 
 
 @dataclass(frozen=True)
-class NoRefill:
+class NoRefill(RefillPolicy):
     """Evicted groups are not replaced."""
 
+    name: ClassVar[str] = "NoRefill"
     drains: bool = False
 
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
@@ -54,17 +86,18 @@ class NoRefill:
 
 
 @dataclass(frozen=True)
-class ReplaceEvicted:
+class ReplaceEvicted(RefillPolicy):
     """Async: ask for k new prompts as soon as a poll evicted k groups (any reasons, once each).
 
     ``train_batch_size`` None: the call's batch size scales the `max_num_gen_batches` cap."""
 
+    name: ClassVar[str] = "ReplaceEvicted"
     max_num_gen_batches: int = 0
     train_batch_size: int | None = None
     drains: bool = False
 
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
-        if ctx.validation or o.evicted == 0:
+        if o.evicted == 0:
             return 0
         _check_limit(self.max_num_gen_batches, self.train_batch_size or ctx.batch_size, st,
                      o.filtered)
@@ -74,36 +107,46 @@ class ReplaceEvicted:
 
 
 @dataclass(frozen=True)
-class RefillFailedWhileShort:
+class RefillFailedWhileShort(RefillPolicy):
     """Sync with sync_refill_failed_groups and no filter: replace evicted empty failures while
     fewer than batch_size groups are sampleable; surplus stays buffered, in-flight is not awaited."""
 
+    name: ClassVar[str] = "RefillFailedWhileShort"
     drains: bool = False
 
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
-        if ctx.validation or o.evicted == 0 or o.sampleable >= ctx.batch_size:
+        if o.evicted == 0 or o.sampleable >= ctx.batch_size:
             return 0
         st.replaces = list(o.uids)
         return o.evicted
 
 
 @dataclass(frozen=True)
-class DapoCredit:
+class DapoCredit(RefillPolicy):
     """Sync DAPO: the evictions' credit, dispatched as
     `min(credit, max(0, max_inflight x train_batch_size - in_flight))` rounded down to a multiple
     of gen_batch_size. Once the batch is full, draining starts and never stops within the call:
     remaining credit is discarded, in-flight groups are awaited (and still filtered), then the
     oldest batch_size groups are taken and every other sampleable group is discarded."""
 
+    name: ClassVar[str] = "DapoCredit"
     train_batch_size: int
     gen_batch_size: int
     max_inflight_gen_batches: int = 1
     max_num_gen_batches: int = 0
     drains: bool = True
 
+    def may_finish(self, o: PollOutcome, st: CallState) -> bool:
+        """Only once draining began and every in-flight group has landed (and was filtered)."""
+        return st.draining and o.inflight == 0
+
+    def surplus(self, chosen: Sequence[str], sampleable: Callable[[], Sequence[str]]
+                ) -> list[str]:
+        """Every sampleable group the batch did not take: a sync DAPO call leaves none behind."""
+        taken = set(chosen)
+        return [u for u in sampleable() if u not in taken]
+
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
-        if ctx.validation:
-            return 0
         if not st.draining:
             st.credit += o.credit
             st.free_credit += o.free_credit

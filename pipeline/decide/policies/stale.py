@@ -1,29 +1,72 @@
-"""Staleness settings: the bound a selected group must respect, and the `wait` gate."""
+"""Staleness settings, split into the two values a poll uses: the `stale` rule and the wait gate.
+
+`drop(T)` is the rule `sql/rules/stale.sql` (the presets switch it on with its threshold); `wait(T)`
+is a `WaitGate`, whose comparison is the predicate of `sql/policies/wait_gate_blockers.sql`,
+compiled for polars like a rule: the lake's engine lists the groups that block, the live engine
+asks whether the oldest in-flight group does, and both read the one text. The strategy string is
+read here, once, when the settings are made; the poll loop only sees a gate or None.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache, lru_cache
 from typing import Literal
+
+import polars as pl
+
+from pipeline.decide import compile as declared
+
+GATE = "wait_gate_blockers"
+
+
+@cache
+def _gate_predicate() -> pl.Expr:
+    """The declared blocking predicate over one in-flight group (`global_steps`), compiled."""
+    return declared.compiled_predicate(GATE)
+
+
+@lru_cache(maxsize=4096)
+def blocks(step: int, global_steps: int, threshold: int) -> bool:
+    """Whether an in-flight group dispatched at ``global_steps`` blocks a sample at ``step``.
+
+    Cached: a waiting call asks the same question at every poll, and one evaluation by polars
+    costs far more than the comparison it stands for."""
+    frame = declared.with_params(pl.DataFrame({"global_steps": [global_steps]},
+                                              schema={"global_steps": pl.Int64}),
+                                 {"step": step, "threshold": threshold})
+    return bool(frame.select(_gate_predicate().fill_null(False)).item())
+
+
+@dataclass(frozen=True)
+class WaitGate:
+    """`sample` may not return while an in-flight (pending or running) group has group span
+    ``>= threshold`` (as verl: a group at span T would be over the bound by the time it trains).
+    Applies to validation partitions too, as in verl."""
+
+    threshold: int
+
+    def open(self, step: int, oldest_inflight_gs: int | None) -> bool:
+        """Whether no in-flight group blocks: the oldest one has the largest span, so it is
+        the one asked (the parity test holds this against the declaration's whole list)."""
+        if oldest_inflight_gs is None:
+            return True
+        return not blocks(step, oldest_inflight_gs, self.threshold)
 
 
 @dataclass(frozen=True)
 class StalePolicy:
-    """`drop(T)` evicts finished groups with group span `g - global_steps + 1 > T` (the rule
-    `sql/rules/stale.sql`; span T is kept); `wait(T)` never evicts but keeps `sample` from
-    returning while an in-flight group has span `>= T` (`>=`, as verl: a group at span T would be
-    over the bound by the time it trains). ``strategy=None`` (the sync preset) ignores staleness."""
+    """The user's staleness settings as given (threshold, strategy), recorded with the lake.
+    ``strategy=None`` (the sync preset) ignores staleness."""
 
     threshold: int | None = None
     strategy: Literal["drop", "wait"] | None = None
 
-    def gate_active(self) -> bool:
-        return self.strategy == "wait" and self.threshold is not None
-
-    def gate_open(self, step: int, oldest_inflight_gs: int | None) -> bool:
-        """False while an in-flight group has span >= T (applies to validation too, as verl)."""
-        if oldest_inflight_gs is None:
-            return True
-        return step - oldest_inflight_gs + 1 < self.threshold
+    def gate(self) -> WaitGate | None:
+        """The wait gate these settings ask for (``wait`` with a threshold), or None."""
+        if self.strategy == "wait" and self.threshold is not None:
+            return WaitGate(self.threshold)
+        return None
 
     def bound(self) -> int | None:
-        """The span no selected group may exceed (the `drop` invariant), or None."""
+        """The span no selected group may exceed (the `drop` rule's threshold), or None."""
         return self.threshold if self.strategy == "drop" else None
