@@ -166,7 +166,7 @@ class ReplayBuffer:
         budget = self.max_live_bytes
         if budget is None:
             return True
-        live = self._state.live_bytes()
+        live = self._state.held_bytes()
         if live == 0 or live + nbytes <= budget:
             return True
         if nbytes > budget:       # could only ever fit into an empty buffer: say so at once
@@ -270,19 +270,19 @@ class ReplayBuffer:
             part = self._state.find(partition)
             if part is None:
                 return []
-            live = [u for u in uids if u in part.groups and part.groups[u].removed is None]
-            if not live:
+            kept = [u for u in uids if u in part.groups and part.groups[u].removed is None]
+            if not kept:
                 return []
-            gs = [part.groups[u].gs for u in live]
+            gs = [part.groups[u].dispatch_step for u in kept]
             if global_steps is None:      # no trainer step at hand: the group's own dispatch step
                 steps, spans = gs, [1] * len(gs)
             else:
                 steps, spans = [global_steps] * len(gs), decide.group_spans(global_steps, gs)
             # `replaces` as rows of None: the layout these rows always had in the lake
             self._state.commit("decisions", decision_rows(
-                "evict", partition=partition, step=steps, uids=live, reason=reason,
-                group_span=spans, replaces=[None] * len(live)))
-            return live
+                "evict", partition=partition, step=steps, uids=kept, reason=reason,
+                group_span=spans, replaces=[None] * len(kept)))
+            return kept
 
     def release(self, batch: Batch | int) -> None:
         """The trainer is done with the batch: its trajectories leave memory (not the lake)."""
@@ -321,7 +321,7 @@ class ReplayBuffer:
             part = self._state.find(partition)
             if part is None:
                 return None
-            return view(uid, part.groups.get(uid), uid in part.retired)
+            return view(uid, part.groups.get(uid), uid in part.removed_uids)
 
     def held_batches(self, partition: str) -> dict[int, list[tuple[str, int, int]]]:
         """Selected, unreleased batches: batch id -> its (uid, session_id, index) keys."""

@@ -121,15 +121,15 @@ def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
 
 def complete(part: PartitionState) -> None:
     """Compute the candidate rows of every group awaiting them, in one query."""
-    pending = part.candidates.pending
-    if not pending:
+    unaggregated = part.candidates.unaggregated
+    if not unaggregated:
         return
-    meta = meta_frame(part, list(pending))
+    meta = meta_frame(part, list(unaggregated))
     items = declared.compiled_items(QUERY)
     agg: dict[str, tuple] = {}
     names = list(items)
     if meta is not None:
-        uids = list(pending)
+        uids = list(unaggregated)
         # maintain_order: the single-threaded grouping (for a poll's few groups the parallel hash
         # grouping costs more in its threads than it saves); the order itself is not used
         out = meta.group_by(GROUP, maintain_order=True).agg(e.alias(k) for k, e in items.items())
@@ -137,7 +137,7 @@ def complete(part: PartitionState) -> None:
     empty = empty_aggregates()
     n_at = names.index("n_traj")
     rows = []
-    for uid, (gs, term_seq, status) in pending.items():
+    for uid, (gs, term_seq, status) in unaggregated.items():
         a = agg.get(uid, empty)
         rows.append((part.partition, uid, gs, term_seq, effective_status(status, a[n_at]), *a))
     part.candidates.complete(rows)

@@ -1,4 +1,4 @@
-"""Declarations written once in SQL, compiled for the live engine (polars).
+"""Declarations written once in SQL, compiled for the polars engine.
 
 A declaration is a named query file under `sql/` (a rule, the group aggregates, the provenance
 formulas, the off-policy metrics). DuckDB runs the file as it is, over the lake. The live buffer
@@ -8,7 +8,7 @@ compiles parts of the *same text* into polars expressions, once per process:
 - the items of a select list written `<expression> as <name>` (plain column names are skipped):
   the query's first select list, or that of one named step (`<step> as (select ...)`);
 - the sort key of a ranking window (`row_number() over (partition by ... order by a, b)`), which
-  the live engine's own order is derived from.
+  the polars engine's own order is derived from.
 
 Parameters (`$name` in the text) become literal columns `__p_name` that the caller adds to the
 frame right before evaluating (`with_params`), so a compiled expression never has to be rebuilt
@@ -37,7 +37,7 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def param_column(name: str) -> str:
-    """The literal column a parameter becomes in the live engine."""
+    """The literal column a parameter becomes in the polars engine."""
     return f"__p_{name}"
 
 

@@ -1,4 +1,4 @@
-"""One poll: which groups the configured rules evict, evaluated by the live engine (polars).
+"""One poll: which groups the configured rules evict, evaluated by the polars engine.
 
 The buffer calls this under its lock, so the index cannot change during a poll; evicted groups are
 removed before selection looks. The rules are the declarations of sql/rules/, compiled once; the

@@ -290,7 +290,7 @@ def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None,
                    "their rollouts are late or stalled" if flying else
                    "none of them is in flight: refill_fn returned without registering them, "
                    f"or they were evicted in turn (evicted in this call: {seen})"))
-    elif not part.groups and not part.retired and not part.candidates.alive_count:
+    elif not part.groups and not part.removed_uids and not part.candidates.alive_count:
         known = [p for p, s in state.partitions() if p != ctx.partition and s.groups]
         hint = (f"; partition {ctx.partition!r} has never received a group (known partitions: "
                 f"{known or 'none'})")

@@ -61,7 +61,7 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
             call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
     aggregates.complete(part)
     chosen = part.candidates.oldest(ctx.batch_size)
-    steps = {u: part.groups[u].gs for u in chosen}
+    steps = {u: part.groups[u].dispatch_step for u in chosen}
     payload = part.payload(chosen)
     batch_id = state.next_batch_id()
     rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
@@ -73,7 +73,7 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
             raise InvariantError(f"selected groups exceed the staleness bound {bound}: {over[:5]}")
     surplus = cfg.refill.surplus(chosen, lambda: part.candidates.oldest(None))
     if surplus:
-        surplus_spans = decide.group_spans(ctx.step, [part.groups[u].gs for u in surplus])
+        surplus_spans = decide.group_spans(ctx.step, [part.groups[u].dispatch_step for u in surplus])
         state.commit("decisions", decision_rows(
             "discard", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
             uids=surplus, group_span=surplus_spans))

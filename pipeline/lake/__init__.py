@@ -24,7 +24,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'LakeScan': 'scan',
     'scan_lake': 'scan',
     'cut_seq': 'scan',
-    'live_files': 'read',
+    'current_files': 'read',
     'read_log': 'read',
     'verified_batches': 'verify:batches',
 }, modules=('kill', 'config', 'orphans'))

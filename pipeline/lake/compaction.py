@@ -1,6 +1,6 @@
 """Compaction: rewrite every sealed IPC segment of the lake as one zstd Parquet file beside it.
 
-Why: the live segments are Arrow IPC streams behind checksum files, written for a cheap durable
+Why: the open segments are Arrow IPC streams behind checksum files, written for a cheap durable
 append; nothing but replaylake's own reader can honour their torn-tail and commit-record rules,
 and a scan has to verify and parse every byte of a segment to read one column of it. A Parquet
 file holds only rows that count, and any engine (DuckDB, polars, Spark) reads just the columns and
@@ -25,7 +25,7 @@ ignored, exactly as readers do) are written to a hidden temporary file, fsync'ed
 `<stem>.parquet`, the directory fsync'ed, and only then the segment and its checksum file are
 deleted. A reader that lists the directory in between finds both and counts the Parquet file
 only; one that listed the segment before it was deleted reads the Parquet file instead (see
-`lake_read.live_files` and `read_segment`). The Parquet metadata keeps the highest seq the segment
+`lake_read.current_files` and `read_segment`). The Parquet metadata keeps the highest seq the segment
 held, uncommitted rows included, so a restart still numbers after every seq ever handed out.
 
 Idempotent: a segment with its Parquet file already in place is only deleted (a run killed
@@ -85,7 +85,7 @@ class CompactReport:
     """What one compaction did."""
 
     compacted: list[Path] = field(default_factory=list)   # the Parquet files written
-    skipped_live: int = 0         # segments a live writer may still append to
+    skipped_open: int = 0         # segments a live writer may still append to
     cleaned: int = 0              # leftovers of an interrupted run, deleted
     rows: int = 0
     bytes_in: int = 0             # Arrow bytes of the segments' batches read
@@ -256,7 +256,7 @@ def compact(root: str | os.PathLike,
         for p in tmp:
             p.unlink(missing_ok=True)
         report.cleaned = len(leftovers) + len(tmp)
-        todo, report.skipped_live = sealed(root, [p for p in segments if p not in leftovers])
+        todo, report.skipped_open = sealed(root, [p for p in segments if p not in leftovers])
         committed = committed_calls(root)    # after the list: every commit of a sealed segment
         for i, path in enumerate(todo):
             try:

@@ -25,7 +25,7 @@ deleted), ``compact.segment_deleted`` (the segment deleted, its checksum file no
 ``compact.deleted`` (both deleted); ``retain.tmp_written`` (a rewrite complete and fsync'ed,
 not renamed), ``retain.renamed`` (the rewrite in place under its new name, the file it rewrote
 not yet deleted), ``retain.deleted`` (that file deleted). A reader has one:
-``scan.scratch_written`` (a scratch copy of a live segment written, not yet mapped and unlinked).
+``scan.scratch_written`` (a scratch copy of a open segment written, not yet mapped and unlinked).
 A job or a reader arms on its first run in a process (`arm_once`), unless a lake writer armed
 first.
 

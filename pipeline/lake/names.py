@@ -1,9 +1,9 @@
-"""Which file holds a segment's rows: the live segment, its Parquet copy, or a newer rewrite.
+"""Which file holds a segment's rows: the open segment, its Parquet copy, or a newer rewrite.
 
 A segment's rows live in one of a chain of files, all in the segment's directory and named after
 its stem ``S`` (`<table>-<first_seq>-<writer>`):
 
-- ``S.arrow``: the live segment (generation -1), with its checksum file;
+- ``S.arrow``: the open segment (generation -1), with its checksum file;
 - ``S.parquet``: the copy `replaylake compact` writes (generation 0);
 - ``S.r1.parquet``, ``S.r2.parquet``, ...: the rewrites `replaylake retain` makes of it, each
   from the one before (generations 1, 2, ...).
@@ -40,7 +40,7 @@ def stem(path: Path) -> str:
 
 
 def generation(path: Path) -> int:
-    """-1 for a live segment, 0 for its compacted copy, k for its k-th rewrite."""
+    """-1 for a open segment, 0 for its compacted copy, k for its k-th rewrite."""
     if path.name.endswith(ARROW):
         return -1
     m = _PARQUET_NAME.match(path.name)

@@ -123,7 +123,7 @@ def compacted_path(path: Path) -> Path:
     return generation_path(path, 0)
 
 
-def live_files(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
+def current_files(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
                log: pa.Table | None = None) -> list[Path]:
     """`segment_files` with only the newest file of each segment (`lake_names`): compaction
     renames the Parquet copy into place before it deletes the segment, and retention renames a
@@ -210,7 +210,7 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
     if gone:
         raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
     parts = []
-    for path in live_files(root, table, partitions, log):
+    for path in current_files(root, table, partitions, log):
         t = read_segment(path, committed)
         if t.num_rows and keep is not None:
             t = t.filter(keep(t))
@@ -246,7 +246,7 @@ def highest_seq(root: str | os.PathLike) -> int:
     not (-1 for an empty lake): a restart must number after it, so no seq of a torn call is
     ever handed out again."""
     log = read_log(root)
-    return max((_file_max_seq(p) for t in LAKE_TABLES for p in live_files(root, t, log=log)),
+    return max((_file_max_seq(p) for t in LAKE_TABLES for p in current_files(root, t, log=log)),
                default=-1)
 
 

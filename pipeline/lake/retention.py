@@ -43,7 +43,7 @@ from pipeline.lake import kill as lake_kill
 from pipeline.lake.compaction import CompactReport, compact, job_lock
 from pipeline.lake.files import fsync_dir, replace_durably
 from pipeline.lake.names import next_generation
-from pipeline.lake.read import live_files, read_table
+from pipeline.lake.read import current_files, read_table
 
 EMPTIED = ("prompt_ids", "response_ids")          # not nullable: emptied
 NULLED = ("response_mask", "rollout_log_probs")   # nullable: set to null
@@ -136,7 +136,7 @@ def retain(root: str | os.PathLike, older_than: int,
     with job_lock(root):
         report.horizon, gone = _old_groups(root, older_than)
         report.groups = len(gone)
-        files = [p for p in live_files(root, "trajectories") if p.suffix == ".parquet"]
+        files = [p for p in current_files(root, "trajectories") if p.suffix == ".parquet"]
         if report.groups:
             for i, path in enumerate(files):
                 before = path.stat().st_size

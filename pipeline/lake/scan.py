@@ -16,7 +16,7 @@ listed readable, whatever happens to its name, until the scan is dropped.
 Compacted Parquet files (`replaylake compact`) are mapped where they lie. Live IPC segments
 cannot be scanned in place: only replaylake's reader knows which of their bytes were acknowledged
 (checksum file), which batches belong to an uncommitted multi-partition call, and where a torn
-tail starts. So each live segment is read once through that reader (`lake_read.batches`, the very
+tail starts. So each open segment is read once through that reader (`lake_read.batches`, the very
 rules every reader applies) and its committed batches are streamed, gathered into record batches
 of about `SCRATCH_BATCH_BYTES`, to an uncompressed Arrow IPC file in a scratch directory
 (`pipeline.lake.scratch`), which is mapped and unlinked at once: the scan reads the mapping lazily,
@@ -55,7 +55,7 @@ from pipeline.lake.read import (
     LakeDamageError,
     batches,
     committed_calls,
-    live_files,
+    current_files,
     missing_segments,
     read_log,
 )
@@ -70,7 +70,7 @@ class LakeScan:
 
     tables: dict[str, ds.Dataset]
     parquet_files: int = 0
-    live_segments: int = 0
+    open_segments: int = 0
     cut: int | None = None
 
     def close(self) -> None:
@@ -121,7 +121,7 @@ def _taken(out: Path) -> pa.Buffer:
 
 def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path
                ) -> tuple[str, pa.Buffer] | None:
-    """Stream the committed batches of a live segment into ``out`` (in batches of about
+    """Stream the committed batches of a open segment into ``out`` (in batches of about
     SCRATCH_BATCH_BYTES); (format, mapped file) to scan: the scratch file, or the segment's
     Parquet copy if it was compacted since it was listed; None if nothing counts."""
     table = table_of(path)
@@ -203,12 +203,12 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
         seqs: dict[str, np.ndarray] = {}
         for table, schema in LAKE_TABLES.items():
             files = []
-            for i, path in enumerate(live_files(root, table, log=log)):
+            for i, path in enumerate(current_files(root, table, log=log)):
                 out = work / f"{table}-{i:06d}.arrow"
                 if path.suffix == ".parquet":
                     files.append(_parquet(path, table, out))
                     continue
-                scan.live_segments += 1
+                scan.open_segments += 1
                 got = _live_copy(path, committed, out)
                 if got is not None:
                     files.append(got)

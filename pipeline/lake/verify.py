@@ -1,6 +1,6 @@
 """Verifying a stream against its checksum file, one write at a time.
 
-Why one write at a time: a live segment can be hundreds of MB of token payload, and every reader
+Why one write at a time: a open segment can be hundreds of MB of token payload, and every reader
 (restore, `lake check`, an analysis connection, compaction) must check every acknowledged byte
 before trusting it. Reading the whole segment to check it made a metadata query's memory grow
 with the segment's size. Here each acknowledged write is read, checked against its own CRC and

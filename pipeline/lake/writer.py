@@ -2,7 +2,7 @@
 
 Layout (hive style, readable by DuckDB/polars/pyarrow while the buffer writes)::
 
-    <root>/<table>/partition=<id>/window=<w>/<table>-<first_seq>-<writer>.arrow   (live segments)
+    <root>/<table>/partition=<id>/window=<w>/<table>-<first_seq>-<writer>.arrow   (open segments)
     <root>/<table>/partition=<id>/window=<w>/<table>-<first_seq>-<writer>.arrow.crc (checksums)
     <root>/<table>/partition=<id>/window=<w>/*.parquet                             (compacted)
     <root>/_log/log-<writer>.arrow (+ .crc)       each writer's segments and multi-partition commits

@@ -92,11 +92,11 @@ class BufferState:
     def dispatch_steps(self, partitions: list[str], uids: list[str]) -> list[int]:
         """The dispatch step of each live group named (validated input: every one exists)."""
         parts = self._parts
-        return [parts[p].groups[u].gs for p, u in zip(partitions, uids)]
+        return [parts[p].groups[u].dispatch_step for p, u in zip(partitions, uids)]
 
-    def live_bytes(self) -> int:
+    def held_bytes(self) -> int:
         """Trajectory payload held in memory, over every partition."""
-        return sum(p.rows.live_bytes for p in self._parts.values())
+        return sum(p.rows.held_bytes for p in self._parts.values())
 
     def new_call(self) -> int:
         with self._cond:

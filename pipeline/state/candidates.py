@@ -73,31 +73,31 @@ class CandidateIndex:
 
     def __init__(self) -> None:
         self.alive: dict[str, tuple] = _Rows()
-        self.pending: dict[str, tuple[int, int, str]] = {}   # uid -> (gs, term seq, status)
+        self.unaggregated: dict[str, tuple[int, int, str]] = {}   # uid -> (gs, term seq, status)
         self.fresh: list[str] = []
         self._heap: list[tuple] = []    # key tuples in ORDER
 
     @property
     def alive_count(self) -> int:
-        return len(self.alive) + len(self.pending)
+        return len(self.alive) + len(self.unaggregated)
 
     def add(self, uid: str, gs: int, term_seq: int, status: str) -> None:
         """A group turned terminal; its aggregates come with the next `complete`."""
-        self.pending[uid] = (gs, term_seq, status)
+        self.unaggregated[uid] = (gs, term_seq, status)
         self.fresh.append(uid)
         heapq.heappush(self._heap, _key(gs, term_seq, uid))
 
     def complete(self, rows: list[tuple]) -> None:
-        """Store the candidate rows of pending groups (their aggregates are now known)."""
+        """Store the candidate rows of unaggregated groups (their aggregates are now known)."""
         for r in rows:
             uid = r[1]
-            del self.pending[uid]
+            del self.unaggregated[uid]
             self.alive[uid] = r
 
     def remove(self, uids: list[str]) -> None:
         for u in uids:
             if self.alive.pop(u, None) is None:
-                self.pending.pop(u, None)     # or an in-flight group retired from outside
+                self.unaggregated.pop(u, None)     # or an in-flight group retired from outside
         h = self._heap
         while h and not self._live(h[0]):   # selected/stale groups sit at the front: drop them now
             heapq.heappop(h)
@@ -114,7 +114,7 @@ class CandidateIndex:
         r = self.alive.get(e[_uid])
         if r is not None:
             return r[_TERM_SEQ] == e[_seq]
-        p = self.pending.get(e[_uid])
+        p = self.unaggregated.get(e[_uid])
         return p is not None and p[1] == e[_seq]
 
     def before(self, horizon: int) -> list[str]:
@@ -132,7 +132,7 @@ class CandidateIndex:
 
     def to_examine(self, horizon: int | None) -> list[tuple]:
         """Rows of the fresh groups plus those a time-dependent rule may newly match, each once.
-        Every pending group must have been completed first."""
+        Every unaggregated group must have been completed first."""
         uids = dict.fromkeys(u for u in self.fresh if u in self.alive)
         if horizon is not None:
             uids.update(dict.fromkeys(self.before(horizon)))

@@ -36,14 +36,16 @@ class Group:
     usual case), else a list; keys are a tuple of shared pairs up to 32 of them, else a set;
     sessions are derived from the keys. A set of a few tuples costs several times this."""
 
-    __slots__ = ("uid", "gs", "n", "status", "rows", "keys", "removed", "batch_id", "prompt_id")
+    __slots__ = ("uid", "dispatch_step", "n", "status", "rows", "keys", "removed", "batch_id",
+                 "prompt_id")
 
-    def __init__(self, uid: str, gs: int, n: int | None, prompt_id: int | None = None):
-        self.uid, self.gs, self.n, self.prompt_id = uid, gs, n, prompt_id
+    def __init__(self, uid: str, dispatch_step: int, n: int | None, prompt_id: int | None = None):
+        # the step the group was dispatched at (`global_steps`), not a weight version
+        self.uid, self.dispatch_step, self.n, self.prompt_id = uid, dispatch_step, n, prompt_id
         self.status = "pending"
         self.rows: range | list[int] = range(0)
         self.keys: tuple[tuple[int, int], ...] | set[tuple[int, int]] = ()
-        self.removed: str | None = None   # None while live; else selected|evicted|discarded
+        self.removed: str | None = None   # None while kept; else selected|evicted|discarded
         self.batch_id: int | None = None
 
     @property
@@ -108,7 +110,7 @@ def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
     if g is None:
         return GroupView(uid, None, None, "removed", "retired", None, frozenset()) \
             if retired else None
-    return GroupView(uid, g.gs, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys),
+    return GroupView(uid, g.dispatch_step, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys),
                      g.prompt_id)
 
 
@@ -125,7 +127,7 @@ class PartitionState:
         self.rows = TrajectoryRows()
         self.batches: dict[int, list[str]] = {}  # selected, not yet released
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
-        self.retired: set[str] = set()           # removed uids: never accepted again
+        self.removed_uids: set[str] = set()           # removed uids: never accepted again
         self.refill_owed = 0                     # prompts decided, not yet served (see below)
         self.refill_replaces: list[str] = []     # the evicted uids those prompts replace
         self._asked: tuple[int, int] | None = None   # (count, replaced) of the last ask in the
@@ -178,7 +180,7 @@ class PartitionState:
             g = groups[uid]
             g.status = status
             self._land(uid)
-            add(g.uid, g.gs, seq, status)                # the registered uid's one string
+            add(g.uid, g.dispatch_step, seq, status)                # the registered uid's one string
 
     def apply_reissued(self, uid: str, gs: int) -> None:
         """In-flight group back to pending at the resume step; its partial trajectories dropped."""
@@ -233,7 +235,7 @@ class PartitionState:
         now (the lake keeps them). Either way the uid is retired: never accepted again."""
         self.candidates.remove(uids)
         for u in uids:
-            self.retired.add(u)
+            self.removed_uids.add(u)
             self._land(u)
             if how == "selected":
                 g = self.groups[u]
@@ -254,7 +256,7 @@ class PartitionState:
     def lookup(self, uid: str) -> Group | GroupView | None:
         """The live group, a retired marker for a removed uid, or None for an unknown one."""
         g = self.groups.get(uid)
-        if g is None and uid in self.retired:
+        if g is None and uid in self.removed_uids:
             return view(uid, None, True)
         return g
 

@@ -26,7 +26,7 @@ class TrajectoryRows:
         self._starts: list[int] = []
         self._live: list[int] = []
         self._nbytes: list[int | None] = []   # a chunk's Arrow bytes, measured when first asked
-        self._unsized: list[int] = []         # chunks appended since `live_bytes` was last read
+        self._unsized: list[int] = []         # chunks appended since `held_bytes` was last read
         self._sized_bytes = 0
         self.size = 0
 
@@ -42,7 +42,7 @@ class TrajectoryRows:
         return range(first, self.size)
 
     @property
-    def live_bytes(self) -> int:
+    def held_bytes(self) -> int:
         """Arrow bytes of the chunks still held (a chunk is freed whole).
 
         Measured lazily: `Table.nbytes` walks every buffer range (tens of µs for a small put),

@@ -7,4 +7,6 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'batch_to_torch': 'convert',
     'BatchFormatError': 'convert',
     'TensorPool': 'pool',
+    'HAVE_EXTENSION': 'runs',
+    'compiled': 'runs',
 })

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipeline.to_torch import runs as to_torch_segments
+from pipeline.to_torch import runs as run_copies
 
 _LISTS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
 _OFFSETS = np.dtype(np.int32)
@@ -173,8 +173,8 @@ _TARGETS = (np.int64, np.int64, np.int64, np.float32)     # each list column's t
 def write(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray) -> None:
     """The packed token tensors (1-D buffers of T tokens; names as in pipeline/to_torch/convert.py).
     ``n``: each row's prompt + response length."""
-    if to_torch_segments.compiled() and all(
-            to_torch_segments.converts(vals[0].dtype, target)
+    if run_copies.compiled() and all(
+            run_copies.converts(vals[0].dtype, target)
             for vals, target in zip(lists.values, _TARGETS)):
         _write_compiled(out, lists, n)
         return
@@ -199,7 +199,7 @@ def write(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray) -> None:
 def _write_compiled(out: dict[str, np.ndarray], lists: PlainLists, n: np.ndarray) -> None:
     """``write`` through the extension (pipeline/to_torch/runs.py): one C call per tensor
     instead of a view per row and run."""
-    seg = to_torch_segments
+    seg = run_copies
     bounds = np.array(lists.bounds, np.int64)
     p, r, v = lists.p, lists.r, lists.values
     seg.write_packed_parts(out, p, n, seg.copy(p, v[0], bounds, lists.starts(0)),

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.to_torch import runs as to_torch_segments
+from pipeline.to_torch import runs as run_copies
 from pipeline.to_torch.ragged import Pieces
 
 # Rows at least this long on average (packed) / padded to at least this length (padded) are
@@ -99,8 +99,8 @@ def _fill(out: np.ndarray, *per_row: list[np.ndarray]) -> None:
 def write_padded(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, prompt: Pieces,
                  resp: Pieces, mask: Pieces | float, logp: Pieces | float, pad: int) -> None:
     """The token tensors of the padded layout (names and shapes as in pipeline/to_torch/convert.py)."""
-    if to_torch_segments.usable(prompt, resp, mask, logp):
-        return to_torch_segments.write_padded(out, p, r, prompt, resp, mask, logp, pad)
+    if run_copies.usable(prompt, resp, mask, logp):
+        return run_copies.write_padded(out, p, r, prompt, resp, mask, logp, pad)
     i64, f32 = np.int64, np.float32
     n = p + r
     L = out["input_ids"].shape[1]
@@ -124,8 +124,8 @@ def write_padded(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, promp
 def write_packed(out: dict[str, np.ndarray], p: np.ndarray, r: np.ndarray, prompt: Pieces,
                  resp: Pieces, mask: Pieces | float, logp: Pieces | float) -> None:
     """The token tensors of the packed layout (1-D buffers of T tokens)."""
-    if to_torch_segments.usable(prompt, resp, mask, logp):
-        return to_torch_segments.write_packed(out, p, r, prompt, resp, mask, logp)
+    if run_copies.usable(prompt, resp, mask, logp):
+        return run_copies.write_packed(out, p, r, prompt, resp, mask, logp)
     i64, f32 = np.int64, np.float32
     ps, rs = RowSlices(p), RowSlices(r)
     _fill(out["input_ids"], ps.views(prompt, i64), rs.views(resp, i64))

@@ -29,12 +29,12 @@ import numpy as np
 from pipeline.to_torch.ragged import Pieces
 
 try:
-    from pipeline.to_torch import _runs as _segments
+    from pipeline.to_torch import _runs as _compiled
 except ImportError:                 # built without a compiler: the numpy writers do the work
-    _segments = None
+    _compiled = None
 
 ENV_PURE_PYTHON = "REPLAYLAKE_PURE_PYTHON"
-HAVE_EXTENSION = _segments is not None      # built and importable (whatever the variable says)
+HAVE_EXTENSION = _compiled is not None      # built and importable (whatever the variable says)
 
 # The source dtypes the extension reads (fixed-width numbers, native byte order).
 _SOURCES = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32,
@@ -65,7 +65,7 @@ def write_rows(dst: np.ndarray, row_at: np.ndarray, parts: list[tuple]) -> None:
 
     Positions and lengths: int64 arrays of one entry per row. A run outside its buffers raises
     IndexError (a negative length ValueError) before anything is written."""
-    _segments.write_rows(dst, row_at, parts)
+    _compiled.write_rows(dst, row_at, parts)
 
 
 def copy(lengths: np.ndarray, sources: list[np.ndarray], bounds: np.ndarray,

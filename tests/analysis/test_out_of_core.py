@@ -1,5 +1,5 @@
 """Out-of-core SQL: a query over the lake materialises only the columns it names (the token
-payload stays on disk unless asked for), on live segments and on compacted Parquet alike, and
+payload stays on disk unless asked for), on open segments and on compacted Parquet alike, and
 queries during a compaction give the same answers as before it."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def payload_lake(lake: Path, tokens: int = TOKENS) -> int:
     return size
 
 
-# Peak resident memory (VmHWM), not the Arrow pool: live segments are scanned memory mapped,
+# Peak resident memory (VmHWM), not the Arrow pool: open segments are scanned memory mapped,
 # zero-copy, so what a query reads of them shows as the file's pages in the process, never as
 # pool allocations. The peak is taken after connecting, so only the query's own growth counts.
 PEAK = """
@@ -77,7 +77,7 @@ METADATA = "select count(*), sum(reward) from trajectories where session_id = 1"
 PAYLOAD = "select sum(list_sum(response_ids)) from trajectories"    # reads every response id
 
 
-@pytest.mark.parametrize("compacted", [False, True], ids=["live segments", "compacted"])
+@pytest.mark.parametrize("compacted", [False, True], ids=["open segments", "compacted"])
 def test_a_metadata_query_does_not_materialise_the_token_payload(tmp_path, compacted):
     lake = tmp_path / "lake"
     payload = payload_lake(lake, BIG_TOKENS)
@@ -147,7 +147,7 @@ STOP_EARLY = """
 def test_queries_that_stop_early_do_not_crash_the_process(tmp_path):
     lake = tmp_path / "lake"
     with ReplayBuffer.sync(lake=lake) as buf:
-        for i in range(2000):             # one call, one record batch of the live segment
+        for i in range(2000):             # one call, one record batch of the open segment
             buf.register(partition="train", uids=[f"g{i}"], global_steps=0, n=2)
     script = write_script(tmp_path, "stop_early.py", STOP_EARLY)
     out = subprocess.run([sys.executable, str(script), str(lake)], cwd=ROOT, env=python_env(),

@@ -12,7 +12,7 @@ import pytest
 from jobs.synthetic import trajectories
 from pipeline import ReplayBuffer
 from pipeline.errors import InvariantError
-from pipeline.lake.read import live_files
+from pipeline.lake.read import current_files
 from pipeline.lake.verify import batches
 from pipeline.state.payload import TrajectoryRows
 from schemas import LAKE_TABLES
@@ -58,7 +58,7 @@ def test_dropping_ranges_frees_chunks_as_dropping_row_by_row_does(seed: int) -> 
     groups = [list(g) if rnd.random() < 0.3 else g for g in groups]
     rnd.shuffle(groups)
     everything = list(range(total))
-    assert fast.live_bytes == slow.live_bytes      # measured before any drop, as a budget would
+    assert fast.held_bytes == slow.held_bytes      # measured before any drop, as a budget would
     for i in range(0, len(groups), 3):
         batch = groups[i:i + 3]
         if i % 2:
@@ -69,9 +69,9 @@ def test_dropping_ranges_frees_chunks_as_dropping_row_by_row_does(seed: int) -> 
         for g in batch:
             for r in g:
                 slow.drop([r])                     # the row-at-a-time way
-        assert fast.live_bytes == slow.live_bytes
+        assert fast.held_bytes == slow.held_bytes
         assert _held(fast, everything) == _held(slow, everything)
-    assert fast.live_bytes == 0 and not any(_held(fast, everything))
+    assert fast.held_bytes == 0 and not any(_held(fast, everything))
 
 
 def test_drop_all_merges_adjoining_ranges_and_still_takes_lists_and_empty_groups() -> None:
@@ -81,7 +81,7 @@ def test_drop_all_merges_adjoining_ranges_and_still_takes_lists_and_empty_groups
     rows.drop_all([range(0), range(0, 2), range(2, 4), [4, 5], range(0), range(6, 8)])
     assert _held(rows, list(range(12))) == [False] * 8 + [True] * 4
     rows.drop_all([range(8, 10), range(10, 12)])
-    assert rows.live_bytes == 0
+    assert rows.held_bytes == 0
 
 
 def _mirror_round(buf: ReplayBuffer, first: int, prev: int | None) -> int:
@@ -103,7 +103,7 @@ def test_release_rows_in_the_lake_are_laid_out_as_rows_built_from_dicts(tmp_path
     for r in range(3):
         prev = _mirror_round(buf, 8 * r, prev)
     buf.close()
-    written = [b for path in live_files(tmp_path / "lake", "decisions") for b, _ in batches(path)]
+    written = [b for path in current_files(tmp_path / "lake", "decisions") for b, _ in batches(path)]
     released = [b for b in written if set(b.column("kind").to_pylist()) == {"release"}]
     assert [b.num_rows for b in released] == [8, 8]
     for got in released:

@@ -291,7 +291,7 @@ def test_a_restart_reads_back_the_lineage_it_wrote(tmp_path: Path,
 # --- lakes written before these columns existed -------------------------------------------------
 
 def _drop_new_columns_ipc(lake: Path) -> int:
-    """Rewrite every live segment as a writer of the old schema would have written it."""
+    """Rewrite every open segment as a writer of the old schema would have written it."""
     n = 0
     for table, cols in NEW_COLUMNS.items():
         for path in segment_files(lake, table):

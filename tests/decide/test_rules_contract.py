@@ -1,4 +1,4 @@
-"""The contract every declaration keeps: the live engine (polars, compiled once) and the lake's
+"""The contract every declaration keeps: the polars engine (polars, compiled once) and the lake's
 engine (DuckDB, the file as written) agree on random inputs, and a rule's horizon is honest;
 the same holds for the selection order and for the status and empty aggregates of a candidate.
 

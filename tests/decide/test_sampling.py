@@ -310,10 +310,10 @@ def test_prepare_computes_new_groups_aggregates_ahead_and_the_poll_decides_the_s
         add_group(b, "failed", 3, [], status="failure")
         part = b._state.find("train")
         if prepare:
-            assert len(part.candidates.pending) == 4
+            assert len(part.candidates.unaggregated) == 4
             b.prepare("train")
             b.prepare("unknown")                       # a partition never seen: nothing to do
-            assert not part.candidates.pending and len(part.candidates.alive) == 4
+            assert not part.candidates.unaggregated and len(part.candidates.alive) == 4
         batch = b.sample(3, "train", 1)
         return batch.uids, batch.metrics, b.counts("train")
     assert run(prepare=True) == run(prepare=False)

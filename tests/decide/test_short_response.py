@@ -36,7 +36,7 @@ def test_a_response_shorter_than_the_minimum_evicts_its_group_and_exactly_the_mi
         # the lake's engine: DuckDB runs the rule file as written over the lake's candidates
         con = connect(tmp_path / "lake")
         lake_hits = run(con, "short_response", min_response_length=3).column("uid").to_pylist()
-        # the live engine: the compiled rule, in a sample call
+        # the polars engine: the compiled rule, in a sample call
         batch = buf.sample(1, "train", 2, timeout=5)
     assert lake_hits == ["short"]
     assert batch.uids == ["exact", "long"]

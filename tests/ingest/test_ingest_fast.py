@@ -103,13 +103,13 @@ def test_live_bytes_count_the_chunks_held_even_those_never_measured_before_relea
     chunks = [_synthetic(1, seed) for seed in range(4)]
     ids = [list(rows.append(c)) for c in chunks]
     rows.drop(ids[0])                                   # freed before anyone asked
-    assert rows.live_bytes == sum(c.nbytes for c in chunks[1:])
+    assert rows.held_bytes == sum(c.nbytes for c in chunks[1:])
     rows.drop(ids[1][:2])                               # part of a chunk: still held whole
-    assert rows.live_bytes == sum(c.nbytes for c in chunks[1:])
+    assert rows.held_bytes == sum(c.nbytes for c in chunks[1:])
     rows.drop(ids[1][2:])
     extra = _synthetic(1, 9)
     rows.append(extra)
-    assert rows.live_bytes == sum(c.nbytes for c in chunks[2:]) + extra.nbytes
+    assert rows.held_bytes == sum(c.nbytes for c in chunks[2:]) + extra.nbytes
 
 
 @pytest.mark.parametrize("metric", [None, "reward", "acc"])

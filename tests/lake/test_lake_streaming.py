@@ -1,4 +1,4 @@
-"""Reading a live segment holds one write in memory at a time, never the whole segment: a
+"""Reading a open segment holds one write in memory at a time, never the whole segment: a
 metadata query's memory must not grow with the lake. Damage is still found, at the same offset."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A reader of live segments leaves nothing in the temporary directory, however it is stopped.
+"""A reader of open segments leaves nothing in the temporary directory, however it is stopped.
 
-SQL over live segments copies their committed rows into scratch files (`lake_scan`). A reader
+SQL over open segments copies their committed rows into scratch files (`lake_scan`). A reader
 stopped by SIGTERM (`timeout`, systemd, Kubernetes), SIGHUP (a closed terminal) or SIGKILL runs
 no cleanup: once connected it must hold nothing on disk, and what it was writing when it was
 stopped mid-connect must be removed by the next reader."""
@@ -42,7 +42,7 @@ READER = """
 
 @pytest.fixture
 def live_lake(tmp_path: Path) -> Path:
-    """A lake whose rows are all in live segments (the writer closed it, nothing compacted)."""
+    """A lake whose rows are all in open segments (the writer closed it, nothing compacted)."""
     lake = tmp_path / "lake"
     with ReplayBuffer.sync(lake=lake) as buf:
         for i in range(40):

@@ -3,7 +3,7 @@ of the lake's consistent states.
 
 A reader may hold a connection made before the job started (the nightly retention overlapping an
 hourly audit or a long SQL session), connect while the job runs, read tables through the lake
-reader, run the audits, gather a report or check the lake. Compaction replaces live segments by
+reader, run the audits, gather a report or check the lake. Compaction replaces open segments by
 Parquet copies and retention rewrites Parquet files; neither may make a reader fail, count a row
 twice or miss one, or see a row with half its payload."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pipeline.analysis.views import connect
 from pipeline.lake.compaction import compact
 from pipeline.lake.damage import check
 from pipeline.lake.names import next_generation
-from pipeline.lake.read import live_files
+from pipeline.lake.read import current_files
 from pipeline.lake.retention import retain
 from pipeline.lake.writer import highest_seq, read_table
 from tests.lake.test_compact_crash import QUERIES, ROLL, without_payload
@@ -179,7 +179,7 @@ def test_a_reader_listing_a_large_directory_while_a_segment_changes_files_misses
     lake = shutil.copytree(base["lake"], base["work"] / "large")
     compact(lake)
     want = read_table(lake, "trajectories").column("seq").to_pylist()
-    first = next(p for p in live_files(lake, "trajectories") if p.suffix == ".parquet")
+    first = next(p for p in current_files(lake, "trajectories") if p.suffix == ".parquet")
     for i in range(3000):                   # entries readers ignore, only to make it large
         (first.parent / f"pad-{i:05d}").touch()
     stop = threading.Event()

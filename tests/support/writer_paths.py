@@ -11,13 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline.to_torch import runs as to_torch_segments
+from pipeline.to_torch import runs as run_copies
 
 
 @pytest.fixture(scope="module", params=["compiled", "numpy"], autouse=True)
 def both_writers(request: pytest.FixtureRequest) -> Iterator[str]:
-    name = to_torch_segments.ENV_PURE_PYTHON
-    if request.param == "compiled" and not to_torch_segments.HAVE_EXTENSION:
+    name = run_copies.ENV_PURE_PYTHON
+    if request.param == "compiled" and not run_copies.HAVE_EXTENSION:
         pytest.skip("the compiled extension pipeline.to_torch._runs was not built")
     before = os.environ.get(name)
     os.environ[name] = "1" if request.param == "numpy" else "0"

@@ -7,7 +7,8 @@ from pipeline._face import face
 __getattr__, __dir__, __all__ = face(__name__, {
     'DAPO_FILTERED_REWARD_COUNTS_KEY': 'dropin',
     'FILTER_GROUPS_REWARD_METRIC': 'dropin',
-    'ReplayBuffer': 'dropin',
+    'ReplayBuffer': 'dropin:VerlBuffer',   # verl's name for it
+    'VerlBuffer': 'dropin',
     'ReplayBufferAsync': 'dropin',
     'ReplaylakeSampler': 'dropin',
     'VerlStrategyError': 'dropin',

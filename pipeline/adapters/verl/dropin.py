@@ -26,7 +26,7 @@ from pipeline.adapters.verl import options as vo
 from pipeline.adapters.verl.background import BackgroundMirror, check_max_lag, usable
 from pipeline.adapters.verl.keys import batch_meta
 from pipeline.adapters.verl.mirror import PartitionMirror
-from pipeline.buffer import ReplayBuffer as CoreBuffer
+from pipeline.buffer import ReplayBuffer
 from pipeline.decide import typed
 from pipeline.errors import EmptyBatchError
 from pipeline.ingest import check_partition
@@ -39,7 +39,7 @@ VerlStrategyError = vo.VerlStrategyError
 _VERL_EMPTY = "Sync replay buffer selected terminal groups with no materializable trajectories."
 
 __all__ = [
-    "DAPO_FILTERED_REWARD_COUNTS_KEY", "FILTER_GROUPS_REWARD_METRIC", "ReplayBuffer",
+    "DAPO_FILTERED_REWARD_COUNTS_KEY", "FILTER_GROUPS_REWARD_METRIC", "VerlBuffer",
     "ReplayBufferAsync", "ReplaylakeSampler", "VerlStrategyError", "VerlThresholdError",
 ]
 
@@ -58,8 +58,9 @@ def verl_metrics(scalars: dict[str, float], reward_counts: dict[float, int]) -> 
     return out
 
 
-class ReplayBuffer:
-    """verl's `ReplayBuffer` (sync: on-policy; staleness settings validated, then ignored).
+class VerlBuffer:
+    """verl's `ReplayBuffer`, exported under that name by `pipeline.adapters.verl` (sync:
+    on-policy; staleness settings validated, then ignored).
 
     Keywords are verl 0.9.1's, in its order, plus replaylake's: ``lake_dir`` (None = memory only;
     else every trajectory and decision also lands in that lake), ``max_num_gen_batches`` (bounds
@@ -109,7 +110,7 @@ class ReplayBuffer:
         self.sampler_kwargs = sampler_kwargs
         for k in (*vo.VERL_DEFAULTS, *vo.EXTRA_DEFAULTS):
             setattr(self, k, opts[k])
-        self.core = CoreBuffer(config, lake=opts["lake_dir"], fsync=bool(opts["fsync"]))
+        self.core = ReplayBuffer(config, lake=opts["lake_dir"], fsync=bool(opts["fsync"]))
         self.core.add_listener(self._on_decision)
         self.last_batch = None          # the core's Batch of the last sample (Arrow, provenance)
         self._mirrors: dict[str, PartitionMirror] = {}
@@ -243,14 +244,14 @@ class _DepthQueries:
             return uids, verl_metrics(dict(scalars), scalars.reward_counts)
 
 
-class ReplayBufferAsync(_DepthQueries, ReplayBuffer):
+class ReplayBufferAsync(_DepthQueries, VerlBuffer):
     """verl's `ReplayBufferAsync`: bounded staleness (drop / wait), every failure evicted, k
     evicted groups refilled at once; sync-only keywords are accepted and ignored (as verl)."""
 
     _preset = "async"
 
 
-class ReplaylakeSampler(_DepthQueries, ReplayBuffer):
+class ReplaylakeSampler(_DepthQueries, VerlBuffer):
     """The class for verl's custom-sampler hook (`trainer.v1.sampler.custom_sampler.path/name`).
 
     verl constructs it with trainer_mode, trainer_config, max_off_policy_threshold,

@@ -2,7 +2,7 @@
 
 `drop(T)` is the rule `sql/rules/stale.sql` (the presets switch it on with its threshold); `wait(T)`
 is a `WaitGate`, whose comparison is the predicate of `sql/policies/wait_gate_blockers.sql`,
-compiled for polars like a rule: the lake's engine lists the groups that block, the live engine
+compiled for polars like a rule: the lake's engine lists the groups that block, the polars engine
 asks whether the oldest in-flight group does, and both read the one text. The strategy string is
 read here, once, when the settings are made; the poll loop only sees a gate or None.
 """

@@ -17,7 +17,7 @@ from tests.adapters.verl._harness import G, assert_same, run_both
 
 pytestmark = [pytest.mark.verl, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
-HOOK = {"path": "pkg://pipeline.adapters.verl.dropin", "name": "ReplaylakeSampler"}
+HOOK = {"path": "pkg://pipeline.adapters.verl", "name": "ReplaylakeSampler"}
 
 
 def trainer_config(mode: str, custom: bool, **sampler_kwargs) -> OmegaConf:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.adapters.verl.dropin import ReplayBuffer, ReplayBufferAsync, ReplaylakeSampler
+from pipeline.adapters.verl import ReplayBuffer, ReplayBufferAsync, ReplaylakeSampler
 from pipeline.errors import ConfigError
 
 SHORT = {"short_response": {"min_response_length": 3}}
