@@ -159,7 +159,7 @@ class Ctx:
         if self.impl == "verl":
             from verl.trainer.ppo.v1 import replay_buffer as mod
         else:
-            from pipeline.adapters.verl import dropin as mod
+            import pipeline.adapters.verl as mod
         cls = mod.ReplayBuffer if kind == "sync" else mod.ReplayBufferAsync
 
         def refill_fn(n: int) -> int:

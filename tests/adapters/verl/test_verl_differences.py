@@ -238,7 +238,7 @@ SAME = [  # (label, class, keywords, exception classes both must raise, phrase i
 def _classes(kind: str):
     from verl.trainer.ppo.v1 import replay_buffer as verl
 
-    from pipeline.adapters.verl import dropin as ours
+    import pipeline.adapters.verl as ours
     name = "ReplayBuffer" if kind == "sync" else "ReplayBufferAsync"
     return getattr(verl, name), getattr(ours, name)
 

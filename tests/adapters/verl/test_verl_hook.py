@@ -109,7 +109,7 @@ def test_direct_replacement_of_verls_classes_gets_every_builtin_keyword(tq, monk
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import verl.trainer.ppo.v1.trainer_base as tb
-    from pipeline.adapters.verl import dropin as ours
+    import pipeline.adapters.verl as ours
     monkeypatch.setattr(tb, "ReplayBuffer", ours.ReplayBuffer)
     monkeypatch.setattr(tb, "ReplayBufferAsync", ours.ReplayBufferAsync)
     sync = build_with_verl("sync", False, print, lake_dir=None)
