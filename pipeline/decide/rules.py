@@ -51,6 +51,7 @@ class Rule:
     value: str | None
     credit: int
     expr: pl.Expr = field(repr=False, compare=False)
+    reads_lengths: bool = False  # its predicate reads response lengths (`response_tokens_*`)
 
     def horizon(self, params: Mapping[str, Any]) -> int | None:
         """The dispatch step below which time can newly make this rule fire (None: never)."""
@@ -79,7 +80,8 @@ def _rule(q: loader.Query) -> Rule:
         knobs=tuple(p for p in q.params if p.name != STEP),
         horizon_text=horizon, metric=x.get("metric"), spread=x.get("spread"),
         value=x.get("value"), credit=int(x.get("credit", "0")),
-        expr=declared.to_polars(declared.predicate(q)))
+        expr=declared.to_polars(declared.predicate(q)),
+        reads_lengths="response_tokens_" in declared.predicate(q))
 
 
 @cache

@@ -103,6 +103,7 @@ class VerlBuffer:
         opts["mirror_max_lag"] = check_max_lag(opts["mirror_max_lag"])
         config = vo.core_config(self._preset, opts, max_off_policy_threshold,
                                 max_off_policy_strategy)
+        vo.mirror_mode(opts["mirror_fields"], opts["lake_dir"], config)   # refused here, not later
         self.trainer_mode = trainer_mode
         self.trainer_config = trainer_config
         self.max_off_policy_threshold = max_off_policy_threshold
@@ -132,9 +133,7 @@ class VerlBuffer:
         check_partition(partition_id)
         m = self._mirrors.get(partition_id)
         if m is None:
-            mode = self.mirror_fields
-            if mode == "auto":
-                mode = "rewards" if self.lake_dir is not None else "decisions"
+            mode = vo.mirror_mode(self.mirror_fields, self.lake_dir, self.core.config)
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric)
             if self.mirror_max_lag is not None and self._background is None:

@@ -73,6 +73,20 @@ def merge(explicit: dict[str, Any], sampler_kwargs: Any) -> dict[str, Any]:
     return out
 
 
+def mirror_mode(mode: str, lake_dir: Any, config: BufferConfig) -> str:
+    """The fields a partition mirror reads: `auto` is `rewards` with a lake and `decisions`
+    without, or `full` when a configured rule reads response lengths (only the token payload
+    has them: without it every response would count as 0 tokens and such a rule would never, or
+    always, fire). Asking explicitly for less than such a rule needs is a ConfigError."""
+    needs = sorted(u.name for u in config.rules if u.rule.reads_lengths)
+    if mode == "auto":
+        return "full" if needs else "rewards" if lake_dir is not None else "decisions"
+    if needs and mode != "full":
+        raise ConfigError(f"mirror_fields={mode!r} does not read the response tokens, which rule(s) "
+                          f"{needs} compare lengths of; use mirror_fields='full' or 'auto'")
+    return mode
+
+
 def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any) -> BufferConfig:
     """The core's `sync_config` / `async_config`; threshold and strategy errors become verl's
     exception type too (ValueError and AssertionError, with verl's phrases)."""

@@ -53,3 +53,36 @@ def test_an_unknown_rule_in_sampler_kwargs_names_the_closest():
 def test_rules_must_be_a_mapping():
     with pytest.raises(ConfigError, match="rules=.* must be a mapping"):
         _async({"rules": ["short_response"]})
+
+
+# --- rules that compare response lengths need the token payload ---------------------------------
+# Only `mirror_fields="full"` reads the response tokens from TransferQueue; with less, every
+# response would count as 0 tokens, and `overlong` would never fire (`short_response` always).
+
+@pytest.mark.parametrize("fields", ["decisions", "rewards"])
+def test_a_length_rule_with_a_mirror_that_reads_no_tokens_is_refused(fields):
+    with pytest.raises(ConfigError, match=rf"mirror_fields='{fields}'.*\['overlong'\].*'full'"):
+        _async({"max_response_length": 7, "mirror_fields": fields})
+
+
+def test_auto_reads_the_tokens_only_when_a_rule_compares_lengths():
+    from pipeline.adapters.verl.options import mirror_mode
+    plain, long = _async({}), _async({"max_response_length": 7})
+    assert mirror_mode("auto", None, plain.core.config) == "decisions"
+    assert mirror_mode("auto", "/lake", plain.core.config) == "rewards"
+    assert mirror_mode("auto", None, long.core.config) == "full"
+
+
+@pytest.mark.verl
+def test_overlong_evicts_a_long_group_through_transferqueue_by_default(tq, rollout):
+    """The default mirror (`auto`) with `max_response_length`: a group whose responses average
+    more than 7 tokens is evicted, one at exactly 7 is kept (`sum > 7 * n`)."""
+    from tests.adapters.verl._harness import G, uids_of
+    buf = _async({"max_response_length": 7})
+    try:
+        rollout.groups([G("long", 1, kw={"rlen": 8}), G("edge", 1, kw={"rlen": 7})])
+        meta, metrics = buf.sample(global_steps=1, partition_id="train", batch_size=1)
+        assert sorted(uids_of(meta.keys)) == ["edge"]
+        assert metrics["training/overlong/evicted_samples"] == 1
+    finally:
+        buf.close()
