@@ -61,7 +61,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check pipeline schemas sql jobs tests
 
 bench: $(STAMP)
-	$(BIN)/replaylake bench all --doc docs/performance.md --doc README.md
+	$(BIN)/replaylake dev bench all --doc docs/performance.md --doc README.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
