@@ -21,9 +21,8 @@ from jobs.cli import app
 from jobs.export.main import ExportConfig, ExportError, export, parse_steps
 from pipeline import ReplayBuffer
 from pipeline.to_torch.convert import batch_to_torch
+from tests.support.lake import ROOT
 from tests.support.torch_reference import assert_same_tensors, sampled_lake
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 from jobs.cli import app
 from jobs.sql.render import table_text
 from sql import loader
+from tests.support.lake import ROOT
 from tests.support.sql_runs import shared_run
 
 cli = CliRunner()
-ROOT = Path(__file__).resolve().parents[2]
+
 # A value per parameter name that the async shared run has (a real uid, a step, a batch).
 ARGS = {"uid": "g0001", "step": "3", "threshold": "1", "batch_id": "0", "evict_all": "true",
         "max_response_length": "3", "batch_size": "2", "first_step": "2", "last_step": "5"}
