@@ -209,10 +209,7 @@ def handled(func: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if not is_user_error(exc):
                 raise
-            try:
-                fail(message(exc))
-            except typer.Exit as done:
-                raise done from exc
+            fail(message(exc))     # raised inside `except`: the cause stays in __context__
     return command
 
 
