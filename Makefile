@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 export PYTHONHASHSEED ?= 0
 
-.PHONY: run test venv lint bench clean test-vllm tools
+.PHONY: run test venv lint bench soak clean test-vllm tools
 
 $(STAMP): pyproject.toml pipeline/to_torch/_runs.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -60,8 +60,14 @@ test-vllm: $(VLLM_VENV)/.installed
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline schemas sql jobs tests
 
+# Maintainer tools (`replaylake dev ...`), not needed to use replaylake: every benchmark, which
+# rewrites the tables of docs/performance.md and README.md; one round of the crash soak (about 20
+# minutes on 2 cores).
 bench: $(STAMP)
-	$(BIN)/replaylake bench all --doc docs/performance.md --doc README.md
+	$(BIN)/replaylake dev bench all --doc docs/performance.md --doc README.md
+
+soak: $(STAMP)
+	$(BIN)/replaylake dev soak --rounds 1
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

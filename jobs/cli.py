@@ -1,23 +1,26 @@
 """The `replaylake` command line: one sub-command per job (each job module holds its own main).
 
-Commands are registered lazily: listing them (`replaylake --help`) reads only the table below,
-and running one imports only its own module. Job modules import numpy, polars, duckdb, torch or
-the whole library, and paying for all of them on every call made `replaylake sql "select 1"` cost
-seconds before any SQL ran. The one-line help of each command lives in the table so the listing
-needs no import; tests check that it matches the command's docstring and that every command's
-`--help` shows an example. Every command's failures go through one handler (`handled`): a user's
+Commands are registered lazily: listing them (`replaylake --help`) reads the job files' text
+and imports none of them, and running one imports only its own module. Job modules import numpy,
+polars, duckdb, torch or the whole library, and paying for all of them on every call made
+`replaylake sql "select 1"` cost seconds before any SQL ran. Each command's help is its job
+function's docstring, the one copy: the listing shows its first paragraph, `--help` the whole of
+it, examples included. Every command's failures go through one handler (`handled`): a user's
 mistake is one `error:` line and exit 2, a bug a traceback and exit 1.
 """
 from __future__ import annotations
 
+import ast
 import errno
 import functools
 import importlib
 import inspect
+import itertools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 import typer
@@ -28,84 +31,80 @@ from typer.models import CommandInfo
 
 @dataclass(frozen=True)
 class Job:
-    """A sub-command: the function ``func`` of ``module``, and the one line the listing shows
-    (the first paragraph of the function's docstring)."""
+    """A sub-command: the function ``func`` of the job module ``module``."""
 
     module: str
-    func: str
-    help: str
+    func: str = "main"
+
+    @property
+    def help(self) -> str:
+        """The line the listing shows: the first paragraph of the function's docstring."""
+        return " ".join(docstring(self).split("\n\n")[0].split())
 
 
-# "group command" -> Job. Adding a command is one line here; a group is the first word.
+# "group command" -> Job. Adding a command is one line here; the first words name its groups.
+# What users run is at the top level; `dev` holds what maintainers run (benchmarks, which also
+# rewrite the docs' tables, the crash soak, the GPU check).
 COMMANDS: dict[str, Job] = {
-    "demo": Job("jobs.demo", "main",
-                "Train a tiny GRU policy with asynchronous GRPO through replaylake (about a minute "
-                "on 2 CPU cores), tracked in W&B offline; then see what happened with SQL over the "
-                "lake."),
-    "sql": Job("jobs.sql_query", "main",
-               "Read-only SQL over a lake: one-shot, a named query, or an interactive shell."),
-    "whatif": Job("jobs.whatif", "main",
-                  "Replay a recorded run with other settings; print batches, evictions and "
-                  "staleness."),
-    "audit": Job("jobs.audit", "main",
-                 "Run every audit query over a lake; exit code 1 when any audit finds a "
-                 "violation."),
-    "soak": Job("jobs.soak", "main",
-                "Kill the buffer at every lake write point, and compaction and retention at "
-                "theirs, many times over; exit 1 on any broken restart or reader."),
-    "export": Job("jobs.export", "main",
-                  "Export the trained data of chosen steps/partitions as shards with a manifest "
-                  "(resumable)."),
-    "compact": Job("jobs.compact", "main",
-                   "Compact every sealed segment of a lake into Parquet (safe while a buffer "
-                   "writes)."),
-    "retain": Job("jobs.retain", "main",
-                  "Physically drop the token payload of groups gone for more than STEPS steps."),
-    "report": Job("jobs.report", "main",
-                  "Write an HTML report of a run's staleness, evictions, occupancy and selection "
-                  "bias."),
-    "bench ingest": Job("jobs.bench_ingest", "main",
-                        "Ingest throughput in memory, with the lake, and with the lake + fsync."),
-    "bench decide": Job("jobs.bench_decide", "main",
-                        "Decision latency at several buffer sizes, ours vs the naive reference, "
-                        "same process."),
-    "bench torch": Job("jobs.bench_torch", "main",
-                       "Materialisation time of padded and packed tensors vs memcpy of the same "
-                       "bytes."),
-    "bench verl": Job("jobs.bench_verl", "main",
-                      "verl's ReplayBufferAsync vs replaylake's adapter through TransferQueue, "
-                      "same run."),
-    "bench ray": Job("jobs.bench_ray", "main",
-                     "Ray actor vs in-process: per-call put/sample latency, and sample "
-                     "throughput."),
-    "bench sql-memory": Job("jobs.bench_sql_memory", "main",
-                            "Peak memory of a metadata query and a staleness aggregate on a large "
-                            "lake, live and compacted, and the compaction throughput."),
-    "bench memory": Job("jobs.bench_memory", "main",
-                        "Live RSS growth vs Arrow payload bytes, and what comes back after "
-                        "release."),
-    "bench load": Job("jobs.bench_load", "main",
-                      "Sustained load: 8 producers, a trainer, SQL and compaction at once; then "
-                      "every audit."),
-    "bench all": Job("jobs.bench_all", "main",
-                     "Every benchmark in one process; one JSON and one markdown table."),
-    "bench table": Job("jobs.bench_table", "main",
-                       "Regenerate the performance table and the README's summary from a "
-                       "`bench all` JSON."),
-    "lake check": Job("jobs.lake_tool", "check",
-                      "List damaged, missing and torn files of a lake; exit code 1 when any is "
-                      "damaged/missing."),
-    "lake salvage": Job("jobs.lake_tool", "salvage",
-                        "Quarantine what is damaged, keep every write that verifies (the lake "
-                        "must be closed)."),
+    "demo": Job("jobs.demo.main"),
+    "sql": Job("jobs.sql.main"),
+    "whatif": Job("jobs.whatif"),
+    "audit": Job("jobs.audit"),
+    "export": Job("jobs.export.main"),
+    "compact": Job("jobs.compact"),
+    "retain": Job("jobs.retain"),
+    "report": Job("jobs.report"),
+    "lake check": Job("jobs.lake_tool", "check"),
+    "lake salvage": Job("jobs.lake_tool", "salvage"),
+    "dev soak": Job("jobs.dev.soak"),
+    "dev gpu-check": Job("jobs.dev.gpu_check"),
+    "dev bench ingest": Job("jobs.bench.ingest"),
+    "dev bench decide": Job("jobs.bench.decide"),
+    "dev bench torch": Job("jobs.bench.to_torch"),
+    "dev bench verl": Job("jobs.bench.verl"),
+    "dev bench ray": Job("jobs.bench.ray"),
+    "dev bench sql-memory": Job("jobs.bench.sql_memory"),
+    "dev bench memory": Job("jobs.bench.memory"),
+    "dev bench load": Job("jobs.bench.load"),
+    "dev bench all": Job("jobs.bench.all"),
+    "dev bench table": Job("jobs.bench.table"),
 }
 
 GROUPS: dict[str, str] = {
-    "bench": "Benchmarks (figures side by side with the reference, written to a file).",
     "lake": "Lake maintenance: find damage, set it aside.",
+    "dev": "Maintainer tools: benchmarks, the crash soak, the GPU check.",
+    "dev bench": "Benchmarks (figures side by side with the reference, written to a file).",
 }
 
+# A first word that used to be a command or group -> where it lives now. Typed the old way, it is
+# refused naming the new spelling, so a script or a habit learns where the command went.
+MOVED: dict[str, str] = {"bench": "dev bench", "soak": "dev soak"}
+
 HELP = "replaylake: a replay buffer for async LLM RL, on Arrow tables."
+
+
+def docstring(job: Job) -> str:
+    """The docstring of ``job``'s function, read from its source file without importing it.
+
+    Why not import: job modules import numpy, polars, duckdb, torch or the whole library, and a
+    listing that imported them all made `replaylake --help` cost seconds. Reading the text keeps
+    one copy of each command's help, in the job itself."""
+    tree = _parsed(_source(job.module))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == job.func:
+            return ast.get_docstring(node) or ""
+    raise LookupError(f"{job.module} has no function {job.func!r}")
+
+
+def _source(module: str) -> Path:
+    """The file of a job module (`jobs.x.y` -> jobs/x/y.py), found without importing packages."""
+    base = Path(__file__).resolve().parent.joinpath(*module.split(".")[1:])
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
 def load(path: str) -> Any:
@@ -195,6 +194,12 @@ def message(exc: BaseException) -> str:
     return f"{text}; {hint}" if hint else text
 
 
+def fail(text: str) -> NoReturn:
+    """Print ``text`` as the one `error:` line of a user's mistake and exit 2."""
+    typer.echo(f"error: {text}", err=True)
+    raise typer.Exit(USER_EXIT)
+
+
 def handled(func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` (a command) with its user errors turned into one `error:` line and exit 2."""
     @functools.wraps(func)
@@ -204,8 +209,7 @@ def handled(func: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if not is_user_error(exc):
                 raise
-            typer.echo(f"error: {message(exc)}", err=True)
-            raise typer.Exit(USER_EXIT) from exc
+            fail(message(exc))     # raised inside `except`: the cause stays in __context__
     return command
 
 
@@ -215,11 +219,24 @@ def run(func: Callable[..., Any]) -> None:
 
 
 class _Listed(TyperCommand):
-    """Stands in for a command in listings: its name and one line, nothing imported."""
+    """Stands in for a command in listings: its name and one line, nothing imported.
+
+    The line is read from the job's file only when a listing asks for it: running a command
+    builds the placeholders of all its siblings, and should not read their files."""
 
     def __init__(self, name: str, path: str) -> None:
-        super().__init__(name=name, short_help=COMMANDS[path].help, help=COMMANDS[path].help)
         self.path = path
+        super().__init__(name=name)
+
+    @property                                   # type: ignore[override]
+    def help(self) -> str:
+        return COMMANDS[self.path].help
+
+    @help.setter
+    def help(self, value: str | None) -> None:  # click's __init__ sets it; the job's line wins
+        pass
+
+    short_help = help
 
 
 class LazyGroup(TyperGroup):
@@ -233,7 +250,18 @@ class LazyGroup(TyperGroup):
     def __init__(self, *, commands: Mapping[str, Any] | None = None, **kw: Any) -> None:
         super().__init__(commands=dict(_members(self.prefix)), **kw)
 
+    def get_help_option(self, ctx: Any) -> Any:
+        # as for a command's flags (`build`): --help takes no value, so no "<bool>" beside it
+        option = super().get_help_option(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        if not self.prefix and args and args[0] in MOVED:
+            words = list(itertools.takewhile(lambda a: not a.startswith("-"), args))
+            old, new = " ".join(words), " ".join([MOVED[args[0]], *words[1:]])
+            fail(f"`replaylake {old}` is now `replaylake {new}`")
         name, cmd, rest = super().resolve_command(ctx, args)
         if isinstance(cmd, _Listed) and name is not None:
             cmd = self.commands[name] = build(cmd.path)
@@ -252,8 +280,9 @@ def _members(prefix: str) -> dict[str, Any]:
         if len(words) == depth + 1:
             out[name] = _Listed(name, path)
         elif name not in out:
-            sub = type("LazyGroup", (LazyGroup,), {"prefix": f"{prefix} {name}".strip()})
-            out[name] = sub(name=name, help=GROUPS[name], no_args_is_help=True,
+            group = f"{prefix} {name}".strip()
+            sub = type("LazyGroup", (LazyGroup,), {"prefix": group})
+            out[name] = sub(name=name, help=GROUPS[group], no_args_is_help=True,
                             rich_markup_mode="rich")
     return out
 

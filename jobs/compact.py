@@ -38,7 +38,7 @@ def main(
     mb = r.bytes_in / 1e6
     typer.echo(f"compacted {len(r.compacted)} segment(s), {r.rows} row(s): {mb:.1f} MB of Arrow "
                f"-> {r.bytes_out / 1e6:.1f} MB of Parquet in {took:.2f} s "
-               f"({mb / took if took else 0.0:.1f} MB/s); {r.skipped_live} left to the live "
+               f"({mb / took if took else 0.0:.1f} MB/s); {r.skipped_open} left to the open "
                f"writer; {r.cleaned} leftover(s) of an interrupted run removed")
 
 

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from jobs.sql_session import open_session
-from jobs.sql_shell import Shell, complete
+from jobs.sql.session import open_session
+from jobs.sql.shell import Shell, complete
 from pipeline.analysis.guard import ReadOnlyError, statements
 from pipeline.analysis.views import connect, read_sql
 from tests.support.sql_runs import one, shared_run

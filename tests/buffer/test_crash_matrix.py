@@ -3,14 +3,15 @@ write, checksum record and fsync of every table and of the writer's log, torn ha
 new directories and files — during ingest over two partitions, status changes, samples that evict,
 refill, select and discard, and releases. After each kill, a restart must hold exactly the
 acknowledged history up to a whole write, equal the untouched run's live state, keep writing, and
-pass every audit (see jobs/soak.py, which runs the same matrix thousands of times)."""
+pass every audit (see jobs/dev/kill_matrix.py; `replaylake dev soak` runs the same matrix
+thousands of times)."""
 from __future__ import annotations
 
 import shutil
 
 import pytest
 
-from jobs import soak
+from jobs.dev import kill_matrix
 from pipeline import ReplayBuffer
 from pipeline.lake.damage import check
 from pipeline.lake.files import sum_path
@@ -31,7 +32,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def refs(workdir):
-    return {(kind, fsync): soak.reference(kind, workdir, fsync=fsync)
+    return {(kind, fsync): kill_matrix.reference(kind, workdir, fsync=fsync)
             for kind, fsync in (("async", False), ("sync", False), ("async", True))}
 
 
@@ -43,9 +44,9 @@ def chosen(refs, which: str) -> list[str]:
     """The kill targets each matrix test runs: every other point of the async workload, every
     third of the sync one, every fourth point around an fsync (the soak job runs them all)."""
     if which == "fsync":
-        every = soak.targets(refs["async", True])
+        every = kill_matrix.targets(refs["async", True])
         return [t for t in every if kinds_of([t]) & SYNC_KINDS][::4]
-    return soak.targets(refs[which, False])[{"async": slice(0, None, 2),
+    return kill_matrix.targets(refs[which, False])[{"async": slice(0, None, 2),
                                               "sync": slice(1, None, 3)}[which]]
 
 
@@ -56,14 +57,14 @@ def test_kill_points_of_each_workload_restart_exactly(refs, workdir, kind):
     assert kinds_of(targets) == KINDS
     assert {t.split(".", 1)[0] for t in targets} >= {"trajectories", "group_events", "decisions",
                                                      "metrics", "log"}
-    assert soak.run_matrix(refs[kind, False], workdir / kind, targets, workers=WORKERS) == []
+    assert kill_matrix.run_matrix(refs[kind, False], workdir / kind, targets, workers=WORKERS) == []
 
 
 @pytest.mark.slow
 def test_kill_points_around_each_fsync_restart_exactly(refs, workdir):
     targets = chosen(refs, "fsync")
     assert kinds_of(targets) == SYNC_KINDS
-    assert soak.run_matrix(refs["async", True], workdir / "fsync", targets,
+    assert kill_matrix.run_matrix(refs["async", True], workdir / "fsync", targets,
                            workers=WORKERS) == []
 
 
@@ -81,14 +82,14 @@ def test_the_workloads_write_every_decision_kind(refs):
 def _killed_lake(refs, workdir, target: str):
     ref = refs["async", False]
     lake = workdir / "damage" / target.replace(":", "-")
-    soak.kill_at(ref, target, lake)
+    kill_matrix.kill_at(ref, target, lake)
     return ref, lake
 
 
 @pytest.mark.parametrize("at", [0.4, 0.7, 0.95])
 def test_a_corrupted_middle_after_a_kill_is_refused_then_salvaged(refs, workdir, at):
     ref = refs["async", False]
-    every = soak.targets(ref)
+    every = kill_matrix.targets(ref)
     target = next(t for t in every[int(len(every) * at):] if "data_torn" in t)
     ref, lake = _killed_lake(refs, workdir, target)
     seg = max(segment_files(lake, "trajectories"), key=lambda p: len(write_ends(p)))
@@ -96,19 +97,19 @@ def test_a_corrupted_middle_after_a_kill_is_refused_then_salvaged(refs, workdir,
     middle = ends[len(ends) // 2 - 1]
     zero_bytes(seg, middle + 3, 16)
     with pytest.raises(LakeDamageError) as err:
-        soak.history(lake)
+        kill_matrix.history(lake)
     assert (err.value.path, err.value.offset) == (seg, middle)
     del err
     report = salvage(lake)
     assert report.lost_writes == 1 and report.kept_writes == len(ends) - 1
     assert check(lake).damaged == []
-    buf, _ = soak.open_buffer("async", lake, False, ref.seed)
+    buf, _ = kill_matrix.open_buffer("async", lake, False, ref.seed)
     buf.close()
 
 
 def test_a_missing_file_after_a_kill_is_refused_then_salvaged(refs, workdir):
     ref = refs["async", False]
-    every = soak.targets(ref)
+    every = kill_matrix.targets(ref)
     target = next(t for t in every[len(every) // 2:] if "sum_torn" in t)
     ref, lake = _killed_lake(refs, workdir, target)
     [seg, *_] = segment_files(lake, "metrics")
@@ -122,6 +123,6 @@ def test_a_missing_file_after_a_kill_is_refused_then_salvaged(refs, workdir):
         raise AssertionError("a lake with a missing segment was opened")
     salvage(lake)
     assert check(lake).damaged == []
-    buf, _ = soak.open_buffer("async", lake, False, ref.seed)
+    buf, _ = kill_matrix.open_buffer("async", lake, False, ref.seed)
     buf.close()
     shutil.rmtree(lake)

@@ -1,7 +1,7 @@
 """An interrupt (Ctrl-C) or a failing write at any point of any call leaves the buffer, in memory
 and on disk, as if the call never happened or as if it completed, and the same process goes on:
-retries, a reopen and the audits see every acknowledged row exactly once (jobs/crash_interrupt.py
-strikes at the crash matrix's write points; `replaylake soak` strikes at all of them)."""
+retries, a reopen and the audits see every acknowledged row exactly once (jobs/dev/crash_interrupt.py
+strikes at the crash matrix's write points; `replaylake dev soak` strikes at all of them)."""
 from __future__ import annotations
 
 import os
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from jobs import crash_interrupt
-from jobs.crash_workload import reference
+from jobs.dev import crash_interrupt
+from jobs.dev.crash_workload import reference
 from pipeline import ReplayBuffer, interrupts
 from pipeline.analysis.views import connect
 from pipeline.errors import BufferFullError, ConfigError, IngestError, InvariantError, LakeError

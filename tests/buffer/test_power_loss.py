@@ -17,7 +17,7 @@ model, as crash-consistency checkers (ALICE, CrashMonkey) have it:
   absent);
 - renames are atomic.
 
-After each cut, for the workload of the crash matrix (`jobs.crash_workload`: ingest across two
+After each cut, for the workload of the crash matrix (`jobs.dev.crash_workload`: ingest across two
 partitions, status changes, samples that evict and refill, releases, a batch held across steps):
 `lake check` finds no damage, the lake holds exactly the untouched run's history up to a whole
 write and at least every acknowledged call, a restored buffer equals the live state after the
@@ -47,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from jobs.audit import run_audits
-from jobs.crash_workload import THRESHOLD, Reference, _write_ends, history, open_buffer, state
+from jobs.dev.crash_workload import THRESHOLD, Reference, _write_ends, history, open_buffer, state
 from pipeline.analysis.views import connect
 from pipeline.lake.compaction import compact
 from pipeline.lake.damage import check

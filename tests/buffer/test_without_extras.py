@@ -43,9 +43,9 @@ NEEDS_EXTRAS = [
     "tests/adapters/wandb/test_wandb_tracker.py",
     "tests/adapters/verl/test_verl_hook.py",
     "tests/adapters/vllm/test_vllm.py",
-    "tests/jobs/test_bench_all.py::"
+    "tests/jobs/bench/test_bench_all.py::"
     "test_bench_all_quick_writes_every_section_with_its_reference_and_a_markdown_table",
-    "tests/jobs/test_demo.py::test_smoke_run_trains_every_step_and_writes_its_own_run_directory",
+    "tests/jobs/demo/test_demo.py::test_smoke_run_trains_every_step_and_writes_its_own_run_directory",
 ]
 
 # A plugin that runs only NEEDS_EXTRAS after collecting every module: one child pytest checks

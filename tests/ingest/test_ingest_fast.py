@@ -1,6 +1,6 @@
 """The fast paths of ingest give exactly what the general paths give: the same conformed table or
 the same problems, the same stamped lake rows, the same byte accounting and the same group
-aggregates. (Speed is measured by `replaylake bench ingest`, never asserted here.)"""
+aggregates. (Speed is measured by `replaylake dev bench ingest`, never asserted here.)"""
 from __future__ import annotations
 
 from types import MappingProxyType

@@ -126,11 +126,11 @@ def test_a_full_disk_under_sql_output_is_one_error_line(lake) -> None:
 
 
 def test_bench_out_may_name_a_directory_and_a_bad_one_fails_before_measuring(tmp_path) -> None:
-    proc = replaylake("bench", "all", "--quick", "--only", "decide", "--out", str(tmp_path))
+    proc = replaylake("dev", "bench", "all", "--quick", "--only", "decide", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "all.json").is_file() and (tmp_path / "all.md").is_file()
     (tmp_path / "a-file").write_text("")
-    proc = replaylake("bench", "decide", "--sizes", "400", "--repeats", "1", "--out",
+    proc = replaylake("dev", "bench", "decide", "--sizes", "400", "--repeats", "1", "--out",
                       str(tmp_path / "a-file" / "decide.json"))
     assert one_error_line(proc) == f"error: file exists: {tmp_path / 'a-file'}"
     assert "ms" not in proc.stdout                     # nothing was measured

@@ -1,6 +1,8 @@
 """Every `replaylake` command explains itself: `--help` exits 0, shows an Examples section whose
 `replaylake <command>` lines survive an 80-column terminal unbroken, and the listing's one-liner
-(kept in the command table so listing imports nothing) is the command's own first paragraph.
+(read from the job's file, so listing imports nothing) is the command's own first paragraph.
+What users run is listed at the top level, maintainer tools under `dev`; their old top-level
+spellings are refused naming the new one.
 
 Parametrized over the command table: a command added without an example fails here."""
 from __future__ import annotations
@@ -60,7 +62,23 @@ def test_every_command_has_help_with_an_example_that_fits_80_columns(path):
 def test_the_listing_one_liner_is_the_commands_first_paragraph(path):
     doc = inspect.getdoc(cli.load(path)) or ""
     first = " ".join(doc.split("\n\n")[0].split())
+    assert doc.startswith(cli.docstring(cli.COMMANDS[path]))   # sql appends an epilog at import
     assert cli.COMMANDS[path].help == first
+
+
+def test_a_command_listing_shows_what_its_job_file_says_now(tmp_path, monkeypatch):
+    # one copy of the help: a job whose docstring changes is listed with the new words
+    job = tmp_path / "jobs" / "fake.py"
+    job.parent.mkdir()
+    job.write_text('def main():\n    """Count the\n    sheep.\n\n    Examples:\n'
+                   '        replaylake sheep\n    """\n')
+    monkeypatch.setattr(cli, "_source", lambda module: job)
+    assert cli.Job("jobs.fake").help == "Count the sheep."
+    job.write_text('def main():\n    """Count the goats."""\n')
+    cli._parsed.cache_clear()
+    assert cli.Job("jobs.fake").help == "Count the goats."
+    with pytest.raises(LookupError, match="no function 'run'"):
+        cli.docstring(cli.Job("jobs.fake", "run"))
 
 
 def test_top_level_help_lists_every_command_and_group_without_importing_jobs():
@@ -79,10 +97,46 @@ def test_top_level_help_lists_every_command_and_group_without_importing_jobs():
         assert re.search(rf"│ {re.escape(top)} ", res.stdout), top
 
 
-def test_a_group_lists_its_commands_and_a_typo_gets_a_suggestion():
-    out = help_of("bench")
+USER_COMMANDS = ["demo", "sql", "whatif", "audit", "export", "compact", "retain", "report", "lake"]
+
+
+def test_top_level_help_at_80_columns_lists_the_user_commands_and_dev_only():
+    out = help_of()
+    listed = [m.group(1) for m in re.finditer(r"^│ ([a-z][a-z-]*) ", out, re.M)]
+    assert listed == [*USER_COMMANDS, "dev"], out
+    assert not [line for line in out.splitlines() if len(line) > WIDTH]
+    assert "<bool>" not in out
+
+
+def test_dev_lists_the_maintainer_tools_and_the_benchmarks():
+    out = help_of("dev")
+    for name in ("soak", "gpu-check", "bench"):
+        assert re.search(rf"^│ {name} ", out, re.M), out
+    out = help_of("dev", "bench")
     for path in cli.COMMANDS:
-        if path.startswith("bench "):
+        if path.startswith("dev bench "):
+            assert re.search(rf"^│ {path.split()[2]} ", out, re.M), (path, out)
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (["bench", "decide", "--sizes", "400"], "replaylake dev bench decide"),
+    (["bench", "all", "--quick"], "replaylake dev bench all"),
+    (["bench"], "replaylake dev bench"),
+    (["soak", "--rounds", "1"], "replaylake dev soak"),
+])
+def test_an_old_spelling_is_one_error_line_naming_the_new_one(old, new):
+    res = subprocess.run([sys.executable, "-m", "jobs.cli", *old], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+    spelled = " ".join(w for w in old if not w.startswith("-") and not w.isdigit())
+    assert res.returncode == 2, res.stderr
+    assert res.stderr == f"error: `replaylake {spelled}` is now `{new}`\n"
+    assert res.stdout == ""
+
+
+def test_a_group_lists_its_commands_and_a_typo_gets_a_suggestion():
+    out = help_of("lake")
+    for path in cli.COMMANDS:
+        if path.startswith("lake "):
             assert path.split()[1] in out
     res = runner.invoke(cli.app, ["lake", "chek"], env={"COLUMNS": "80"})
     assert res.exit_code == 2 and "Did you mean 'check'" in res.output

@@ -1,5 +1,5 @@
-"""Every job module runs as `python -m jobs.<name>` too (the `replaylake` CLI is one way in; a
-module that ignored `-m` would exit 0 having done nothing)."""
+"""Every job module runs as `python -m jobs.<name>` (or `jobs.<package>.<name>`) too (the
+`replaylake` CLI is one way in; a module that ignored `-m` would exit 0 having done nothing)."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.lake import ROOT
 
-JOBS = sorted(p for p in (ROOT / "jobs").glob("*.py")
+JOBS = sorted(p for p in (ROOT / "jobs").rglob("*.py")
               if any(isinstance(n, ast.FunctionDef) and n.name == "main"
                      for n in ast.parse(p.read_text()).body))
 
@@ -24,13 +24,13 @@ def _runs_main(path: Path) -> bool:
     return False
 
 
-@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: str(p.relative_to(ROOT / "jobs")))
 def test_a_job_with_a_main_runs_it_under_dash_m(path: Path) -> None:
     assert _runs_main(path), f"{path.name}: add `if __name__ == \"__main__\": typer.run(main)`"
 
 
 def test_dash_m_prints_the_jobs_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "jobs.bench_table", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "jobs.bench.table", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--doc" in out.stdout

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.soak_jobs import answers as ask
-from jobs.soak_jobs import parquet_names
+from jobs.dev.soak_jobs import answers as ask
+from jobs.dev.soak_jobs import parquet_names
 from pipeline import ReplayBuffer
 from pipeline.analysis.views import connect
 from pipeline.lake import kill as lake_kill

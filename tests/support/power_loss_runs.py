@@ -1,6 +1,6 @@
 """The programs the power-loss tests record under strace: ``python -m tests.support.power_loss_runs``.
 
-- ``ingest LAKE OUT FSYNC``: the crash matrix's async workload (`jobs.crash_workload`: ingest
+- ``ingest LAKE OUT FSYNC``: the crash matrix's async workload (`jobs.dev.crash_workload`: ingest
   across two partitions, status changes, samples that evict and refill, releases, a batch held
   across steps). After each acknowledged call it writes a marker naming the call (see
   `disk_calls.ACK`) and records what a restart must reproduce from then on: the highest seq
@@ -54,7 +54,7 @@ class _Marker:
 
 
 def ingest(lake: Path, out: Path, fsync: bool) -> None:
-    from jobs.crash_workload import history, state, workload
+    from jobs.dev.crash_workload import history, state, workload
     from pipeline import ReplayBuffer
     marker = _Marker()
     marker.wrap(ReplayBuffer)

@@ -8,7 +8,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from jobs.bench_torch import synthetic_batch
+from jobs.bench.to_torch import synthetic_batch
 from pipeline.to_torch import runs as seg
 from pipeline.to_torch.convert import batch_to_torch
 from pipeline.to_torch.pool import TensorPool

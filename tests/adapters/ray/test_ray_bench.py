@@ -1,9 +1,9 @@
-"""Smoke test of `replaylake bench ray`: every figure is produced (tiny sizes, shared cluster)."""
+"""Smoke test of `replaylake dev bench ray`: every figure is produced (tiny sizes, shared cluster)."""
 from __future__ import annotations
 
 import pytest
 
-from jobs.bench_ray import run
+from jobs.bench.ray import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

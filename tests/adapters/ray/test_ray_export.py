@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from jobs.export_ray import lake_dataset
+from jobs.export.ray import lake_dataset
 from pipeline.lake.compaction import compact
 from pipeline.lake.writer import read_table
 from tests.lake.test_compact_crash import kill

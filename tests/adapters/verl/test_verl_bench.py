@@ -1,4 +1,4 @@
-"""Smoke test of `replaylake bench verl`: tiny sizes through the session's TransferQueue, and the
+"""Smoke test of `replaylake dev bench verl`: tiny sizes through the session's TransferQueue, and the
 JSON report carries every implementation's figures and the ratios."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobs.bench_verl import IMPLS, STEP_IMPLS
+from jobs.bench.verl import IMPLS, STEP_IMPLS
 from jobs.cli import app
 
 pytestmark = pytest.mark.verl
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.verl
 
 def test_bench_verl_writes_every_figure(tq, rollout, tmp_path: Path) -> None:
     out = tmp_path / "verl.json"
-    result = CliRunner().invoke(app, ["bench", "verl", "--sizes", "12", "--repeats", "2",
+    result = CliRunner().invoke(app, ["dev", "bench", "verl", "--sizes", "12", "--repeats", "2",
                                       "--batch", "4", "--step-s", "0.3", "--lag-s", "0.4",
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -1,0 +1,154 @@
+"""Benchmark: latency of one `sample` decision (eviction + selection, batch 64) vs a Python reference.
+
+The reference re-implements verl 0.9.1's algorithm the straightforward way, in the same process:
+a dict of every group's tags, re-listed and re-sorted in full on every call. Each timed call first
+gets 16 freshly stale groups (added untimed) so both sides evict and select, as in a real run.
+
+Two ways of calling `sample` are timed, alternating in one process on the same buffer:
+- "after a count": `get_sampleable_count` runs first (timed apart, as the decision alone), so the
+  new groups' aggregates are already computed when `sample` starts;
+- "alone": nothing runs before `sample`, which pays for the new groups' aggregates itself (what a
+  caller that never counts pays).
+After each `sample` the buffer is topped up with as many in-window groups as it handed out (their
+aggregates computed untimed), so every timed call sees the stated buffer size and 16 new groups.
+The first rounds of each size warm the process up and are not counted (a training run calls
+`sample` thousands of times; its first calls are not what it spends its time on).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jobs.bench.out import result_path
+
+BATCH, PER_GROUP, THRESHOLD, STEP, STALE_PER_CALL = 64, 4, 4, 100, 16
+WARMUP = 3       # rounds run before the timed ones, per size
+
+
+class ReferenceBuffer:
+    """verl's decision, naively: full re-listing, list filters, a full sort per call."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict] = {}
+
+    def sample(self, g: int, batch_size: int) -> list[str]:
+        listing = list(self.groups.items())
+        for uid, meta in listing:
+            if meta["status"] == "finished" and g - meta["global_steps"] + 1 > THRESHOLD:
+                del self.groups[uid]
+        ready = [(meta["global_steps"], uid) for uid, meta in self.groups.items()
+                 if meta["status"] in ("finished", "failure")]
+        ready.sort(key=lambda x: x[0])
+        chosen = [uid for _, uid in ready[:batch_size]]
+        for uid in chosen:
+            del self.groups[uid]
+        return chosen
+
+
+def _fill(buf, ref: ReferenceBuffer, uids: list[str], gs_values: np.ndarray, rng) -> None:
+    from jobs.synthetic import trajectories
+    for gs in np.unique(gs_values):
+        part = [u for u, s in zip(uids, gs_values) if s == gs]
+        buf.register(partition="train", uids=part, global_steps=int(gs))
+        rewards = rng.integers(0, 2, size=len(part) * PER_GROUP).astype(np.float64)
+        buf.put(trajectories("train", part, PER_GROUP, version=max(int(gs) - 1, 0), rewards=rewards,
+                             prompt_len=(2, 4), response_len=(2, 8), rng=rng, with_logprobs=False))
+        buf.update_status(partition="train", uids=part, status="finished")
+        for u in part:
+            ref.groups[u] = {"status": "finished", "global_steps": int(gs)}
+
+
+def run_size(n_traj: int, repeats: int, rng) -> dict:
+    from pipeline import ReplayBuffer
+    n_groups = n_traj // PER_GROUP
+    buf = ReplayBuffer.async_(max_off_policy_threshold=THRESHOLD)
+    ref = ReferenceBuffer()
+    t0 = time.perf_counter()
+    uids = [f"g{i}" for i in range(n_groups)]
+    gs = rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=n_groups)
+    _fill(buf, ref, uids, gs, rng)
+    build_s = time.perf_counter() - t0
+    ours, alone, ours_decide, theirs = [], [], [], []
+    top = 0
+    for r in range(WARMUP + repeats):
+        for counted in ((True, False) if r % 2 == 0 else (False, True)):
+            stale = [f"s{r}_{int(counted)}_{i}" for i in range(STALE_PER_CALL)]
+            _fill(buf, ref, stale, np.full(STALE_PER_CALL, STEP - THRESHOLD - 1), rng)
+            if counted:
+                t = time.perf_counter()
+                buf.get_sampleable_count(STEP, "train")   # aggregates + every rule, evicting nothing
+                ours_decide.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            batch = buf.sample(STEP, "train", BATCH)
+            (ours if counted else alone).append(time.perf_counter() - t)
+            buf.release(batch)
+            t = time.perf_counter()
+            chosen = ref.sample(STEP, BATCH)
+            theirs.append(time.perf_counter() - t)
+            if len(chosen) != BATCH or batch.num_groups != BATCH:
+                raise RuntimeError("benchmark lost groups: both sides must select a full batch")
+            # top up (untimed) to the stated size; the next call then sees only its 16 new groups
+            refill = [f"t{top + i}" for i in range(BATCH)]
+            top += BATCH
+            _fill(buf, ref, refill, rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=BATCH), rng)
+            buf.get_sampleable_count(STEP, "train")
+    # the first rounds warm the process up (allocator, polars' caches): not counted
+    ours, alone, ours_decide = ours[WARMUP:], alone[WARMUP:], ours_decide[WARMUP:]
+    theirs = theirs[2 * WARMUP:]
+    med = statistics.median
+    return {"trajectories": n_traj, "groups": n_groups, "build_s": round(build_s, 2),
+            "ours_decision_ms": med(ours_decide) * 1e3, "ours_sample_ms": med(ours) * 1e3,
+            "ours_sample_alone_ms": med(alone) * 1e3,
+            "ours_sample_alone_min_ms": min(alone) * 1e3, "ours_sample_min_ms": min(ours) * 1e3,
+            "reference_ms": med(theirs) * 1e3,
+            "speedup_decision": med(theirs) / med(ours_decide),
+            "speedup_sample": med(theirs) / med(ours),
+            "speedup_sample_alone": med(theirs) / med(alone)}
+
+
+def main(sizes: str = typer.Option("10000,40000,100000,1000000",
+                                   help="buffered trajectories (4 per group), comma-separated"),
+         repeats: int = typer.Option(15, help="timed sample calls per size and way of calling"),
+         out: Path = typer.Option(Path("runs/bench/decide.json"),
+                                  help="where to write results (a directory: decide.json in it)"),
+         seed: int = 0) -> None:
+    """Decision latency at several buffer sizes, ours vs the naive reference, same process.
+
+    Examples:
+        replaylake dev bench decide
+        replaylake dev bench decide --sizes 10000,100000 --repeats 5
+    """
+    out = result_path(out, "decide.json")
+    rng = np.random.default_rng(seed)
+    console = Console()
+    results = []
+    for n in [int(s) for s in sizes.split(",")]:
+        with console.status(f"building a buffer of {n:,} trajectories ..."):
+            results.append(run_size(n, repeats, rng))
+    table = Table(title=f"sample, batch {BATCH}, {STALE_PER_CALL} stale evictions per call (ms; "
+                        "x: times faster than the naive reference)", caption=(
+                        "count: get_sampleable_count alone; after count: sample after it; "
+                        "alone: sample with nothing before it"))
+    for col in ("buffered", "count", "after count", "alone", "naive", "x count", "x after",
+                "x alone"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(f"{r['trajectories']:,}", f"{r['ours_decision_ms']:.2f}",
+                      f"{r['ours_sample_ms']:.2f}", f"{r['ours_sample_alone_ms']:.2f}",
+                      f"{r['reference_ms']:.2f}", f"{r['speedup_decision']:.1f}x",
+                      f"{r['speedup_sample']:.1f}x", f"{r['speedup_sample_alone']:.1f}x")
+    console.print(table)
+    out.write_text(json.dumps({"batch": BATCH, "results": results}, indent=2))
+    console.print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

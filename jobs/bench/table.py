@@ -1,0 +1,93 @@
+"""The performance table in markdown, rendered from `bench all`'s JSON (never edited by hand).
+
+`write_doc` replaces only the part of a document between marker comments, so the prose around
+the table stays as written while the figures come from a run: the whole table between the
+`bench-table` markers (docs/performance.md), and the summary -- only the figures that have a
+goal -- between the `bench-summary` markers (the README).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+SUMMARY_BEGIN, SUMMARY_END = "<!-- bench-summary:begin -->", "<!-- bench-summary:end -->"
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, float) and x != x:
+        return "n/a"
+    if x and abs(x) < 0.1:
+        return f"{x:.2g}"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def render(report: dict[str, Any], goals_only: bool = False) -> str:
+    """One markdown table: every figure (``goals_only``: every figure that has a goal), its
+    reference from the same run, the ratio, the goal."""
+    head = (f"Measured by `replaylake dev bench all{' --quick' if report.get('quick') else ''}` on "
+            f"{report.get('cpus', '?')} CPUs ({report.get('machine', '?')}).\n\n")
+    lines = ["| section | path | ours | reference (same run) | ratio | goal | met |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for section, body in report.get("sections", {}).items():
+        if "error" in body:
+            lines.append(f"| {section} | failed: {body['error']} | | | | | |")
+            continue
+        for f in body["figures"]:
+            if goals_only and f["meets_goal"] is None:
+                continue
+            met = {True: "yes", False: "no", None: ""}[f["meets_goal"]]
+            lines.append(
+                f"| {section} | {f['path']} | {_num(f['value'])} {f['unit']} | "
+                f"{_num(f['reference_value'])} ({f['reference']}) | "
+                f"{_num(f['ratio'])} {f['ratio_label']} | {f['goal']} | {met} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def write_doc(doc: Path, table: str, summary: str | None = None) -> None:
+    """Put ``table`` between the `bench-table` markers of ``doc`` and ``summary`` between its
+    `bench-summary` markers; a document with neither pair gets the table appended, with markers."""
+    text = doc.read_text() if doc.exists() else ""
+    found = False
+    for begin, end, body in ((BEGIN, END, table), (SUMMARY_BEGIN, SUMMARY_END, summary)):
+        if body is not None and begin in text and end in text:
+            pre, rest = text.split(begin, 1)
+            text = pre + f"{begin}\n{body}{end}" + rest.split(end, 1)[1]
+            found = True
+    if not found:
+        block = f"{BEGIN}\n{table}{END}"
+        text = text + ("\n" if text and not text.endswith("\n") else "") + block + "\n"
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+
+
+def write_docs(docs: list[Path], report: dict[str, Any]) -> None:
+    """The table and the summary of ``report`` into every document of ``docs``."""
+    table, summary = render(report), render(report, goals_only=True)
+    for doc in docs:
+        write_doc(doc, table, summary)
+
+
+def main(report: Path = typer.Argument(Path("runs/bench/all.json"), help="bench all's JSON"),
+         doc: list[Path] = typer.Option([Path("docs/performance.md"), Path("README.md")],
+                                        help="document to update (repeat for several)")) -> None:
+    """Regenerate the performance table and the README's summary from a `bench all` JSON.
+
+    Examples:
+        replaylake dev bench table runs/bench/all.json
+        replaylake dev bench table runs/bench/all.json --doc docs/performance.md
+    """
+    write_docs(doc, json.loads(report.read_text()))
+    typer.echo(f"tables in {', '.join(map(str, doc))} regenerated from {report}")
+
+
+if __name__ == "__main__":
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -1,0 +1,300 @@
+"""Benchmark: time per `sample` of verl 0.9.1's ReplayBufferAsync vs replaylake's verl adapter, both
+reading one real TransferQueue, at several buffer sizes (4 trajectories per group), in one run.
+
+Each size is filled once (finished groups, fields and tags as verl's agent loop writes them).
+Then each implementation, as a fresh instance, makes one cold call and `repeats` timed calls; before
+every timed call (untimed) the trainer clears the previous batch and 64 new groups arrive, so the
+buffer size stays constant and every call has new data to take in, as in a run. Implementations:
+verl's buffer; ours reading only what decisions need (`mirror_fields=decisions`, the default
+without a lake); ours also mirroring every reward for the lake (`rewards`); and both with DAPO
+(`filter_groups_metric="reward"`, which makes each read `rm_scores` of new groups).
+
+A second phase plays a trainer step between calls: after the untimed clear and writes, the
+benchmark sleeps `step_s` seconds (the trainer training) before the timed call. It times verl
+again under those conditions, and ours with the background mirror (`mirror_max_lag=lag_s`), in
+both mirror modes. For each it also reports the process's CPU time during the step (the
+background thread's listings and reads, and TransferQueue's client thread serving them; the
+controller's own process is not counted, for either side) and how many timed calls found the
+background view fresh enough to skip their listing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jobs.bench.out import figure, result_path
+
+PART, STEP, PER_GROUP, CHUNK = "train", 10, 4, 500
+IMPLS = ("verl", "ours", "ours_rewards", "verl_dapo", "ours_dapo")
+STEP_IMPLS = ("verl", "ours_bg", "ours_rewards_bg")   # with a trainer step between calls
+
+
+def _stop(tq: Any, started: bool) -> None:
+    """Clear what the benchmark left in TransferQueue; stop TQ and Ray if this run started them."""
+    keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=PART)
+    if started:
+        import ray
+        tq.close()
+        ray.shutdown()
+
+
+def _start() -> tuple[Any, bool]:
+    """Ray (num_cpus=4: TransferQueue's actors each ask for a CPU) and TransferQueue, unless this
+    process already has them (e.g. under pytest)."""
+    os.environ.setdefault("TQ_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore")
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    return tq, started
+
+
+def _write_groups(tq: Any, uids: list[str]) -> None:
+    """Finished groups as verl writes them: prompt tags, then 4 trajectories each, then status."""
+    import torch
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+    for c in range(0, len(uids), CHUNK):
+        part = uids[c:c + CHUNK]
+        tq.kv_batch_put(keys=part, partition_id=PART, tags=[
+            {"is_prompt": True, "status": "running", "global_steps": STEP} for _ in part])
+        keys, fields, tags = [], [], []
+        for u in part:
+            for s in range(PER_GROUP):
+                rm = torch.zeros(8, dtype=torch.float32)
+                rm[-1] = float(s % 2)
+                fields.append({"prompts": torch.arange(6), "responses": torch.arange(8),
+                               "response_mask": torch.ones(8, dtype=torch.int64), "rm_scores": rm,
+                               "extra_fields": {"reward_extra_info": {"acc": float(s % 2)},
+                                                "global_steps": STEP - 1,
+                                                "min_global_steps": STEP - 1,
+                                                "max_global_steps": STEP - 1},
+                               "uid": u, "session_id": s, "global_steps": STEP})
+                tags.append({"status": "success", "prompt_len": 6, "response_len": 8,
+                             "seq_len": 14, "global_steps": STEP, "min_global_steps": STEP - 1,
+                             "max_global_steps": STEP - 1})
+                keys.append(f"{u}_{s}_0")
+        tq.kv_batch_put(keys=keys, partition_id=PART, fields=list_of_dict_to_tensordict(fields),
+                        tags=tags)
+        tq.kv_batch_put(keys=part, partition_id=PART, tags=[{"status": "finished"} for _ in part])
+
+
+def _make(impl: str, lag_s: float | None = None) -> Any:
+    kw: dict[str, Any] = dict(trainer_mode="colocate_async", trainer_config={},
+                              max_off_policy_threshold=8, max_off_policy_strategy="drop",
+                              sampler_kwargs={}, poll_interval=0.05, refill_fn=lambda n: n)
+    if impl.endswith("dapo"):
+        kw["filter_groups_metric"] = "reward"
+    if impl.startswith("verl"):
+        from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+        return ReplayBufferAsync(**kw)
+    from pipeline.adapters.verl import ReplayBufferAsync as Ours
+    return Ours(**kw, mirror_fields="rewards" if impl.startswith("ours_rewards") else "decisions",
+                mirror_max_lag=lag_s if impl.endswith("_bg") else None)
+
+
+def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int],
+              step_s: float = 0.0, lag_s: float | None = None) -> dict:
+    buf = _make(impl, lag_s)
+    times, cpu, last = [], [], None
+    for call in range(repeats + 1):
+        if last is not None:                       # untimed: the trainer's end of step + new data
+            tq.kv_clear(keys=last, partition_id=PART)
+            _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])
+            fresh[0] += batch
+        if step_s:                                 # the trainer trains; our thread may mirror
+            c = time.process_time()
+            time.sleep(step_s)
+            cpu.append(time.process_time() - c)
+        if call == 1:
+            served = getattr(buf, "background_polls", 0)     # the cold call's not counted
+        t = time.perf_counter()
+        meta, _ = buf.sample(global_steps=STEP, partition_id=PART, batch_size=batch)
+        times.append(time.perf_counter() - t)
+        if len(meta.keys) != batch * PER_GROUP:
+            raise RuntimeError(f"{impl}: {len(meta.keys)} keys for a batch of {batch} groups")
+        last = list(meta.keys)
+    tq.kv_clear(keys=last, partition_id=PART)
+    _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])   # keep the size constant
+    fresh[0] += batch
+    steady = times[1:]
+    out = {"first_ms": times[0] * 1e3, "median_ms": statistics.median(steady) * 1e3,
+           "min_ms": min(steady) * 1e3}
+    if step_s:
+        out["step_s"] = step_s
+        out["step_cpu_ms"] = statistics.median(cpu[1:]) * 1e3
+        out["calls_on_background_view"] = getattr(buf, "background_polls", 0) - served
+        out["timed_calls"] = repeats
+    if hasattr(buf, "close"):
+        buf.close()
+    return out
+
+
+def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int],
+             step_s: float = 1.0, lag_s: float = 1.0) -> dict:
+    """One buffer size: every implementation back to back, then (``step_s`` > 0) the phase with
+    a trainer step between calls."""
+    keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=PART)
+    t = time.perf_counter()
+    _write_groups(tq, [f"b{i}" for i in range(n)])
+    fill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    tq.kv_list(partition_id=PART)
+    list_ms = (time.perf_counter() - t) * 1e3
+    impls = {impl: _run_impl(tq, impl, batch, repeats, fresh) for impl in IMPLS}
+    med = {k: v["median_ms"] for k, v in impls.items()}
+    out = {"groups": n, "trajectories": n * PER_GROUP, "fill_s": round(fill_s, 2),
+           "kv_list_ms": list_ms, "impls": impls,
+           "verl_over_ours": med["verl"] / med["ours"],
+           "verl_over_ours_rewards": med["verl"] / med["ours_rewards"],
+           "verl_dapo_over_ours_dapo": med["verl_dapo"] / med["ours_dapo"],
+           "first_call_verl_dapo_over_ours_dapo":
+               impls["verl_dapo"]["first_ms"] / impls["ours_dapo"]["first_ms"]}
+    if step_s > 0:
+        stepped = {impl: _run_impl(tq, impl, batch, repeats, fresh, step_s, lag_s)
+                   for impl in STEP_IMPLS}
+        sm = {k: v["median_ms"] for k, v in stepped.items()}
+        out.update(step_s=step_s, lag_s=lag_s, stepped=stepped,
+                   stepped_verl_over_ours_bg=sm["verl"] / sm["ours_bg"],
+                   stepped_verl_over_ours_rewards_bg=sm["verl"] / sm["ours_rewards_bg"])
+    return out
+
+
+def figures(sizes: tuple[int, ...], batch: int, repeats: int, step_s: float,
+            lag_s: float) -> list[dict[str, Any]]:
+    """`bench all`'s verl section: each size's figures, each beside verl's from the same run."""
+    tq, started = _start()
+    out, fresh = [], [0]
+    try:
+        for n in sizes:
+            r = run_size(tq, n, batch, repeats, fresh, step_s, lag_s)
+            med = {k: v["median_ms"] for k, v in r["impls"].items()}
+            goal = 1.5 if n >= 10_000 else 1.0
+            for mode, key, ratio in (("decisions", "ours", r["verl_over_ours"]),
+                                     ("rewards", "ours_rewards", r["verl_over_ours_rewards"])):
+                out.append(figure(f"verl adapter sample, {n:,} groups, {mode} mirror",
+                                  med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
+                                  "x verl's speed", f">= {goal}x verl", ratio >= goal))
+            out.extend(_stepped_figures(r, n, goal))
+    finally:
+        _stop(tq, started)
+    return out
+
+
+def _stepped_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, Any]]:
+    """The background-mirror phase: `sample` after a trainer step, against verl timed the same
+    way, and what the mirroring costs the process during the step (verl's CPU beside it)."""
+    st, step, lag = r["stepped"], r["step_s"], r["lag_s"]
+    verl = st["verl"]
+    out = []
+    for mode, key in (("decisions", "ours_bg"), ("rewards", "ours_rewards_bg")):
+        ours = st[key]
+        ratio = verl["median_ms"] / ours["median_ms"]
+        where = (f"{n:,} groups, {mode} mirror, background (mirror_max_lag={lag:g} s, "
+                 f"{step:g} s step, view used by {ours['calls_on_background_view']} of "
+                 f"{ours['timed_calls']} calls)")
+        out.append(figure(f"verl adapter sample after a step, {where}", ours["median_ms"], "ms",
+                          "verl 0.9.1 ms, same steps", verl["median_ms"], ratio,
+                          "x verl's speed", f">= {goal}x verl", ratio >= goal))
+        out.append(figure(f"process CPU during each step, {n:,} groups, {mode} mirror, "
+                          f"background (verl's: {verl['step_cpu_ms']:.0f} ms)",
+                          ours["step_cpu_ms"], "ms", "step ms", step * 1e3,
+                          ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None))
+    return out
+
+
+def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comma-separated"),
+         repeats: int = typer.Option(5, help="timed sample calls per size and implementation"),
+         batch: int = typer.Option(64, help="groups per sample"),
+         step_s: float = typer.Option(1.0, help="seconds of 'training' between calls in the "
+                                      "background-mirror phase; 0 skips that phase"),
+         lag_s: float = typer.Option(1.0, help="mirror_max_lag of the background-mirror phase"),
+         out: Path = typer.Option(Path("runs/bench/verl.json"),
+                                  help="where to write results (a directory: verl.json in it)")
+         ) -> None:
+    """verl's ReplayBufferAsync vs replaylake's adapter through TransferQueue, same run.
+
+    Examples:
+        replaylake dev bench verl
+        replaylake dev bench verl --sizes 100,1000 --repeats 3
+    """
+    out = result_path(out, "verl.json")
+    console = Console()
+    with console.status("starting Ray and TransferQueue ..."):
+        tq, started = _start()
+    results, fresh = [], [0]
+    try:
+        for n in [int(s) for s in sizes.split(",")]:
+            with console.status(f"{n:,} groups ..."):
+                results.append(run_size(tq, n, batch, repeats, fresh, step_s, lag_s))
+    finally:
+        _stop(tq, started)
+    console.print(_table(results, batch))
+    if step_s > 0:
+        console.print(_stepped_table(results, batch, step_s, lag_s))
+    out.write_text(json.dumps({"batch": batch, "per_group": PER_GROUP, "results": results},
+                              indent=2))
+    console.print(f"written to {out}")
+
+
+def _rows_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table of one row per size and implementation, right-aligned (fits 80 columns)."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    return table
+
+
+def _table(results: list[dict], batch: int) -> Table:
+    """Back to back: one row per size and implementation (fits an 80-column terminal); each of
+    ours against the verl implementation with the same options."""
+    table = _rows_table(f"sample(batch {batch}) through TransferQueue, back to back: median "
+                        "and first-call ms; kv_list of the whole partition alone",
+                        ("groups", "impl", "median ms", "first ms", "verl/ours", "kv_list ms"))
+    for r in results:
+        im = r["impls"]
+        for i in IMPLS:
+            ref = "verl_dapo" if i.endswith("dapo") else "verl"
+            ratio = "" if i.startswith("verl") else f"{im[ref]['median_ms'] / im[i]['median_ms']:.2f}x"
+            table.add_row(f"{r['groups']:,}", i, f"{im[i]['median_ms']:.1f}",
+                          f"{im[i]['first_ms']:.0f}", ratio,
+                          f"{r['kv_list_ms']:.1f}" if i == IMPLS[0] else "")
+    return table
+
+
+def _stepped_table(results: list[dict], batch: int, step_s: float, lag_s: float) -> Table:
+    """One row per size and implementation, so that it fits an 80-column terminal."""
+    table = _rows_table(f"with a {step_s:g} s trainer step between calls; ours with "
+                        f"mirror_max_lag={lag_s:g}: sample(batch {batch}) median ms, process "
+                        "CPU during the step, calls the background view served",
+                        ("groups", "impl", "sample ms", "step CPU ms", "view", "verl/ours"))
+    for r in results:
+        st = r["stepped"]
+        for i in STEP_IMPLS:
+            f = st[i]
+            ratio = st["verl"]["median_ms"] / f["median_ms"]
+            view = "" if i == "verl" else f"{f['calls_on_background_view']}/{f['timed_calls']}"
+            table.add_row(f"{r['groups']:,}", i, f"{f['median_ms']:.1f}",
+                          f"{f['step_cpu_ms']:.0f}", view, "" if i == "verl" else f"{ratio:.2f}x")
+    return table
+
+
+if __name__ == "__main__":
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -1,0 +1,181 @@
+"""The main job (`make run`): a real tiny policy learns with asynchronous GRPO through replaylake.
+
+Reads top to bottom: flags -> config, a fresh run directory, the buffer (async preset, `drop`,
+DAPO filter, `refill_fn` = the rollout side's dispatch), rollout threads, the trainer loop with a
+progress line, W&B (offline) and, at the end, a summary read back from the lake with SQL plus
+three `replaylake sql` commands to try. The pieces live beside it in jobs/demo/.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from jobs.demo import flags
+from jobs.demo.config import DemoConfig, make_run_dir, write_config
+
+Opt = typer.Option
+
+
+def _intro(cfg: DemoConfig) -> str:
+    """What the run is about to do, in words that follow the flags."""
+    import textwrap
+
+    evicted = []
+    if cfg.threshold is not None and cfg.strategy == "drop":
+        # group span g - global_steps + 1 > threshold
+        evicted.append(f"groups dispatched {cfg.threshold} or more steps before the step that "
+                       "would train them")
+    if cfg.filter_metric:
+        evicted.append(f"groups whose answers all scored the same {cfg.filter_metric} (DAPO)")
+    evicted.append("failed groups")
+    text = (f"Rollout threads answer each prompt {cfg.n} times with the newest weights (picking "
+            "up new weights mid-answer) and write the groups into replaylake; the trainer "
+            f"samples {cfg.batch_size} groups per step. replaylake evicts "
+            + ", ".join(evicted[:-1]) + (" and " if len(evicted) > 1 else "") + evicted[-1]
+            + ", and asks for new prompts to replace them.")
+    if cfg.threshold is not None and cfg.strategy == "wait":
+        text += (" With strategy 'wait' the trainer waits for late groups instead of evicting "
+                 "stale ones.")
+    return textwrap.fill(text, width=80)
+
+
+class _Status:
+    """The line under the progress bar: the reward of the answers generated over the last 10
+    steps, the staleness of the batch just trained, evictions so far (a rich renderable)."""
+
+    def __init__(self) -> None:
+        self.text = "waiting for the first batch ..."
+        self._rewards: deque[float] = deque(maxlen=10)
+
+    def __rich__(self) -> str:
+        return self.text
+
+    def update(self, info: Any) -> None:
+        from jobs.demo.trainer import STALENESS_KEY
+        m, ev = info.metrics, info.evicted
+        if info.rollout_reward is not None:
+            self._rewards.append(info.rollout_reward)
+        reward = f"{sum(self._rewards) / len(self._rewards):.2f}" if self._rewards else "n/a"
+        self.text = (f"reward {reward}  staleness {m.get(STALENESS_KEY, 0.0):.2f}  "
+                     f"evicted: stale {ev['stale']:,}  zero-var {ev['zero_variance']:,}  "
+                     f"failed {ev['failure']:,}")
+
+
+def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
+        console: Any = None) -> Path:
+    """Run the demo; returns its run directory. The buffer, the workers and the W&B run are
+    closed whatever happens, so a failed or interrupted run still leaves a readable lake."""
+    import torch
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from jobs.demo.policy import Policy
+    from jobs.demo.rollout import Rollout, WeightStore
+    from jobs.demo.summary import render, summarize
+    from jobs.demo.trainer import Trainer, run_steps
+    from pipeline import ReplayBuffer, async_config
+
+    console = console or Console()
+    # the buffer's own checks (threshold, strategy, filter metric) before anything is written
+    buffer_kwargs = dict(max_off_policy_threshold=cfg.threshold,
+                         max_off_policy_strategy=cfg.strategy,
+                         filter_groups_metric=cfg.filter_metric, poll_interval=0.05)
+    async_config(**buffer_kwargs, refill_fn=lambda k: None)
+    run_dir = make_run_dir(out)
+    lake = run_dir / "lake"
+    write_config(run_dir, cfg, {"lake": str(lake)})
+    console.print("[bold]replaylake demo[/]: a tiny GRU learns to reverse 1-3 digits with async "
+                  "GRPO.")
+    console.print(_intro(cfg), markup=False, highlight=False)
+    console.print(f"[bold]configuration[/] (also in {run_dir / 'config.json'})", highlight=False)
+    for line in cfg.lines():
+        console.print(line, markup=False, highlight=False)
+
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    policy = Policy()
+    weights = WeightStore(policy)
+    holder: dict[str, Rollout] = {}
+    buf = ReplayBuffer.async_(lake=lake, refill_fn=lambda k: holder["rollout"].dispatch(k),
+                              **buffer_kwargs)
+    rollout = holder["rollout"] = Rollout(
+        buf, weights, n=cfg.n, workers=cfg.workers, failure_rate=cfg.failure_rate, seed=cfg.seed,
+        token_delay=cfg.token_delay_ms / 1000.0)
+    tracker = None
+    if use_wandb:
+        from pipeline.adapters.wandb import WandbTracker
+        tracker = WandbTracker(dir=run_dir, project="replaylake-demo", name=run_dir.name,
+                               config=asdict(cfg))
+    status = _Status()
+    progress = Progress(TextColumn("[bold]training"), BarColumn(bar_width=24),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+    task = progress.add_task("steps", total=cfg.steps)
+
+    def on_step(info: Any) -> None:
+        if tracker is not None:
+            tracker.log_step(info.step, info.metrics, info.reward_counts)
+        status.update(info)
+        progress.update(task, completed=info.step)
+
+    started = time.perf_counter()
+    ok = False
+    try:
+        rollout.start()
+        with Live(Group(progress, status), console=console, refresh_per_second=8):
+            trainer = Trainer(policy, cfg.lr, cfg.clip)
+            run_steps(steps=cfg.steps, batch_size=cfg.batch_size, ahead=cfg.ahead, buf=buf,
+                      rollout=rollout, weights=weights, trainer=trainer,
+                      timeout=cfg.sample_timeout_s, on_step=on_step)
+        ok = True
+    finally:
+        rollout.stop()
+        buf.close()
+        wandb_dir = tracker.run_dir if tracker is not None else None
+        if tracker is not None:
+            tracker.finish(exit_code=0 if ok else 1)
+    wall = time.perf_counter() - started
+    summary = summarize(lake)
+    console.print("")
+    for line in render(summary, run_dir=run_dir, lake=lake, wandb_dir=wandb_dir, wall_s=wall):
+        console.print(line, highlight=False)
+    (run_dir / "summary.json").write_text(
+        json.dumps({**asdict(summary), "wall_s": round(wall, 2)}, indent=1) + "\n")
+    return run_dir
+
+
+def main(
+    *,
+    out: Annotated[Path | None, Opt(help="run directory (must be new or empty); default "
+                                          "runs/demo/<timestamp>")] = None,
+    wandb: Annotated[bool, Opt("--wandb/--no-wandb", help="track in W&B (offline unless "
+                                                          "WANDB_MODE says otherwise)")] = True,
+    **settings: Any,
+) -> None:
+    """Train a tiny GRU policy with asynchronous GRPO through replaylake (about a minute on 2
+    CPU cores), tracked in W&B offline; then see what happened with SQL over the lake.
+
+    Examples:
+        replaylake demo
+        replaylake demo --steps 150 --threshold 3 --failure-rate 0.02
+    """
+    run(flags.config(settings), out=out, use_wandb=wandb)
+
+
+# what typer reads: DemoConfig's flags (jobs/demo/flags.py), then --out and --wandb; `eval_str`
+# turns this module's postponed annotations back into the Annotated options typer looks for
+_own = inspect.signature(main, eval_str=True)
+main.__signature__ = _own.replace(parameters=[  # type: ignore[attr-defined]
+    *flags.parameters(), *(p for p in _own.parameters.values() if p.kind is not p.VAR_KEYWORD)])
+
+
+if __name__ == "__main__":
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors

@@ -1,0 +1,187 @@
+"""The demo's rollout side: worker threads sample responses with the newest published weights and
+write whole groups into the buffer, as an inference server fleet would.
+
+Why threads and not processes: the policy is tiny and torch releases the GIL inside its kernels,
+so two threads overlap generation with the trainer on two cores, and the weights can be "sent"
+by reference. What stays real: every prompt is registered as `pending` before it is generated,
+goes `running`, and ends `finished` or `failure`; workers check for new weights before every
+token, so a response that straddles a weight update is written by two versions and says so in
+its per-token `version_spans`; some sessions fail on purpose (an inference error, a timeout) and
+take their group to `failure`, keeping the sessions that did finish.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from jobs.demo.policy import Policy, generate, prompt_ids, reward, sample_prompts, version_spans
+
+
+class WeightStore:
+    """The newest trainer weights and their version (version g = weights after step g)."""
+
+    def __init__(self, policy: Policy):
+        self._lock = threading.Lock()
+        self.publish(policy, 0)
+
+    def publish(self, policy: Policy, version: int) -> None:
+        state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        with self._lock:
+            self._state, self.version = state, version
+
+    def latest(self) -> tuple[int, dict[str, torch.Tensor]]:
+        with self._lock:
+            return self.version, self._state
+
+
+@dataclass
+class RolloutStats:
+    """Rewards of every trajectory generated since the trainer last drained them."""
+
+    reward_sum: float = 0.0
+    trajectories: int = 0
+    failed_sessions: int = 0
+    mid_response_swaps: int = 0
+
+
+class Rollout:
+    """Prompt dispatch (the buffer's `refill_fn` too) and the worker threads that serve it."""
+
+    def __init__(self, buf, weights: WeightStore, *, n: int, workers: int, failure_rate: float,
+                 seed: int, token_delay: float = 0.0, partition: str = "train",
+                 max_groups_per_call: int = 32):
+        self.buf, self.weights, self.n = buf, weights, n
+        self.partition, self.failure_rate = partition, failure_rate
+        self.max_groups = max_groups_per_call
+        self.token_delay = token_delay
+        self.step = 1                        # dispatch step: the trainer's current step
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._rng = np.random.default_rng(seed)
+        self._stats = RolloutStats()
+        self.error: BaseException | None = None
+        self._threads = [threading.Thread(target=self._serve, args=(seed + 1 + i,),
+                                          name=f"rollout-{i}", daemon=True)
+                         for i in range(workers)]
+
+    # --- the trainer's side --------------------------------------------------------------------
+    def dispatch(self, count: int) -> None:
+        """Register `count` new prompts at the current step (so the buffer counts them in
+        flight at once), then queue them for the workers, oldest first."""
+        if count <= 0:
+            return
+        with self._lock:
+            uids = [f"p{next(self._ids):07d}" for _ in range(count)]
+            prompts = sample_prompts(self._rng, count)
+            step = self.step
+        self.buf.register(partition=self.partition, uids=uids, global_steps=step, n=self.n)
+        for item in zip(uids, prompts):
+            self._queue.put(item)
+
+    def drain_stats(self) -> RolloutStats:
+        with self._lock:
+            out, self._stats = self._stats, RolloutStats()
+        return out
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        """Stop taking work and wait for the calls in progress (the buffer must stay open
+        until then); groups still queued stay `pending` in the lake."""
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def check(self) -> None:
+        """Re-raise a worker's crash in the trainer's thread."""
+        if self.error is not None:
+            raise RuntimeError(f"a rollout worker crashed: {self.error!r}") from self.error
+
+    # --- a worker ------------------------------------------------------------------------------
+    def _take(self) -> list[tuple[str, list[int]]]:
+        try:
+            items = [self._queue.get(timeout=0.02)]
+        except queue.Empty:
+            return []
+        while len(items) < self.max_groups:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def _serve(self, seed: int) -> None:
+        policy = Policy()
+        held = {"version": -1}
+        rng = np.random.default_rng(seed)
+        gen = torch.Generator().manual_seed(seed)
+
+        def before_token() -> int:
+            if self.token_delay:
+                time.sleep(self.token_delay)    # a real server's decode time per token
+            version, state = self.weights.latest()
+            if version != held["version"]:
+                policy.load_state_dict(state)
+                held["version"] = version
+            return version
+
+        try:
+            while not self._stop.is_set():
+                items = self._take()
+                if items:
+                    self._generate(policy, items, before_token, rng, gen)
+        except BaseException as exc:            # surfaced to the trainer by check()
+            self.error = exc
+
+    def _generate(self, policy: Policy, items, before_token, rng: np.random.Generator,
+                  gen: torch.Generator) -> None:
+        uids = [u for u, _ in items]
+        prompts = [p for _, p in items]
+        self.buf.update_status(partition=self.partition, uids=uids, status="running")
+        tokens, logps, versions, lengths = generate(policy, prompts, self.n,
+                                                    before_token=before_token, generator=gen)
+        failed = rng.random(len(lengths)) < self.failure_rate
+        rows: dict[str, list] = {c: [] for c in (
+            "partition", "uid", "session_id", "min_global_steps", "max_global_steps", "reward",
+            "prompt_ids", "response_ids", "rollout_log_probs", "version_spans")}
+        failed_groups, rewards, swaps = set(), [], 0
+        for i, m in enumerate(lengths.tolist()):
+            g, s = divmod(i, self.n)
+            if failed[i]:
+                failed_groups.add(uids[g])
+                continue
+            response = tokens[i, :m].tolist()
+            spans = version_spans(versions, m)
+            swaps += len(spans) > 1
+            rewards.append(reward(prompts[g], response))
+            for col, value in (("partition", self.partition), ("uid", uids[g]),
+                               ("session_id", s), ("min_global_steps", spans[0]["version"]),
+                               ("max_global_steps", spans[-1]["version"]),
+                               ("reward", rewards[-1]), ("prompt_ids", prompt_ids(prompts[g])),
+                               ("response_ids", response),
+                               ("rollout_log_probs", logps[i, :m].tolist()),
+                               ("version_spans", spans)):
+                rows[col].append(value)
+        if rows["uid"]:
+            self.buf.put(rows)
+        done = [u for u in uids if u not in failed_groups]
+        if done:
+            self.buf.update_status(partition=self.partition, uids=done, status="finished")
+        if failed_groups:
+            self.buf.update_status(partition=self.partition, uids=sorted(failed_groups),
+                                   status="failure")
+        with self._lock:
+            self._stats.reward_sum += sum(rewards)
+            self._stats.trajectories += len(rewards)
+            self._stats.failed_sessions += int(failed.sum())
+            self._stats.mid_response_swaps += swaps

@@ -1,0 +1,126 @@
+"""Which lake rows an export holds: the trained groups' trajectories with their Batch provenance.
+
+*Trained data* is what the trainer got: every trajectory of every group a ``select`` decision
+handed out, with the provenance columns the Batch carried (``schemas.BATCH_PROVENANCE``,
+recomputed exactly as ``pipeline.decide.batch.with_provenance`` does). Split in two so that the payload
+part (`attach_provenance`) can run per lake file on Ray Data workers (`jobs.export.ray`) while the
+small metadata part (`trained_groups`) runs once on the driver.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs.export.manifest import ExportError
+from pipeline.lake import read_table
+from schemas import BATCH_PROVENANCE
+
+
+def trained_groups(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
+    """One row per selected group: uid, step, batch_id, sel_seq (its select), gs and start_seq
+    (its last (re)registration before the select) and status (its terminal event, if any)."""
+    import polars as pl
+
+    sel = (pl.from_arrow(selects.select(["uid", "step", "batch_id", "seq"]))
+           .sort("seq").unique("uid", keep="first", maintain_order=True)
+           .rename({"seq": "sel_seq"}))
+    ev = pl.from_arrow(read_table(lake, "group_events", [partition])
+                       .select(["uid", "event", "global_steps", "seq"]))
+    starts = (sel.join(ev.filter(pl.col("event").is_in(["registered", "reissued"])), on="uid")
+              .filter(pl.col("seq") < pl.col("sel_seq")).sort("seq")
+              .group_by("uid").agg(pl.col("global_steps").last().alias("gs"),
+                                   pl.col("seq").last().alias("start_seq")))
+    ends = (sel.join(ev.filter(pl.col("event").is_in(["finished", "failure"])), on="uid")
+            .filter(pl.col("seq") < pl.col("sel_seq")).sort("seq")
+            .group_by("uid").agg(pl.col("event").last().alias("status")))
+    return sel.join(starts, on="uid").join(ends, on="uid", how="left").to_arrow()
+
+
+def attach_provenance(traj: pa.Table, groups: pa.Table) -> pa.Table:
+    """The rows of ``traj`` that belong to the trained groups (after the group's last
+    (re)registration, before its select), with the provenance their Batch carried, ordered by
+    (batch_id, seq)."""
+    import polars as pl
+
+    rows = (pl.from_arrow(traj.select(["uid", "seq"])).with_row_index("row")
+            .join(pl.from_arrow(groups), on="uid")
+            .filter((pl.col("seq") > pl.col("start_seq")) & (pl.col("seq") < pl.col("sel_seq")))
+            .sort(["batch_id", "seq"]))
+    out = traj.take(pa.array(rows["row"].to_numpy().astype(np.int64)))
+    step = rows["step"].to_numpy().astype(np.int64)
+    gs = rows["gs"].to_numpy().astype(np.int64)
+    mn = out.column("min_global_steps").to_numpy()
+    mx = out.column("max_global_steps").to_numpy()
+    cols = {"batch_id": rows["batch_id"].to_numpy(), "step": step, "global_steps": gs,
+            "status": rows["status"].fill_null("finished").to_list(),
+            "span": mx - mn + 1, "staleness": (step - 1) - mx, "staleness_worst": (step - 1) - mn,
+            "group_span": step - gs + 1, "times_sampled": np.ones(len(step), np.int32)}
+    for f in BATCH_PROVENANCE:
+        out = out.append_column(f, pa.array(cols[f.name], type=f.type))
+    return out
+
+
+def trained_rows(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
+    """The trajectories of the selected groups, with the provenance their Batch carried.
+
+    A group's rows are those that arrived after its last (re)registration before the select and
+    before the select itself (a `reissued` event drops the partial rows that came before it)."""
+    groups = trained_groups(lake, partition, selects)
+    # filter each segment as it is read: the payload of groups never trained on is not loaded
+    uids = groups.column("uid").combine_chunks()
+    traj = read_table(lake, "trajectories", [partition],
+                      keep=lambda seg: pc.is_in(seg.column("uid"), value_set=uids))
+    return attach_provenance(traj, groups)
+
+
+def dropped_payload(rows: pa.Table) -> pa.Array:
+    """Per row: whether `replaylake retain` dropped its token payload. Ingest stores each
+    trajectory's response length (`n_response_tokens`) beside its tokens and retention keeps it
+    while it empties `prompt_ids` and `response_ids`, so a row whose `response_ids` hold fewer
+    tokens than that no longer holds what the trainer received. A retained row that had no
+    response tokens lost its prompt ids only, so a row with neither prompt nor response tokens
+    counts as dropped too: it would hand a trainer nothing, and loudly refusing a row that never
+    had tokens is the safe side of the doubt."""
+    held = pc.list_value_length(rows.column("response_ids")).cast(pa.int64())
+    shorter = pc.not_equal(held, rows.column("n_response_tokens"))
+    empty = pc.and_(pc.equal(held, 0), pc.equal(pc.list_value_length(rows.column("prompt_ids")), 0))
+    return pc.or_(shorter, empty).fill_null(False)
+
+
+def step_ranges(steps: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    out: list[str] = []
+    for s in sorted(set(steps)):
+        if out and s == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out)
+
+
+def refuse_dropped_payload(todo: list[tuple[str, pa.Table]]) -> None:
+    """Refuse (before writing anything) to write shards holding rows whose token payload
+    retention dropped: a trainer reading them would get empty token lists where the rows say
+    there were tokens. Shards written before the retention stay complete and are kept."""
+    lost: dict[str, list[pa.Table]] = {}
+    for p, rows in todo:
+        mask = dropped_payload(rows)
+        if pc.any(mask).as_py():
+            lost.setdefault(p, []).append(rows.filter(mask).select(["step", "n_response_tokens"]))
+    if not lost:
+        return
+    hit = {p: pa.concat_tables(t) for p, t in lost.items()}
+    where = "; ".join(f"partition {p}: {t.num_rows} trajectories "
+                      f"({pc.sum(t.column('n_response_tokens')).as_py()} response tokens) trained "
+                      f"at step(s) {step_ranges(t.column('step').to_pylist())}"
+                      for p, t in hit.items())
+    first_kept = max(pc.max(t.column("step")).as_py() for t in hit.values()) + 1
+    raise ExportError(
+        f"the token payload of trained rows was dropped by `replaylake retain` ({where}): their "
+        "rows keep their metadata, but prompt_ids and response_ids are empty, and an export is "
+        f"what the trainer received. Export later steps (e.g. --steps {first_kept}:), or export "
+        "from a copy of the lake taken before the retention; run exports more often than "
+        "retain's --older-than horizon to keep every step")

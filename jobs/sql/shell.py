@@ -1,0 +1,158 @@
+"""The interactive read-only shell of `replaylake sql`: statements end with `;` and may span
+lines; `.`-commands inspect the catalog. With a terminal, line editing and a history file
+(readline); without one (a pipe), the same loop reads statements from stdin without prompts."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from jobs.sql import render as sql_render
+from jobs.sql.run import run_text
+
+PROMPT, MORE = "replaylake> ", "       ...> "
+HELP = """\
+Statements end with ';' and may span several lines. Read-only: only SELECT (and WITH,
+DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a query) and SET VARIABLE run.
+  .tables              tables, views and named queries (table macros: select * from lineage('g1'))
+  .schema NAME         columns of a table or view, or a named query's signature
+  .queries             every named query with its parameters
+  .mode table|vertical|csv|json   output layout
+  .maxrows N           rows shown per result (0: all)
+  .help                this text
+  .quit / .exit        leave (Ctrl-D too)"""
+
+
+def history_path() -> Path:
+    """Where the shell keeps its history (`REPLAYLAKE_SQL_HISTORY`, else ~/.replaylake_sql_history)."""
+    return Path(os.environ.get("REPLAYLAKE_SQL_HISTORY",
+                               Path.home() / ".replaylake_sql_history"))
+
+
+def complete(buffer: str) -> bool:
+    """Whether the buffer holds whole statements: it ends with `;` outside quotes and comments
+    (`-- ...` to the line's end, `/* ... */`; a quote inside a comment opens nothing)."""
+    quote = None
+    last = ""
+    i = 0
+    while i < len(buffer):
+        ch = buffer[i]
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in ("'", '"'):
+            quote = ch
+        elif buffer.startswith(("--", "/*"), i):
+            end = "\n" if ch == "-" else "*/"
+            j = buffer.find(end, i + 2)
+            if j < 0:   # the rest is comment: an open block comment is not a statement end
+                return end == "\n" and last == ";"
+            i = j + len(end)
+            continue
+        elif not ch.isspace():
+            last = ch
+        i += 1
+    return quote is None and last == ";"
+
+
+class Shell:
+    """One shell session on a read-only connection."""
+
+    def __init__(self, con: Any, fmt: str, max_rows: int, out: Any = None):
+        self.con, self.fmt, self.max_rows = con, fmt, max_rows
+        self.out = out or sys.stdout
+        self.done = False
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def dot(self, line: str) -> None:
+        from jobs.sql.session import describe, relations
+        from sql import loader
+        cmd, _, arg = line.strip().partition(" ")
+        arg = arg.strip().rstrip(";")
+        if cmd in (".quit", ".exit"):
+            self.done = True
+        elif cmd == ".help":
+            self.write(HELP + "\n")
+        elif cmd == ".tables":
+            import pyarrow as pa
+            rels = relations(self.con)
+            self.write(sql_render.table_text(pa.table(
+                {"name": [r[0] for r in rels], "kind": [r[1] for r in rels]})))
+        elif cmd == ".schema" and arg:
+            self.write(sql_render.render(describe(self.con, arg), "table"))
+        elif cmd == ".queries":
+            for _, q in sorted(loader.catalog().items()):
+                self.write(f"{q.signature}  [{q.path.parent.name}]\n    {q.description}\n")
+        elif cmd == ".mode" and arg in ("table", "vertical", "csv", "json"):
+            self.fmt = arg
+        elif cmd == ".maxrows" and arg.isdigit():
+            self.max_rows = int(arg)
+        else:
+            self.write(f"unknown or incomplete command {line.strip()!r}; try .help\n")
+
+    def execute(self, sql: str) -> None:
+        import duckdb
+
+        from pipeline.errors import ReplayLakeError
+        try:
+            run_text(self.con, sql, fmt=self.fmt, max_rows=self.max_rows, write=self.write)
+        except (ReplayLakeError, duckdb.Error) as exc:
+            self.write(f"error: {exc}\n")
+
+    def loop(self, interactive: bool) -> None:
+        """Read until `.quit` or end of input; each complete buffer runs as one input."""
+        if interactive:
+            _setup_readline()
+            self.write("replaylake sql: read-only shell over the lake; .help for help\n")
+        buffer = ""
+        while not self.done:
+            try:
+                line = input(MORE if buffer else PROMPT) if interactive else _read_line()
+            except EOFError:
+                break
+            except KeyboardInterrupt:
+                buffer = ""
+                self.write("\n")
+                continue
+            if not buffer and line.strip().startswith("."):
+                self.dot(line)
+                continue
+            buffer += line + "\n"
+            if complete(buffer):
+                self.execute(buffer)
+                buffer = ""
+        if buffer.strip():
+            self.execute(buffer)
+        if interactive:
+            _save_history()
+
+
+def _read_line() -> str:
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
+
+
+def _setup_readline() -> None:
+    try:
+        import readline
+    except ImportError:   # no line editing on this platform; the shell still works
+        return
+    try:
+        readline.read_history_file(history_path())
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+
+
+def _save_history() -> None:
+    try:
+        import readline
+        readline.write_history_file(history_path())
+    except (ImportError, OSError):
+        pass

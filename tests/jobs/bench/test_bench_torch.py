@@ -1,0 +1,34 @@
+"""Smoke test of `replaylake dev bench torch`: tiny sizes, and the JSON report has every figure."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from jobs.cli import app
+
+FIELDS = {"batch_size", "layout", "tokens", "shape", "output_bytes", "ours_ms", "memcpy_ms",
+          "ours_over_memcpy", "meets_goal", "pooled_ms", "memcpy_warm_ms",
+          "pooled_over_memcpy_warm", "pooled_meets_goal"}
+
+
+def test_bench_torch_writes_every_figure_for_each_size_and_layout(tmp_path: Path) -> None:
+    out = tmp_path / "bench" / "torch.json"
+    result = CliRunner().invoke(app, [
+        "dev", "bench", "torch", "--out", str(out), "--batch-sizes", "3,8", "--prompt-lengths", "0:5",
+        "--response-lengths", "1:9", "--repeats", "2"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    assert [(r["batch_size"], r["layout"]) for r in rows] == [
+        (3, "padded"), (3, "packed"), (8, "padded"), (8, "packed")]
+    for r in rows:
+        assert FIELDS <= set(r)
+        assert r["ours_ms"] > 0 and r["memcpy_ms"] > 0
+        assert r["ours_over_memcpy"] == r["ours_ms"] / r["memcpy_ms"]
+        assert r["pooled_ms"] > 0 and r["memcpy_warm_ms"] > 0
+        assert r["pooled_over_memcpy_warm"] == r["pooled_ms"] / r["memcpy_warm_ms"]
+    assert report["goals"] == {"padded": {"batch_size": 1024, "max_over_memcpy": 1.3},
+                               "packed": {"max_over_memcpy": 1.5}}
+    assert "Batch -> torch" in result.output

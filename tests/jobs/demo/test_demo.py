@@ -1,0 +1,132 @@
+"""The main job (`replaylake demo`): a few real steps, its run directory, its outputs.
+
+The longer run that shows learning and evictions is in test_demo_learning.py.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import replace
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from jobs.demo.config import MARKER, DemoConfig, RunDirError, make_run_dir
+from jobs.demo.main import _intro, run
+from jobs.demo.summary import render, summarize, try_commands
+from pipeline import ConfigError
+from pipeline.adapters.wandb.offline import read_run
+from pipeline.adapters.wandb.tracker import TABLE_KEY, format_reward_counts
+from pipeline.analysis.views import connect
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Six real steps of the demo with W&B offline; returns (run directory, console text)."""
+    pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
+    out = tmp_path_factory.mktemp("demo") / "run"
+    console = Console(file=io.StringIO(), width=80)
+    cfg = replace(DemoConfig(), steps=6)
+    run(cfg, out=out, use_wandb=True, console=console)
+    return out, console.file.getvalue()
+
+
+def test_smoke_run_trains_every_step_and_writes_its_own_run_directory(smoke):
+    out, text = smoke
+    assert (out / MARKER).exists()
+    config = json.loads((out / "config.json").read_text())
+    assert config["steps"] == 6 and config["threshold"] == 2 and config["strategy"] == "drop"
+    con = connect(out / "lake")
+    steps = [r[0] for r in con.sql("select step from batches order by step").fetchall()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    sizes = {r[0] for r in con.sql("select n_groups from batches").fetchall()}
+    assert sizes == {32}
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+    assert "What happened" in text and "replaylake sql --lake" in text
+
+
+def test_wandb_run_holds_each_step_and_the_filter_table_matches_the_lake(smoke):
+    out, _ = smoke
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    wb = read_run(runs[0])
+    assert wb.finished and wb.config["steps"] == 6
+    assert sorted(wb.values("train/loss")) == [1, 2, 3, 4, 5, 6]
+    con = connect(out / "lake")
+    per_step: dict[int, Counter] = defaultdict(Counter)
+    for step, value in con.sql("select step, value from decisions where kind = 'evict' "
+                               "and reason = 'zero_variance'").fetchall():
+        per_step[step][value] += 1
+    expected = [[g, format_reward_counts(c)] for g, c in sorted(per_step.items())]
+    assert expected and wb.table_rows(TABLE_KEY) == expected
+    logged = wb.values("training/filter_groups/evicted_samples")
+    assert logged == {g: sum(c.values()) for g, c in per_step.items()}
+
+
+def test_the_commands_the_summary_suggests_run_against_the_lake(smoke):
+    out, _ = smoke
+    summary = summarize(out / "lake")
+    runner = CliRunner()
+    for what, argv in try_commands(out / "lake", summary.example_uid):
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 0, (what, res.output)
+        assert re.search(r"\(\d+ rows?\)", res.output), (what, res.output)
+
+
+def test_the_summary_fits_an_80_column_terminal(smoke, tmp_path):
+    out, _ = smoke
+    summary = summarize(out / "lake")
+    lines = render(summary, run_dir=out, lake=out / "lake",
+                   wandb_dir=next((out / "wandb").glob("offline-run-*")), wall_s=12.0)
+    lines += [*DemoConfig().lines(), *_intro(DemoConfig()).splitlines()]
+    too_wide = [str(x) for x in lines if len(str(x)) > 80]
+    assert not too_wide
+
+
+def test_a_non_empty_directory_the_demo_did_not_make_is_refused_and_left_alone(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
+    res = CliRunner().invoke(app, ["demo", "--out", str(notes), "--steps", "1", "--no-wandb"])
+    assert res.exit_code == 2
+    assert "not empty" in res.output
+    assert sorted(p.name for p in notes.iterdir()) == ["todo.txt"]
+    assert (notes / "todo.txt").read_text() == "keep me"
+
+
+def test_an_earlier_demo_run_is_refused_too_never_overwritten(tmp_path):
+    first = make_run_dir(tmp_path / "run")
+    (first / "lake").mkdir()
+    with pytest.raises(RunDirError, match="earlier demo run"):
+        make_run_dir(tmp_path / "run")
+    assert (first / "lake").is_dir()
+
+
+def test_default_run_directories_are_fresh_and_latest_points_at_the_newest(tmp_path):
+    a = make_run_dir(None, root=tmp_path)
+    b = make_run_dir(None, root=tmp_path)
+    assert a != b and a.parent == b.parent == tmp_path
+    assert (tmp_path / "latest").resolve() == b.resolve()
+
+
+def test_a_real_latest_directory_is_never_replaced(tmp_path):
+    (tmp_path / "latest").mkdir()
+    (tmp_path / "latest" / "mine.txt").write_text("x")
+    make_run_dir(None, root=tmp_path)
+    assert (tmp_path / "latest" / "mine.txt").read_text() == "x"
+
+
+def test_bad_flags_are_refused_before_anything_is_written(tmp_path):
+    runner = CliRunner()
+    for argv in (["--threshold", "two"], ["--threshold", "0"], ["--strategy", "later"],
+                 ["--failure-rate", "1.5"], ["--steps", "0"]):
+        out = tmp_path / argv[0].strip("-") / "run"
+        res = runner.invoke(app, ["demo", "--out", str(out), "--no-wandb", *argv])
+        assert res.exit_code == 2, (argv, res.output)
+        assert not out.exists(), argv
+    with pytest.raises(ConfigError, match="n=1"):
+        DemoConfig(n=1)

@@ -1,0 +1,45 @@
+"""The demo's flags are its configuration's fields: each flag's default and help come from the
+field, a field that may be None takes 'none', and the words of a flag are checked as the field."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+from typer.core import TyperOption
+
+from jobs import cli
+from jobs.demo import flags
+from jobs.demo.config import DemoConfig
+from pipeline import ConfigError
+
+
+def options() -> dict[str, TyperOption]:
+    cmd = cli.build("demo")
+    return {p.name: p for p in cmd.params if isinstance(p, TyperOption) and p.name != "help"}
+
+
+def test_every_flag_is_a_config_field_marked_as_one_with_its_default_and_help():
+    marked = {f.name: f for f in fields(DemoConfig) if "flag" in f.metadata}
+    shown = options()
+    assert set(shown) == {*marked, "out", "wandb"}
+    assert {"n", "lr", "workers"}.isdisjoint(shown)     # knobs the command line does not offer
+    for name, f in marked.items():
+        default = "none" if f.default is None else f.default
+        assert shown[name].default in (default, str(default)), name
+        assert shown[name].help == f.metadata["flag"], name
+
+
+def test_the_flags_defaults_make_the_default_configuration():
+    defaults = {p.name: p.default for p in flags.parameters()}
+    assert flags.config(defaults) == DemoConfig()
+
+
+def test_none_or_off_turns_a_field_that_may_be_none_off():
+    cfg = flags.config({"threshold": "none", "filter_metric": "Off", "steps": 5})
+    assert (cfg.threshold, cfg.filter_metric, cfg.steps) == (None, None, 5)
+    assert flags.config({"threshold": "3"}).threshold == 3
+
+
+def test_a_flag_that_is_not_a_number_is_a_config_error_naming_it():
+    with pytest.raises(ConfigError, match=r"threshold='two': give an integer or 'none'"):
+        flags.config({"threshold": "two"})

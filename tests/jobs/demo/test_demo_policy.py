@@ -1,0 +1,115 @@
+"""The demo's task, policy and GRPO loss (jobs/demo/policy.py), on real tensors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from jobs.demo.policy import (
+    DIGIT0,
+    SEP,
+    Policy,
+    generate,
+    group_advantages,
+    grpo_loss,
+    prompt_ids,
+    reward,
+    sample_prompts,
+    version_spans,
+)
+
+
+def test_reward_is_one_only_for_the_exact_reversal():
+    assert reward([1, 2, 3], [3 + DIGIT0, 2 + DIGIT0, 1 + DIGIT0]) == 1.0
+    assert reward([1, 2, 3], [1 + DIGIT0, 2 + DIGIT0, 3 + DIGIT0]) == 0.0
+    assert reward([7], [7 + DIGIT0]) == 1.0
+    assert prompt_ids([4, 0]) == [4 + DIGIT0, DIGIT0, SEP]
+
+
+def test_prompts_have_one_to_three_digits():
+    prompts = sample_prompts(np.random.default_rng(0), 500)
+    assert {len(p) for p in prompts} == {1, 2, 3}
+    assert all(0 <= d <= 9 for p in prompts for d in p)
+
+
+def test_version_spans_are_runs_of_the_versions_of_the_response_tokens():
+    assert version_spans([4, 4, 5], 3) == [{"version": 4, "n_tokens": 2},
+                                          {"version": 5, "n_tokens": 1}]
+    assert version_spans([4, 5, 5], 1) == [{"version": 4, "n_tokens": 1}]
+    assert version_spans([3, 3, 3], 2) == [{"version": 3, "n_tokens": 2}]
+
+
+def test_generated_responses_have_the_prompt_length_and_the_versions_seen_per_token():
+    torch.manual_seed(0)
+    policy = Policy()
+    prompts = [[1], [2, 3], [4, 5, 6]]
+    seen = iter([7, 7, 8])                    # a weight update lands before the third token
+    tokens, logps, versions, lengths = generate(policy, prompts, 4,
+                                                before_token=lambda: next(seen),
+                                                generator=torch.Generator().manual_seed(1))
+    assert tokens.shape == (12, 3) and logps.shape == (12, 3)
+    assert lengths.tolist() == [1] * 4 + [2] * 4 + [3] * 4
+    assert versions == [7, 7, 8]
+    assert ((tokens >= DIGIT0) & (tokens < DIGIT0 + 10)).all()
+    assert (logps <= 0).all()
+
+
+def test_teacher_forced_log_probs_equal_the_log_probs_of_generation():
+    """The trainer's importance ratio is exactly 1 on-policy: the left-padded, state-frozen
+    generation and the right-padded full-sequence pass compute the same log-probs."""
+    torch.manual_seed(0)
+    policy = Policy()
+    prompts = [[5], [1, 9], [3, 0, 8]]
+    tokens, logps, _, lengths = generate(policy, prompts, 2, before_token=lambda: 0,
+                                         generator=torch.Generator().manual_seed(2))
+    rows = []
+    for i, m in enumerate(lengths.tolist()):
+        rows.append(prompt_ids(prompts[i // 2]) + tokens[i, :m].tolist())
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+    with torch.no_grad():
+        recomputed = policy.token_log_probs(ids)
+    for i, m in enumerate(lengths.tolist()):
+        start = len(prompt_ids(prompts[i // 2]))
+        torch.testing.assert_close(recomputed[i, start:start + m],
+                                   torch.from_numpy(logps[i, :m]), atol=1e-5, rtol=1e-5)
+
+
+def test_group_advantages_normalise_within_each_group_with_the_sample_std():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    adv = group_advantages(np.array(["a", "a", "a", "b", "b", "b"]), rewards)
+    for idx in ([0, 1, 2], [3, 4, 5]):
+        r = rewards[idx].numpy()
+        expected = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+        np.testing.assert_allclose(adv[idx].numpy(), expected, rtol=1e-5)
+
+
+def _padded_batch(policy: Policy):
+    ids = torch.tensor([[3, SEP, 3, 0], [4, 5, SEP, 5], [4, 5, SEP, 6]])
+    mask = torch.tensor([[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 1]])
+    with torch.no_grad():
+        logp = policy.token_log_probs(ids) * mask
+    return {"input_ids": ids, "response_mask": mask, "rollout_log_probs": logp}
+
+
+def test_grpo_loss_on_policy_has_ratio_one_and_a_gradient():
+    torch.manual_seed(0)
+    policy = Policy()
+    batch = _padded_batch(policy)
+    loss, stats = grpo_loss(policy, batch, torch.tensor([1.0, -0.5, 0.5]))
+    loss.backward()
+    assert stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["train/clip_fraction"] == 0.0
+    assert policy.head.weight.grad.abs().sum() > 0
+
+
+def test_grpo_loss_clips_ratios_far_from_the_rollout_policy():
+    torch.manual_seed(0)
+    policy = Policy()
+    batch = _padded_batch(policy)
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] - 1.0 * batch["response_mask"]
+    _, stats = grpo_loss(policy, batch, torch.tensor([1.0, -0.5, 0.5]), clip=0.2)
+    assert stats["train/ratio_mean"] == pytest.approx(float(np.e), rel=1e-4)
+    assert stats["train/clip_fraction"] == 1.0

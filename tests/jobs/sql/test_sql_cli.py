@@ -1,0 +1,167 @@
+"""`replaylake sql` as a tool: one-shot and shell, every named query, layouts, read-only guard."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from jobs.sql.render import table_text
+from sql import loader
+from tests.support.lake import ROOT
+from tests.support.sql_runs import shared_run
+
+cli = CliRunner()
+
+# A value per parameter name that the async shared run has (a real uid, a step, a batch).
+ARGS = {"uid": "g0001", "step": "3", "threshold": "1", "batch_id": "0", "evict_all": "true",
+        "max_response_length": "3", "batch_size": "2", "first_step": "2", "last_step": "5"}
+
+
+def sql(*args: str, env: dict | None = None) -> object:
+    return cli.invoke(app, ["sql", "--lake", str(shared_run("async").lake), *args], env=env)
+
+
+def test_every_listed_query_runs_from_the_cli_by_name() -> None:
+    for name, q in sorted(loader.catalog().items()):
+        params = [a for p in q.params for a in ("--param", f"{p.name}={ARGS[p.name]}")]
+        res = sql("--name", name, *params, "--format", "json")
+        assert res.exit_code == 0, (name, res.output)
+        assert isinstance(json.loads(res.output), list)
+
+
+def test_named_queries_are_table_macros_inside_ad_hoc_sql() -> None:
+    res = sql("-c", "select stage from lineage('g0001') where stage = 'verdict'", "--format",
+              "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == [{"stage": "verdict"}]
+    by_name = json.loads(sql("--name", "stale", "--param", "step=3", "--param", "threshold=1",
+                             "--format", "json").output)
+    inline = json.loads(sql("select * from stale(3, 1)", "--format", "json").output)
+    assert inline == by_name
+
+
+def test_every_statement_of_an_input_is_shown_and_null_differs_from_empty() -> None:
+    res = sql("select 1 as first_one; select null as n, '' as e")
+    assert res.exit_code == 0, res.output
+    assert "first_one" in res.output
+    lines = res.output.splitlines()
+    assert lines[lines.index("n    | e") + 2] == "NULL |"
+
+
+def test_json_ends_with_a_newline_and_parquet_goes_to_the_named_file(tmp_path: Path) -> None:
+    res = sql("select uid from groups order by uid limit 2", "--format", "json")
+    assert res.output.endswith("]\n") and len(json.loads(res.output)) == 2
+    out = tmp_path / "g.parquet"
+    res = sql("select * from groups", "--format", "parquet", "--output", str(out))
+    assert res.exit_code == 0, res.output
+    n = json.loads(sql("select count(*) as n from groups", "--format", "json").output)[0]["n"]
+    assert pq.read_table(out).num_rows == n
+    res = sql("select 1", "--format", "parquet")
+    assert res.exit_code != 0 and "--output" in res.output
+
+
+def test_a_table_has_a_default_row_limit_with_a_note() -> None:
+    res = sql("select * from range(100) t(i)")
+    assert res.exit_code == 0
+    assert "showing the first 40" in res.output
+    assert sum(line.strip().isdigit() for line in res.output.splitlines()) == 40
+    assert "showing" not in sql("select * from range(100) t(i)", "--max-rows", "0").output
+
+
+def test_wide_rows_switch_to_a_vertical_layout_that_respects_columns() -> None:
+    res = sql("select * from groups order by uid limit 1", env={"COLUMNS": "60"})
+    assert res.exit_code == 0
+    assert "-[ row 1 ]" in res.output and "effective_status | " in res.output
+    assert max(len(line) for line in res.output.splitlines()[:-1]) <= 60
+    import pyarrow as pa
+    narrow = table_text(pa.table({"min_global_steps": [1]}), cols=60)
+    assert narrow.splitlines()[0] == "min_global_steps"   # headers are never cut
+
+
+@pytest.mark.parametrize("statement", [
+    "insert into groups values (1)", "create table t as select 1", "drop view groups",
+    "update decisions set step = 0", "delete from decisions", "attach 'other.db' as o",
+    "copy groups to 'x.csv'", "install httpfs", "load httpfs", "set threads = 1",
+    "pragma enable_profiling", "export database 'dump'",
+])
+def test_statements_that_are_not_reads_are_refused_with_a_clear_message(statement: str,
+                                                                         tmp_path: Path) -> None:
+    res = sql(statement)
+    assert res.exit_code == 2
+    assert "read-only" in res.output and "refused" in res.output
+
+
+def test_set_variable_is_allowed_to_change_the_filter_metric() -> None:
+    res = sql("set variable filter_metric = 'acc'; select getvariable('filter_metric') as m",
+              "--format", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output.split("ok\n", 1)[1]) == [{"m": "acc"}]
+
+
+def test_help_renders_flags_and_an_example() -> None:
+    res = cli.invoke(app, ["sql", "--help"], env={"COLUMNS": "120"})
+    assert res.exit_code == 0
+    list_line = next(line for line in res.output.splitlines() if "--list" in line)
+    assert "<bool>" not in list_line
+    assert "Examples:" in res.output and "replaylake sql --lake" in res.output
+    assert "KEY=VALUE" in res.output
+
+
+def _cmd() -> list[str]:
+    return [sys.executable, "-m", "jobs.cli", "sql", "--lake", str(shared_run("async").lake)]
+
+
+def test_the_shell_reads_multi_line_statements_and_dot_commands_from_stdin() -> None:
+    script = "select 40\n  + 2 as answer;\n.tables\n.schema groups\ninsert into t values (1);\n"
+    res = subprocess.run(_cmd(), input=script, capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "answer" in res.stdout and "42" in res.stdout
+    assert "lineage" in res.stdout and "macro" in res.stdout     # .tables
+    assert "effective_status" in res.stdout                       # .schema groups
+    assert "refused" in res.stdout                                # the shell goes on after it
+
+
+def _read_until(fd: int, marker: bytes, limit_s: float = 60) -> bytes:
+    got = b""
+    end = time.monotonic() + limit_s
+    while marker not in got and time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 1)
+        if ready:
+            try:
+                got += os.read(fd, 4096)
+            except OSError:
+                break
+    return got
+
+
+def test_the_shell_on_a_terminal_prompts_continues_lines_and_keeps_history(tmp_path: Path) -> None:
+    hist = tmp_path / "history"
+    main, child = pty.openpty()
+    env = {**os.environ, "REPLAYLAKE_SQL_HISTORY": str(hist), "COLUMNS": "80"}
+    proc = subprocess.Popen(_cmd(), stdin=child, stdout=child, stderr=child, cwd=ROOT, env=env)
+    os.close(child)
+    try:
+        assert b"replaylake> " in _read_until(main, b"replaylake> ")
+        os.write(main, b"select 6 *\n")
+        assert b"...> " in _read_until(main, b"...> ")
+        os.write(main, b"7 as product;\n")
+        out = _read_until(main, b"replaylake> ")
+        assert b"product" in out and b"42" in out
+        os.write(main, b".quit\n")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+    assert "7 as product;" in hist.read_text()
