@@ -248,7 +248,7 @@ class BufferState:
             elif kind == "discard":
                 part.apply_removed(uids, "discarded")
             elif kind == "select":
-                part.apply_removed(uids, "selected", batch_id, step)
+                part.apply_removed(uids, "sampled", batch_id, step)
             elif kind == "release":
                 uids = part.apply_released(batch_id)
             else:

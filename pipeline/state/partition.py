@@ -45,7 +45,7 @@ class Group:
         self.status = "pending"
         self.rows: range | list[int] = range(0)
         self.keys: tuple[tuple[int, int], ...] | set[tuple[int, int]] = ()
-        self.removed: str | None = None   # None while kept; else selected|evicted|discarded
+        self.removed: str | None = None   # None while kept; else sampled|evicted|discarded
         self.batch_id: int | None = None
 
     @property
@@ -88,7 +88,7 @@ class Group:
 class GroupView:
     """A read-only snapshot of one group, as `ReplayBuffer.lookup` returns it.
 
-    ``removed`` is None for a live group, `selected` for a group in an unreleased batch and
+    ``removed`` is None for a kept group, `sampled` for a group in an unreleased batch and
     `retired` for one that is gone for good (released, evicted, discarded): never accepted again."""
 
     uid: str
@@ -237,7 +237,7 @@ class PartitionState:
         for u in uids:
             self.removed_uids.add(u)
             self._land(u)
-            if how == "selected":
+            if how == "sampled":
                 g = self.groups[u]
                 g.removed, g.batch_id = how, batch_id
                 self.batches.setdefault(batch_id, []).append(u)
@@ -265,7 +265,7 @@ class PartitionState:
         """Live groups per status (selected-but-unreleased groups count as `sampled`)."""
         out = {"pending": 0, "running": 0, "finished": 0, "failure": 0, "sampled": 0}
         for g in self.groups.values():
-            out["sampled" if g.removed == "selected" else g.status] += 1
+            out["sampled" if g.removed == "sampled" else g.status] += 1
         return out
 
     def oldest_inflight(self) -> int | None:

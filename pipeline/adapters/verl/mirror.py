@@ -219,7 +219,7 @@ class PartitionMirror:
             if g is None:
                 continue                              # no prompt key yet: keep waiting
             del waiting[k]
-            if (parsed[1], parsed[2]) in g.keys or g.removed == "selected":
+            if (parsed[1], parsed[2]) in g.keys or g.removed == "sampled":
                 self._mark_mirrored((k,))            # known from a restored lake
                 continue
             if g.removed or g.status in _TERMINAL:   # late write: never joins a group
