@@ -25,6 +25,8 @@ cli = CliRunner()
 # A value per parameter name that the async shared run has (a real uid, a step, a batch).
 ARGS = {"uid": "g0001", "step": "3", "threshold": "1", "batch_id": "0", "evict_all": "true",
         "max_response_length": "3", "batch_size": "2", "first_step": "2", "last_step": "5"}
+# any other parameter (a new rule's knob, say) gets a value of its declared type
+BY_TYPE = {"BIGINT": "2", "INTEGER": "2", "DOUBLE": "0.5", "BOOLEAN": "true", "VARCHAR": "x"}
 
 
 def sql(*args: str, env: dict | None = None) -> object:
@@ -33,7 +35,8 @@ def sql(*args: str, env: dict | None = None) -> object:
 
 def test_every_listed_query_runs_from_the_cli_by_name() -> None:
     for name, q in sorted(loader.catalog().items()):
-        params = [a for p in q.params for a in ("--param", f"{p.name}={ARGS[p.name]}")]
+        params = [a for p in q.params
+                  for a in ("--param", f"{p.name}={ARGS.get(p.name, BY_TYPE[p.type.upper()])}")]
         res = sql("--name", name, *params, "--format", "json")
         assert res.exit_code == 0, (name, res.output)
         assert isinstance(json.loads(res.output), list)
