@@ -1,6 +1,6 @@
 """Read-only SQL over the lake: an in-memory DuckDB connection with a view per lake table.
 
-`connect(lake_dir)` registers every lake table as a lazily scanned dataset (`lake_scan`: compacted
+`connect(lake_dir)` registers every lake table as a lazily scanned dataset (`lake.scan`: compacted
 `.parquet` where it lies, live `.arrow` segments through the torn-tail-tolerant reader), so a
 query reads only the columns and rows it names (`trajectories`, `group_events`, `decisions`,
 `metrics`), creates the derived views (`DERIVED_VIEWS`, each one
@@ -30,7 +30,7 @@ allows: a variable is not configuration).
 
 The views are a snapshot of the lake as `connect` (or `refresh`) read it. Reading while a buffer
 appends is safe: a segment's torn or half-written last batch is skipped, every table is cut at the
-same point of the buffer's history (see `lake_scan.cut_seq`), and `refresh` picks up what was appended
+same point of the buffer's history (see `lake.scan.cut_seq`), and `refresh` picks up what was appended
 since (the Python-side registration still works on a locked connection).
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _dedupe(table: pa.Table) -> pa.Table:
 
 
 def _consistent(tables: dict[str, pa.Table], first: str) -> dict[str, pa.Table]:
-    """Cut every table at one `seq` (see `lake_scan.cut_seq`), so a snapshot taken while a
+    """Cut every table at one `seq` (see `lake.scan.cut_seq`), so a snapshot taken while a
     buffer writes is a prefix of the buffer's history."""
     seqs = {n: t.column("seq").to_numpy() for n, t in tables.items()}
     cut = cut_seq(seqs, first)
@@ -170,12 +170,12 @@ def connect(lake_dir: str | os.PathLike, *,
             filter_metric: str | None = DEFAULT_FILTER_METRIC) -> duckdb.DuckDBPyConnection:
     """An in-memory, locked-down DuckDB connection with the lake's tables and derived views.
 
-    The tables are lazily scanned datasets (`lake_scan`): a query reads only the columns and
+    The tables are lazily scanned datasets (`lake.scan`): a query reads only the columns and
     rows it asks for, so the token payload never enters memory unless a query names it.
     ``filter_metric`` is the metric the run's zero-variance filter compared (the buffer's
     `filter_groups_metric`); it only changes the `metric_*` columns of `group_trajectories`,
     `group_aggregates` and `candidates`. One connection per thread (DuckDB connections are not
-    shareable across threads). A path that is not a lake is refused (`lake_identity`)."""
+    shareable across threads). A path that is not a lake is refused (`lake.identity`)."""
     scan = scan_lake(require_lake(lake_dir))
     try:
         con = duckdb.connect(":memory:")
@@ -193,7 +193,7 @@ def connect(lake_dir: str | os.PathLike, *,
 def refuse_orphans(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:
     """Raise LakeDamageError if the lake holds rows of groups whose registration is gone,
     outside the partitions where a salvage set registrations aside: the same rule a restore
-    and `lake check` apply (see `lake_orphans`), so SQL never counts what a restore refuses."""
+    and `lake check` apply (see `lake.orphans`), so SQL never counts what a restore refuses."""
     orphans.refuse(lake_dir, loader.run(con, "no_orphan_rows"))
 
 

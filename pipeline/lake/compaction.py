@@ -25,17 +25,17 @@ ignored, exactly as readers do) are written to a hidden temporary file, fsync'ed
 `<stem>.parquet`, the directory fsync'ed, and only then the segment and its checksum file are
 deleted. A reader that lists the directory in between finds both and counts the Parquet file
 only; one that listed the segment before it was deleted reads the Parquet file instead (see
-`lake_read.current_files` and `read_segment`). The Parquet metadata keeps the highest seq the segment
+`lake.read.current_files` and `read_segment`). The Parquet metadata keeps the highest seq the segment
 held, uncommitted rows included, so a restart still numbers after every seq ever handed out.
 
 Idempotent: a segment with its Parquet file already in place is only deleted (a run killed
 between rename and delete), and so is a checksum file left without its segment (killed between
 the two deletes), a hidden temporary file (killed before a rename) and a Parquet file a newer
 generation replaces (a retention killed before it deleted the file it rewrote, see
-`lake_names`); nothing else is rewritten.
+`lake.names`); nothing else is rewritten.
 Two compactions (or a compaction and a retention) at once are refused by `_compact.lock`, so a
 temporary file found under that lock is always a dead run's. Each of these steps is a kill point
-(`lake_kill`: `compact.tmp_partial`, `.tmp_written`, `.renamed`, `.segment_deleted`, `.deleted`),
+(`lake.kill`: `compact.tmp_partial`, `.tmp_written`, `.renamed`, `.segment_deleted`, `.deleted`),
 which the crash tests use to prove a killed run loses, duplicates and changes nothing.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reading the lake: every acknowledged write, verified; a torn tail ignored; any damage refused.
 
-A stream's checksum file says which of its bytes were acknowledged (see `lake_files`). Reading a
+A stream's checksum file says which of its bytes were acknowledged (see `lake.files`). Reading a
 stream verifies those bytes and parses them; bytes past the last checksum record are the torn tail
 of a write that never returned (at most one write), and are ignored. Everything else is damage and
 raises `LakeDamageError` naming the file and the byte offset: a checksum mismatch, a stream
@@ -125,7 +125,7 @@ def compacted_path(path: Path) -> Path:
 
 def current_files(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
                log: pa.Table | None = None) -> list[Path]:
-    """`segment_files` with only the newest file of each segment (`lake_names`): compaction
+    """`segment_files` with only the newest file of each segment (`lake.names`): compaction
     renames the Parquet copy into place before it deletes the segment, and retention renames a
     rewrite into place before it deletes the file it rewrote, so a reader listing the directory
     in between sees both, and must count the rows once.

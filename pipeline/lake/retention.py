@@ -16,11 +16,11 @@ Only compacted files are rewritten (retention compacts the sealed segments first
 writer's open segments are left for a later run. A file is never rewritten in place, nor renamed
 over: a reader that planned over it (a DuckDB connection made before the run) would read bytes
 that are not the file it planned over. The rewrite is the segment's next generation
-(`lake_names`: `S.parquet` -> `S.r1.parquet` -> `S.r2.parquet` ...), written to a hidden
+(`lake.names`: `S.parquet` -> `S.r1.parquet` -> `S.r2.parquet` ...), written to a hidden
 temporary file, fsync'ed, renamed into place, the directory fsync'ed, and only then is the file
 it rewrote deleted. A reader listing in between counts the newest generation only; one that
 listed the old file reads the new one if the old is gone when it opens it; one that has mapped it
-(every SQL connection maps the files it scans, `lake_scan`) keeps reading it. Every reader sees
+(every SQL connection maps the files it scans, `lake.scan`) keeps reading it. Every reader sees
 each row once, with its payload or without it, never half of it.
 
 Idempotent: files with nothing left to drop are not touched, and a run killed anywhere (kill

@@ -16,7 +16,7 @@ listed readable, whatever happens to its name, until the scan is dropped.
 Compacted Parquet files (`replaylake compact`) are mapped where they lie. Live IPC segments
 cannot be scanned in place: only replaylake's reader knows which of their bytes were acknowledged
 (checksum file), which batches belong to an uncommitted multi-partition call, and where a torn
-tail starts. So each open segment is read once through that reader (`lake_read.batches`, the very
+tail starts. So each open segment is read once through that reader (`lake.read.batches`, the very
 rules every reader applies) and its committed batches are streamed, gathered into record batches
 of about `SCRATCH_BATCH_BYTES`, to an uncompressed Arrow IPC file in a scratch directory
 (`pipeline.lake.scratch`), which is mapped and unlinked at once: the scan reads the mapping lazily,

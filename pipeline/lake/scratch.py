@@ -1,7 +1,7 @@
 """Scratch directories of lake readers: named after their process, removed when it is gone.
 
 Why: SQL over open segments copies each segment's committed rows into a scratch file
-(`lake_scan`), which can add up to the size of the live lake. The scan maps each file and
+(`lake.scan`), which can add up to the size of the live lake. The scan maps each file and
 unlinks it at once (the mapping stays readable, and the kernel frees the pages when the last
 mapping goes), so a reader that has connected holds nothing on disk. But a reader stopped while it
 connects (SIGTERM from `timeout` or systemd, SIGHUP from a closed terminal, SIGKILL) runs no

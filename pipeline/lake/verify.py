@@ -7,11 +7,11 @@ with the segment's size. Here each acknowledged write is read, checked against i
 only then handed on (to the Arrow stream reader, or dropped), so what is held at any moment is one
 write: one call's rows of one partition, whatever the size of the segment or the lake.
 
-The rules are those of `lake_files`: bytes past the last checksum record are a torn tail (ignored)
+The rules are those of `lake.files`: bytes past the last checksum record are a torn tail (ignored)
 when they are at most one write, as a crash leaves them; a damaged record, a stream shorter than
 its acknowledged length, a write whose CRC does not match, acknowledged bytes that do not parse as
 Arrow, a stream without its checksum file, and unrecorded bytes that hold more than one write or
-follow the end-of-stream marker (a checksum file that lost records: see `lake_frames`) are damage
+follow the end-of-stream marker (a checksum file that lost records: see `lake.frames`) are damage
 (`LakeDamageError`, naming the file and the first byte of the write at fault). A consumer that
 iterates `batches` may have seen earlier batches before damage further on is raised: every caller
 lets the error end what it was doing, so nothing read from a damaged stream is ever kept.

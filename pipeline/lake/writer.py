@@ -13,7 +13,7 @@ checksum record after it, before the call that made it returns, so an acknowledg
 `kill -9` of the process. With ``fsync=True`` each write and each checksum record is fsync'ed in
 that order, and so are new files' directories (a new segment's name survives power loss too).
 A process that dies mid-write leaves a torn tail past the last checksum record; readers ignore it.
-Any other damage is refused (see `lake_read`). Each writer opens new files, so a torn file is
+Any other damage is refused (see `lake.read`). Each writer opens new files, so a torn file is
 never appended to.
 
 Rolling: a segment is finished (end-of-stream marker written, files closed) once it holds

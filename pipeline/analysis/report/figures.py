@@ -1,6 +1,6 @@
-"""The staleness report's figures: one matplotlib Figure per question, drawn from `report_data`.
+"""The staleness report's figures: one matplotlib Figure per question, drawn from `analysis.report.data`.
 
-Drawn with the primitives of `report_plot` (Agg canvas, no pyplot) and encoded as PNG. Import
+Drawn with the primitives of `analysis.report.plot` (Agg canvas, no pyplot) and encoded as PNG. Import
 this module only where matplotlib is wanted (the command imports it inside the job, so
 `replaylake --help` never pays for it). Each figure has a caption (`FIGURES`)
 saying how to read it; a figure without data says so inside its axes instead of showing empty ones.
