@@ -32,6 +32,19 @@ def sample_prompts(rng: np.random.Generator, n: int) -> list[list[int]]:
     return [rng.integers(0, N_DIGITS, size=int(k)).tolist() for k in lengths]
 
 
+def dataset_index(digits: list[int]) -> int:
+    """The prompt's row in the task's dataset: all 1,110 prompts of 1..3 digits, shorter ones
+    first, each length in numeric order ("0".."9" -> 0..9, "00".."99" -> 10..109, ...).
+
+    Why: the buffer records it as the group's `prompt_id`, so the lake can say which prompts
+    keep getting evicted. Prompts are drawn at random, so the same prompt comes back as many
+    groups, which is what such a question needs."""
+    if not 1 <= len(digits) <= MAX_DIGITS:
+        raise ValueError(f"a prompt has 1 to {MAX_DIGITS} digits, not {len(digits)}")
+    offset = sum(N_DIGITS ** k for k in range(1, len(digits)))
+    return offset + int("".join(map(str, digits)))
+
+
 def prompt_ids(digits: list[int]) -> list[int]:
     return [d + DIGIT0 for d in digits] + [SEP]
 

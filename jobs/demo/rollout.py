@@ -20,7 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from jobs.demo.policy import Policy, generate, prompt_ids, reward, sample_prompts, version_spans
+from jobs.demo.policy import (
+    Policy,
+    dataset_index,
+    generate,
+    prompt_ids,
+    reward,
+    sample_prompts,
+    version_spans,
+)
 
 
 class WeightStore:
@@ -75,14 +83,16 @@ class Rollout:
     # --- the trainer's side --------------------------------------------------------------------
     def dispatch(self, count: int) -> None:
         """Register `count` new prompts at the current step (so the buffer counts them in
-        flight at once), then queue them for the workers, oldest first."""
+        flight at once), each with its dataset index as the prompt id, then queue them for the
+        workers, oldest first."""
         if count <= 0:
             return
         with self._lock:
             uids = [f"p{next(self._ids):07d}" for _ in range(count)]
             prompts = sample_prompts(self._rng, count)
             step = self.step
-        self.buf.register(partition=self.partition, uids=uids, global_steps=step, n=self.n)
+        self.buf.register(partition=self.partition, uids=uids, global_steps=step, n=self.n,
+                          prompt_ids=[dataset_index(p) for p in prompts])
         for item in zip(uids, prompts):
             self._queue.put(item)
 

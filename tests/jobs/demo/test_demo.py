@@ -17,11 +17,14 @@ from typer.testing import CliRunner
 from jobs.cli import app
 from jobs.demo.config import MARKER, DemoConfig, RunDirError, make_run_dir
 from jobs.demo.main import _intro, run
+from jobs.demo.policy import DIGIT0, SEP, dataset_index
 from jobs.demo.summary import render, summarize, try_commands
 from pipeline import ConfigError
 from pipeline.adapters.wandb.offline import read_run
 from pipeline.adapters.wandb.tracker import TABLE_KEY, format_reward_counts
 from pipeline.analysis.views import connect
+from sql.loader import load
+from sql.loader import run as run_query
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,24 @@ def test_wandb_run_holds_each_step_and_the_filter_table_matches_the_lake(smoke):
     assert expected and wb.table_rows(TABLE_KEY) == expected
     logged = wb.values("training/filter_groups/evicted_samples")
     assert logged == {g: sum(c.values()) for g, c in per_step.items()}
+
+
+def test_the_demo_lake_says_which_prompts_keep_getting_evicted(smoke):
+    out, _ = smoke
+    con = connect(out / "lake")
+    rows = run_query(con, load("evicted_prompts")).to_pylist()
+    assert rows
+    assert all(0 <= r["prompt_id"] < 1110 and r["evicted"] >= 1 and r["evicted_by_reason"]
+               for r in rows)
+    # every group names the prompt its trajectories answer, as that prompt's dataset index
+    pairs = con.sql("select distinct g.uid, g.prompt_id, t.prompt_ids from groups as g "
+                    "join trajectories as t using (partition, uid)").fetchall()
+    assert pairs
+    wrong = [(u, p, ids) for u, p, ids in pairs
+             if p != dataset_index([t - DIGIT0 for t in ids if t != SEP])]
+    assert not wrong
+    ((unnamed,),) = con.sql("select count(*) from groups where prompt_id is null").fetchall()
+    assert unnamed == 0
 
 
 def test_the_commands_the_summary_suggests_run_against_the_lake(smoke):

@@ -9,6 +9,7 @@ from jobs.demo.policy import (
     DIGIT0,
     SEP,
     Policy,
+    dataset_index,
     generate,
     group_advantages,
     grpo_loss,
@@ -24,6 +25,17 @@ def test_reward_is_one_only_for_the_exact_reversal():
     assert reward([1, 2, 3], [1 + DIGIT0, 2 + DIGIT0, 3 + DIGIT0]) == 0.0
     assert reward([7], [7 + DIGIT0]) == 1.0
     assert prompt_ids([4, 0]) == [4 + DIGIT0, DIGIT0, SEP]
+
+
+def test_every_prompt_of_the_task_has_its_own_dataset_index_shorter_prompts_first():
+    every = [[d] for d in range(10)]
+    every += [[a, b] for a in range(10) for b in range(10)]
+    every += [[a, b, c] for a in range(10) for b in range(10) for c in range(10)]
+    assert [dataset_index(p) for p in every] == list(range(1110))
+    assert (dataset_index([9]), dataset_index([0, 0]), dataset_index([9, 9, 9])) == (9, 10, 1109)
+    for wrong in ([], [1, 2, 3, 4]):
+        with pytest.raises(ValueError, match="1 to 3 digits"):
+            dataset_index(wrong)
 
 
 def test_prompts_have_one_to_three_digits():
