@@ -48,7 +48,8 @@ def _intro(cfg: DemoConfig) -> str:
 
 class _Status:
     """The line under the progress bar: the reward of the answers generated over the last 10
-    steps, the staleness of the batch just trained, evictions so far (a rich renderable)."""
+    steps, the staleness of the batch just trained, evictions so far per reason (evictions, not
+    groups: a group evicted as stale and zero-variance counts under both; a rich renderable)."""
 
     def __init__(self) -> None:
         self.text = "waiting for the first batch ..."
@@ -64,7 +65,7 @@ class _Status:
             self._rewards.append(info.rollout_reward)
         reward = f"{sum(self._rewards) / len(self._rewards):.2f}" if self._rewards else "n/a"
         self.text = (f"reward {reward}  staleness {m.get(STALENESS_KEY, 0.0):.2f}  "
-                     f"evicted: stale {ev['stale']:,}  zero-var {ev['zero_variance']:,}  "
+                     f"evictions stale {ev['stale']:,}, zero-var {ev['zero_variance']:,}, "
                      f"failed {ev['failure']:,}")
 
 

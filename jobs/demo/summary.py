@@ -2,13 +2,21 @@
 
 Why from the lake: the point of the demo is that everything the buffer did is on disk and
 queryable; a summary computed from the loop's own variables would prove nothing about that. The
-same queries back the demo's tests. Lines stay within 80 columns.
+same queries back the demo's tests. Lines stay within 80 columns, and every command and path it
+prints runs as printed from the directory the demo was started in (jobs/demo/shell.py).
+
+Evictions and evicted groups are two counts: one sample call can evict a group for two reasons
+(stale *and* zero variance), which records two evictions of one group. The summary gives both,
+each under its own name, so the per-reason figures are never read as groups.
 """
 from __future__ import annotations
 
 import shlex
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from jobs.demo.shell import pasteable, program
 
 WIDTH = 80
 REASONS = ("stale", "zero_variance", "failure")
@@ -23,7 +31,8 @@ class LakeSummary:
     groups: int
     trained_groups: int
     trained_trajectories: int
-    evictions: dict[str, int] = field(default_factory=dict)
+    evicted_groups: int = 0                # distinct groups with at least one eviction
+    evictions: dict[str, int] = field(default_factory=dict)     # eviction decisions per reason
     staleness_mean: float = 0.0
     span_mean: float = 0.0
     two_version_trajectories: int = 0
@@ -35,8 +44,9 @@ class LakeSummary:
 
 
 def summarize(lake: str | Path, window: int = 10) -> LakeSummary:
-    """Read the run back: batches, evictions per reason, staleness/span of trained rows, and
-    the reward of everything generated in the first vs the last `window` dispatch steps."""
+    """Read the run back: batches, evicted groups and evictions per reason, staleness/span of
+    trained rows, and the reward of everything generated in the first vs the last `window`
+    dispatch steps."""
     from pipeline.analysis import connect
 
     con = connect(lake)
@@ -52,6 +62,8 @@ def summarize(lake: str | Path, window: int = 10) -> LakeSummary:
     (groups,) = one("select count(*) from groups")
     evictions = dict(con.sql("select reason, count(*) from decisions where kind = 'evict' "
                              "group by reason order by reason").fetchall())
+    (evicted_groups,) = one("select count(distinct (partition, uid)) from decisions "
+                            "where kind = 'evict'")
     stal, span, two_traj, two_batches = one(
         "select avg(staleness), avg(span), count(*) filter (where span > 1), "
         "count(distinct batch_id) filter (where span > 1) "
@@ -66,6 +78,7 @@ def summarize(lake: str | Path, window: int = 10) -> LakeSummary:
     return LakeSummary(
         steps=int(steps), trajectories=int(trajectories), groups=int(groups),
         trained_groups=int(trained_groups), trained_trajectories=int(trained_trajs),
+        evicted_groups=int(evicted_groups),
         evictions={r: int(evictions.get(r, 0))
                    for r in [*REASONS, *sorted(set(evictions) - set(REASONS))]},
         staleness_mean=float(stal or 0.0), span_mean=float(span or 0.0),
@@ -76,20 +89,22 @@ def summarize(lake: str | Path, window: int = 10) -> LakeSummary:
 
 def try_commands(lake: str | Path, example_uid: str | None) -> list[tuple[str, list[str]]]:
     """Three `replaylake sql` commands worth running next: (what it shows, argv after
-    `replaylake`). The tests run each of them."""
+    `replaylake`). The tests run each of them; each answer fits a screen."""
     lake = str(lake)
     cmds = [
-        ("why groups left the buffer, per reason",
-         ["sql", "--lake", lake, "select reason, count(*) as groups from decisions "
-          "where kind = 'evict' group by reason order by groups desc"]),
+        ("evictions per reason (a group evicted for two reasons counts under both)",
+         ["sql", "--lake", lake, "select reason, count(*) as evictions from decisions "
+          "where kind = 'evict' group by reason order by evictions desc"]),
         ("the learning curve: reward of all rollouts per 50 weight versions",
          ["sql", "--lake", lake, "select max_global_steps // 50 * 50 as version, "
           "round(avg(reward), 3) as reward, count(*) as trajectories from trajectories "
           "group by version order by version"]),
     ]
     if example_uid:
+        # three columns of `lineage`: one line per event, where all ten print a record each
         cmds.append(("the life of a group whose responses span two weight versions",
-                     ["sql", "--lake", lake, "--name", "lineage", "--param", f"uid={example_uid}"]))
+                     ["sql", "--lake", lake, "select stage, step, detail from "
+                      f"lineage('{example_uid}')"]))
     else:
         cmds.append(("staleness of the last batches",
                      ["sql", "--lake", lake, "select step, n_groups, staleness_mean from batches "
@@ -97,12 +112,13 @@ def try_commands(lake: str | Path, example_uid: str | None) -> list[tuple[str, l
     return cmds
 
 
-def format_command(argv: list[str], indent: str = "  ", width: int = WIDTH) -> list[str]:
-    """A shell command as lines of at most `width` columns that still paste into bash: a SQL
-    argument becomes a double-quoted block over several lines (SQL here never holds ``"``,
-    ``$`` or backquotes), other breaks end with a backslash."""
+def format_command(argv: list[str], indent: str = "  ", width: int = WIDTH, *,
+                   prog: str = "replaylake") -> list[str]:
+    """A shell command, `prog` then `argv`, as lines of at most `width` columns that still paste
+    into bash: a SQL argument becomes a double-quoted block over several lines (SQL here never
+    holds ``"``, ``$`` or backquotes), other breaks end with a backslash."""
     lines: list[str] = []
-    cur = indent + "replaylake"
+    cur = indent + prog
     for arg in argv:
         if " " in arg and not arg.startswith("uid="):
             lines.append(cur + ' "')
@@ -129,19 +145,24 @@ def _fmt(x: float | None) -> str:
 
 
 def render(s: LakeSummary, *, run_dir: Path, lake: Path, wandb_dir: Path | None,
-           wall_s: float) -> list:
-    """The summary as lines of at most 80 characters (rich Text: markup in the headings only)."""
+           wall_s: float, cwd: Path | None = None) -> list:
+    """The summary as lines of at most 80 characters (rich Text: markup in the headings only).
+    Commands and paths are written to run from `cwd` (default: where the demo runs)."""
     from rich.text import Text
 
     ev = s.evictions
+    by_reason = textwrap.wrap(", ".join(f"{r.replace('_', '-')} {ev.get(r, 0):,}" for r in ev),
+                              width=WIDTH - 23) or ["none"]
     lines = [
         "[bold]What happened[/] (read back from the lake with SQL)",
         f"  steps                {s.steps} trained in {wall_s:.0f} s",
         f"  generated            {s.groups:,} prompt groups, {s.trajectories:,} trajectories",
         f"  trained on           {s.trained_groups:,} groups, {s.trained_trajectories:,} "
         "trajectories",
-        "  evicted groups       " + ", ".join(f"{r.replace('_', '-')} {ev.get(r, 0):,}"
-                                              for r in ev),
+        f"  evicted groups       {s.evicted_groups:,} distinct (a group may be evicted for two "
+        "reasons)",
+        "  evictions by reason  " + by_reason[0],
+        *("                       " + x for x in by_reason[1:]),
         f"  staleness            {s.staleness_mean:.2f} weight versions behind, on average "
         "(trained)",
         f"  span                 {s.span_mean:.3f} versions per trained trajectory; "
@@ -152,18 +173,18 @@ def render(s: LakeSummary, *, run_dir: Path, lake: Path, wandb_dir: Path | None,
         f"{_fmt(s.reward_last)} in the last {s.window}",
         "",
         "[bold]Where to look[/]",
-        f"  run directory  {run_dir}",
-        f"  lake           {lake}",
+        f"  run directory  {pasteable(run_dir, cwd=cwd)}",
+        f"  lake           {pasteable(lake, cwd=cwd)}",
     ]
     if wandb_dir is not None:
-        try:
-            shown = Path(wandb_dir).relative_to(run_dir)
-        except ValueError:
-            shown = Path(wandb_dir)
-        lines.append(f"  W&B run        {shown}")
-        lines.append("                 (offline, in the run directory; `wandb sync` uploads it)")
+        # the run's own path, from where the user stands (like the lake's), in the command that
+        # uploads it: too long for the column beside its label
+        lines.append("  W&B run        offline, in the run directory; this uploads it:")
+        lines.extend(format_command(["sync", pasteable(wandb_dir, cwd=cwd)], indent="    ",
+                                    prog=program("wandb", cwd=cwd)))
     lines += ["", "[bold]Try[/]"]
-    for what, argv in try_commands(lake, s.example_uid):
+    replaylake = program("replaylake", cwd=cwd)
+    for what, argv in try_commands(pasteable(lake, cwd=cwd), s.example_uid):
         lines.append(f"  # {what}")
-        lines.extend(format_command(argv))
+        lines.extend(format_command(argv, prog=replaylake))
     return [Text.from_markup(x) if x.startswith("[bold]") else Text(x) for x in lines]

@@ -101,8 +101,11 @@ def test_the_commands_the_summary_suggests_run_against_the_lake(smoke):
 def test_the_summary_fits_an_80_column_terminal(smoke, tmp_path):
     out, _ = smoke
     summary = summarize(out / "lake")
+    # seen from the directory above the run, as a default run (runs/demo/<timestamp>) is: the
+    # printed paths are relative to where the user stands
     lines = render(summary, run_dir=out, lake=out / "lake",
-                   wandb_dir=next((out / "wandb").glob("offline-run-*")), wall_s=12.0)
+                   wandb_dir=next((out / "wandb").glob("offline-run-*")), wall_s=12.0,
+                   cwd=out.parent)
     lines += [*DemoConfig().lines(), *_intro(DemoConfig()).splitlines()]
     too_wide = [str(x) for x in lines if len(str(x)) > 80]
     assert not too_wide
