@@ -1,6 +1,6 @@
 """`replaylake audit`: run every invariant query of sql/audits/ over a lake; exit 1 on a violation.
 
-    replaylake audit --lake runs/demo/lake --threshold 3
+    replaylake audit --lake runs/demo/latest/lake --threshold 3
 
 Each audit returns the rows that break its invariant (empty = pass). Audits with parameters need
 them on the command line (`stale_bound_respected` needs --threshold, the run's

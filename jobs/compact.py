@@ -1,6 +1,6 @@
 """`replaylake compact`: rewrite the lake's sealed IPC segments as zstd Parquet (pipeline.lake.compaction).
 
-    replaylake compact --lake runs/demo/lake
+    replaylake compact --lake runs/demo/latest/lake
 
 Safe while a buffer writes (a live writer's open segments are left for a later run), idempotent,
 one compaction or retention per lake at a time. Prints what it did and its throughput.

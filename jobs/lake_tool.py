@@ -1,7 +1,7 @@
 """`replaylake lake check|salvage`: find damage in a lake, and set it aside keeping what verifies.
 
-    replaylake lake check --lake runs/demo/lake      # exit 1 when anything is damaged or missing
-    replaylake lake salvage --lake runs/demo/lake    # needs the lake closed (takes the lock)
+    replaylake lake check --lake runs/demo/latest/lake    # exit 1 when anything is damaged or missing
+    replaylake lake salvage --lake runs/demo/latest/lake  # needs the lake closed (takes the lock)
 
 `check` only reads and is safe while a buffer writes. A torn tail (the write a crash interrupted)
 is listed but is not damage: readers ignore it. Damage is a file that does not verify, a logged

@@ -32,7 +32,7 @@ def main(
 
     Examples:
         replaylake report runs/demo/latest/lake -o report.html
-        replaylake report runs/demo/latest/lake -o late.html --steps 200:300
+        replaylake report runs/demo/latest/lake -o window.html --steps 10:20
     """
     from tqdm import tqdm
 

@@ -1,7 +1,7 @@
 """`replaylake retain`: drop the token payload of old released/evicted/discarded groups
 (pipeline.lake.retention); the decision log, group events, metrics and every row's metadata stay.
 
-    replaylake retain --lake runs/demo/lake --older-than 100
+    replaylake retain --lake runs/demo/latest/lake --older-than 100
 
 Compacts first (only compacted files are rewritten). Safe while a buffer writes, idempotent.
 """

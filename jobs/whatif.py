@@ -1,8 +1,9 @@
 """`replaylake whatif`: replay a recorded run with other eviction settings and print what changes.
 
-    replaylake whatif --lake runs/demo/<ts>/lake --threshold 1
-    replaylake whatif --lake L --filter-metric none --max-response-length 12
-    replaylake whatif --lake L --rule short_response.min_response_length=4 --rule overlong=off
+    replaylake whatif --lake runs/demo/latest/lake --threshold 1
+    replaylake whatif --lake runs/demo/latest/lake --filter-metric none --max-response-length 12
+    replaylake whatif --lake runs/demo/latest/lake --rule short_response.min_response_length=4
+    replaylake whatif --lake runs/demo/latest/lake --rule overlong=off
 
 Settings not given are the lake's recorded ones, so `replaylake whatif --lake L` alone replays
 the run as it was and must reproduce every batch (it says so, or names the first difference).

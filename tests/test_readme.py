@@ -28,8 +28,8 @@ def test_readme_python_example_runs_twice_as_written(tmp_path, monkeypatch, caps
 
 def test_readme_time_travel_lineage_and_prompt_examples_print_what_the_readme_shows(tmp_path):
     """The run of "Time travel, lineage and prompts" is executed as written, then every
-    `$ replaylake sql ...` line of that section is run and must print exactly the lines shown
-    under it."""
+    `$ replaylake sql ...` line of that section is run in an 80-column terminal and must print
+    exactly the lines shown under it."""
     import shlex
     import subprocess
     import sys
@@ -45,10 +45,10 @@ def test_readme_time_travel_lineage_and_prompt_examples_print_what_the_readme_sh
     finally:
         os.chdir(cwd)
     blocks = re.findall(r"```(\w*)\n(.*?)```", section, re.S)   # fences in pairs, in order
-    shown = [body for lang, body in blocks if not lang and body.startswith("$")]
+    shown = [body for lang, body in blocks if lang == "console"]
     commands = [c for block in shown for c in re.split(r"^(?=\$ )", block, flags=re.M) if c]
     assert len(commands) == 4
-    env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(README.parent)}
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(README.parent)}   # a terminal's width
     for command in commands:
         line, _, expected = command.partition("\n")
         argv = shlex.split(line[2:])

@@ -260,7 +260,7 @@ def main(
 
     Examples:
         replaylake export --lake runs/demo/latest/lake --out runs/export
-        replaylake export --lake LAKE --out runs/export --steps 5:20
+        replaylake export --lake runs/demo/latest/lake --out late --steps 5:20
     """
     cfg = ExportConfig(lake=lake, out=out, partitions=tuple(partition or ()),
                        steps=parse_steps(steps), formats=tuple(format or ("parquet",)),
