@@ -45,24 +45,25 @@ def main(
                    err=True)
         raise typer.Exit(2)
     require_lake(root)                       # before the progress bar starts
+    import matplotlib
+    matplotlib.use("Agg")
+    from pipeline.analysis.report import FIGURES, png_base64, render
+
     start = time.perf_counter()
-    with tqdm(total=len(QUERIES), unit="step", desc="report", disable=not progress) as bar:
+    # one total from the start: a tick per query, per figure (drawn for every partition at
+    # once, so the count of partitions, known only after the queries, does not change it) and
+    # one for writing the page
+    with tqdm(total=len(QUERIES) + len(FIGURES) + 1, unit="step", desc="report",
+              disable=not progress) as bar:
         data = gather(root, steps=parse_steps(steps), partitions=partition,
                       progress=lambda name: (bar.set_postfix_str(name), bar.update()))
-        import matplotlib
-        matplotlib.use("Agg")
-        from pipeline.analysis.report import FIGURES, png_base64, render
-
-        bar.total = len(QUERIES) + len(FIGURES) * len(data.partitions) + 1
-        bar.refresh()
-        drawn: dict[str, list[tuple[str, str, str, str]]] = {}
-        for p in data.partitions:
-            drawn[p.name] = []
-            for spec in FIGURES:
-                bar.set_postfix_str(f"{p.name}: {spec.key}")
+        drawn: dict[str, list[tuple[str, str, str, str]]] = {p.name: [] for p in data.partitions}
+        for spec in FIGURES:
+            bar.set_postfix_str(spec.key)
+            for p in data.partitions:
                 drawn[p.name].append((spec.key, spec.title, spec.caption,
                                       png_base64(spec.draw(p))))
-                bar.update()
+            bar.update()
         page = render(data, drawn.__getitem__, took_s=time.perf_counter() - start)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")

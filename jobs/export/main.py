@@ -238,20 +238,30 @@ def export(cfg: ExportConfig, rows_fn: Any = None) -> dict[str, Any]:
 
 
 def main(
-    lake: Annotated[Path, typer.Option(help="the lake directory to read")],
-    out: Annotated[Path, typer.Option(help="directory for the shards and manifest.json")],
+    lake: Annotated[Path, typer.Option(metavar="DIR", help="the lake directory to read")],
+    out: Annotated[Path, typer.Option(metavar="DIR",
+                                      help="directory for the shards and manifest.json")],
     partition: Annotated[list[str] | None, typer.Option(
-        help="partition to export (repeat for several; default: every partition)")] = None,
-    steps: Annotated[str | None, typer.Option(help="trained steps A:B (inclusive), A, A: or :B")]
-        = None,
+        metavar="NAME", help="partition to export (repeat for several; default: every "
+        "partition)")] = None,
+    steps: Annotated[str | None, typer.Option(
+        metavar="A:B", help="trained steps A:B (inclusive), A, A: or :B")] = None,
     format: Annotated[list[str] | None, typer.Option(
-        help="parquet and/or pt (torch tensors); repeat for both; default parquet")] = None,
-    rows_per_shard: Annotated[int, typer.Option(help="rows per shard")] = 4096,
-    row_group_mb: Annotated[int, typer.Option(help="max MiB of Arrow data per row group")] = 64,
-    tensor_layout: Annotated[str, typer.Option(help="layout of .pt shards: packed or padded")]
-        = "packed",
-    pad_token_id: Annotated[int, typer.Option(help="pad id of padded .pt shards")] = 0,
-    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+        metavar="FORMAT", help="parquet and/or pt (torch tensors); repeat for both; default "
+        "parquet")] = None,
+    rows_per_shard: Annotated[int, typer.Option(metavar="N", help="rows per shard")] = 4096,
+    row_group_mb: Annotated[int, typer.Option(
+        metavar="MIB", help="max MiB of Arrow data per row group")] = 64,
+    tensor_layout: Annotated[str, typer.Option(
+        metavar="LAYOUT", help="layout of .pt shards: packed or padded")] = "packed",
+    pad_token_id: Annotated[int, typer.Option(metavar="ID", help="pad id of padded .pt shards")]
+        = 0,
+    # one flag, not --progress/--no-progress: the pair's width squeezed every description of
+    # this help to a narrow column; the bar is on by default, so only its opposite is needed
+    no_progress: Annotated[bool, typer.Option(
+        "--no-progress", help="no progress bar (for cron jobs and logs)")] = False,
+    progress: Annotated[bool, typer.Option(
+        "--progress", hidden=True, help="show the progress bar (the default)")] = True,
     ray: Annotated[bool, typer.Option(
         "--ray", help="read the lake with Ray Data (joins a running cluster, else starts one)")]
         = False,
@@ -265,7 +275,8 @@ def main(
     cfg = ExportConfig(lake=lake, out=out, partitions=tuple(partition or ()),
                        steps=parse_steps(steps), formats=tuple(format or ("parquet",)),
                        rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
-                       tensor_layout=tensor_layout, pad_token_id=pad_token_id, progress=progress)
+                       tensor_layout=tensor_layout, pad_token_id=pad_token_id,
+                       progress=progress and not no_progress)
     if ray:
         from jobs.export.ray import trained_rows_ray
     result = export(cfg, trained_rows_ray if ray else None)

@@ -124,17 +124,15 @@ def _run_bound(con: object, sql: str, bound: dict, fmt: str, max_rows: int,
                output: Path | None) -> None:
     """A named query through its macro (or view), parameters bound by DuckDB, not spliced."""
     from jobs.sql import render as sql_render
+    from jobs.sql.run import first_rows, truncated_note
     rel = con.sql(sql, params=bound or None)  # type: ignore[attr-defined]
-    table = rel.to_arrow_table()
+    terminal = fmt in ("table", "vertical") and output is None
+    table, total = first_rows(rel, max_rows if terminal and max_rows > 0 else None)
     if output is not None:
         sql_render.write_file(table, fmt, str(output))
         sys.stdout.write(f"wrote {table.num_rows} row(s) to {output}\n")
         return
-    note = ""
-    if fmt in ("table", "vertical") and 0 < max_rows < table.num_rows:
-        note = f"showing the first {max_rows} of {table.num_rows}; --max-rows 0 shows all"
-        table = table.slice(0, max_rows)
-    sys.stdout.write(sql_render.render(table, fmt, note))
+    sys.stdout.write(sql_render.render(table, fmt, truncated_note(table.num_rows, total), total))
 
 
 main.__doc__ = (main.__doc__ or "") + "\n\n" + EPILOG

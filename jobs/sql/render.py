@@ -66,14 +66,16 @@ def _numeric(table: Any, name: str) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
-def table_text(table: Any, cols: int | None = None, note: str = "") -> str:
-    """Side by side when it fits ``cols`` (default: `width()`), else vertical."""
+def table_text(table: Any, cols: int | None = None, note: str = "",
+               total: int | None = None) -> str:
+    """Side by side when it fits ``cols`` (default: `width()`), else vertical. ``total``: the
+    rows the whole result has when ``table`` holds only its first rows (the footer says it)."""
     cols = cols or width()
     names = table.column_names
     rows = [[_cut(cell(r[c]), MAX_CELL) for c in names] for r in rows_of(table)]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
     if sum(widths) + 3 * max(len(names) - 1, 0) > cols:
-        return vertical_text(table, cols, note)
+        return vertical_text(table, cols, note, total)
     right = [_numeric(table, n) for n in names]
 
     def line(vals: list[str]) -> str:
@@ -81,11 +83,12 @@ def table_text(table: Any, cols: int | None = None, note: str = "") -> str:
                           for v, w, r in zip(vals, widths, right)).rstrip()
     out = [line(names), "-+-".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
-    out.append(_footer(table.num_rows, note))
+    out.append(_footer(table.num_rows if total is None else total, note))
     return "\n".join(out) + "\n"
 
 
-def vertical_text(table: Any, cols: int | None = None, note: str = "") -> str:
+def vertical_text(table: Any, cols: int | None = None, note: str = "",
+                  total: int | None = None) -> str:
     """One `name | value` line per field, a ruler per row; long values wrap under the value."""
     import textwrap
     cols = cols or width()
@@ -101,12 +104,13 @@ def vertical_text(table: Any, cols: int | None = None, note: str = "") -> str:
                                   break_on_hyphens=False) or [""]
             out.append(f"{n.ljust(key_w)} | {parts[0]}")
             out += [f"{' ' * key_w} | {p}" for p in parts[1:]]
-    out.append(_footer(table.num_rows, note))
+    out.append(_footer(table.num_rows if total is None else total, note))
     return "\n".join(out) + "\n"
 
 
 def _footer(n: int, note: str) -> str:
-    return f"({n} row{'' if n == 1 else 's'}{'; ' + note if note else ''})"
+    """`(N rows; note)`: N is the whole result's row count, however many are shown."""
+    return f"({n:,} row{'' if n == 1 else 's'}{'; ' + note if note else ''})"
 
 
 def csv_text(table: Any) -> str:
@@ -132,15 +136,15 @@ def _json_value(v: Any) -> Any:
     return str(v)
 
 
-def render(table: Any, fmt: str, note: str = "") -> str:
-    """``table`` in one of the text formats."""
+def render(table: Any, fmt: str, note: str = "", total: int | None = None) -> str:
+    """``table`` in one of the text formats (``total``: see `table_text`)."""
     if fmt == "csv":
         return csv_text(table)
     if fmt == "json":
         return json_text(table)
     if fmt == "vertical":
-        return vertical_text(table, note=note)
-    return table_text(table, note=note)
+        return vertical_text(table, note=note, total=total)
+    return table_text(table, note=note, total=total)
 
 
 def write_file(table: Any, fmt: str, path: str) -> None:

@@ -11,25 +11,47 @@ from pipeline.analysis import statements
 DEFAULT_MAX_ROWS = 40
 
 
-def fetch(con: Any, text: str, limit: int | None, kind: str = "SELECT") -> tuple[Any, bool] | None:
-    """The statement's rows (at most ``limit``; None = all) and whether more exist, or None for a
-    statement without rows (SET VARIABLE)."""
+def fetch(con: Any, text: str, limit: int | None, kind: str = "SELECT") -> tuple[Any, int] | None:
+    """The statement's rows (at most ``limit``; None = all) and how many rows the whole result
+    has, or None for a statement without rows (SET VARIABLE)."""
     if kind == "SET":
         con.execute(text)
         return None
     rel = con.sql(text)
-    if rel is None:
-        return None
+    return None if rel is None else first_rows(rel, limit)
+
+
+def first_rows(rel: Any, limit: int | None) -> tuple[Any, int]:
+    """A DuckDB relation's first ``limit`` rows (None = all) and how many rows it has.
+
+    Past the limit the total is counted by DuckDB as an aggregate over the same relation, not
+    by fetching the rest: the count needs none of the result's columns nor its order, so a
+    `select *` over the trajectories never reads their tokens, and nothing is held twice. (A
+    query that draws at random, `using sample`, may count a different draw than the one shown.)"""
     if limit is None:
-        return rel.to_arrow_table(), False
+        t = rel.to_arrow_table()
+        return t, t.num_rows
     t = rel.limit(limit + 1).to_arrow_table()
-    return (t.slice(0, limit), True) if t.num_rows > limit else (t, False)
+    if t.num_rows <= limit:
+        return t, t.num_rows
+    return t.slice(0, limit), int(rel.aggregate("count(*)").fetchall()[0][0])
+
+
+# how to see every row, as the command line says it and as the shell does
+SHOW_ALL, SHOW_ALL_SHELL = "--max-rows 0 or --format csv for all", ".maxrows 0 or .mode csv for all"
+
+
+def truncated_note(shown: int, total: int, show_all: str = SHOW_ALL) -> str:
+    """The footer's note when a table shows only the first ``shown`` of ``total`` rows (short:
+    with the count it fits an 80-column line)."""
+    return f"showing the first {shown}; {show_all}" if total > shown else ""
 
 
 def run_text(con: Any, sql: str, *, fmt: str, max_rows: int, write: Callable[[str], None],
-             output: str | None = None) -> int:
+             output: str | None = None, show_all: str = SHOW_ALL) -> int:
     """Run every statement of ``sql``; print (or write to ``output``) each result. Returns the
-    number of result sets. Guard errors and DuckDB errors propagate to the caller."""
+    number of result sets. Guard errors and DuckDB errors propagate to the caller. ``show_all``:
+    how a cut table's footer says to see every row."""
     todo = statements(sql)
     if output is not None and sum(s.kind != "SET" for s in todo) != 1:
         from pipeline.errors import ReplayLakeError
@@ -42,15 +64,14 @@ def run_text(con: Any, sql: str, *, fmt: str, max_rows: int, write: Callable[[st
         if got is None:
             write("ok\n")
             continue
-        table, more = got
+        table, total = got
         if output is not None:
             sql_render.write_file(table, fmt, output)
             write(f"wrote {table.num_rows} row(s) to {output}\n")
         else:
-            note = (f"showing the first {max_rows}; --max-rows 0 shows all, --format csv "
-                    "or --output FILE exports them") if more else ""
             if shown and terminal:
                 write("\n")
-            write(sql_render.render(table, fmt, note))
+            write(sql_render.render(table, fmt, truncated_note(table.num_rows, total, show_all),
+                                    total))
         shown += 1
     return shown

@@ -5,23 +5,34 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from jobs.sql import render as sql_render
-from jobs.sql.run import run_text
+from jobs.sql.run import SHOW_ALL_SHELL, run_text
 
 PROMPT, MORE = "replaylake> ", "       ...> "
 HELP = """\
-Statements end with ';' and may span several lines. Read-only: only SELECT (and WITH,
-DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a query) and SET VARIABLE run.
-  .tables              tables, views and named queries (table macros: select * from lineage('g1'))
-  .schema NAME         columns of a table or view, or a named query's signature
-  .queries             every named query with its parameters
-  .mode table|vertical|csv|json   output layout
-  .maxrows N           rows shown per result (0: all)
-  .help                this text
-  .quit / .exit        leave (Ctrl-D too)"""
+Statements end with ';' and may span several lines. Read-only: only SELECT
+(and WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a query) and SET VARIABLE run.
+  .tables           tables, views and named queries; a named query is a table
+                    macro: select * from lineage('g1')
+  .schema NAME      columns of a table or view, or a named query's signature
+  .queries          every named query with its parameters
+  .mode MODE        output layout: table, vertical, csv or json
+  .maxrows N        rows shown per result (0: all)
+  .help             this text
+  .quit / .exit     leave (Ctrl-D too)
+A line that starts with '.' is a command only between statements, not inside
+an unfinished one."""
+UNFINISHED = "{cmd} not run: end the unfinished statement with ';' (Ctrl-C drops it)"
+
+
+def is_command(line: str) -> bool:
+    """Whether a line is a `.`-command: a dot then a letter (`.5` is a number, not one)."""
+    s = line.lstrip()
+    return len(s) > 1 and s[0] == "." and s[1].isalpha()
 
 
 def history_path() -> Path:
@@ -85,8 +96,13 @@ class Shell:
         elif cmd == ".schema" and arg:
             self.write(sql_render.render(describe(self.con, arg), "table"))
         elif cmd == ".queries":
+            cols = sql_render.width()
             for _, q in sorted(loader.catalog().items()):
-                self.write(f"{q.signature}  [{q.path.parent.name}]\n    {q.description}\n")
+                head = textwrap.fill(f"{q.signature}  [{q.path.parent.name}]", cols,
+                                     subsequent_indent="  ")
+                body = textwrap.fill(q.description, cols, initial_indent="    ",
+                                     subsequent_indent="    ")
+                self.write(f"{head}\n{body}\n")
         elif cmd == ".mode" and arg in ("table", "vertical", "csv", "json"):
             self.fmt = arg
         elif cmd == ".maxrows" and arg.isdigit():
@@ -99,7 +115,8 @@ class Shell:
 
         from pipeline.errors import ReplayLakeError
         try:
-            run_text(self.con, sql, fmt=self.fmt, max_rows=self.max_rows, write=self.write)
+            run_text(self.con, sql, fmt=self.fmt, max_rows=self.max_rows, write=self.write,
+                     show_all=SHOW_ALL_SHELL)
         except (ReplayLakeError, duckdb.Error) as exc:
             self.write(f"error: {exc}\n")
 
@@ -118,8 +135,20 @@ class Shell:
                 buffer = ""
                 self.write("\n")
                 continue
-            if not buffer and line.strip().startswith("."):
-                self.dot(line)
+            if is_command(line):
+                if not buffer.strip():
+                    buffer = ""
+                    self.dot(line)
+                    continue
+                cmd = line.split()[0]
+                if cmd in (".quit", ".exit"):
+                    self.write("the unfinished statement was not run\n")
+                    buffer = ""
+                    self.done = True
+                    continue
+                # a command typed mid-statement is neither run nor made part of the SQL: either
+                # would surprise (a dot inside SQL only fails later, with DuckDB's message)
+                self.write(UNFINISHED.format(cmd=cmd) + "\n")
                 continue
             buffer += line + "\n"
             if complete(buffer):

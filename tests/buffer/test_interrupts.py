@@ -202,9 +202,9 @@ def test_a_refill_fn_that_raises_is_logged_as_failed_and_its_evictions_reach_the
     dec = read_table(lake, "decisions").to_pylist()
     refills = [(r["kind"], r["count"], r["replaces"], r["reason"]) for r in dec
                if r["kind"].startswith("refill")]
-    assert refills == [("refill", 1, ["flat"], "ReplaceEvicted"),
+    assert refills == [("refill", 1, ["flat"], "replace_evicted"),
                        ("refill_failed", 1, ["flat"], "ConnectionError"),
-                       ("refill", 1, ["flat"], "ReplaceEvicted")]
+                       ("refill", 1, ["flat"], "replace_evicted")]
     con = connect(lake)
     polls = run(con, "decision_log").to_pylist()
     assert sum(r["refilled"] for r in polls) == 1 and sum(r["refill_failed"] for r in polls) == 1

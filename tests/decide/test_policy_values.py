@@ -11,11 +11,13 @@ from pipeline import ReplayBuffer
 from pipeline.config import async_config, sync_config
 from pipeline.decide import poll, selection
 from pipeline.decide.policies import (
+    POLICIES,
     DapoCredit,
     NoRefill,
     RefillFailedWhileShort,
     ReplaceEvicted,
     WaitGate,
+    policy_name,
 )
 from pipeline.lake import config as lake_config
 from pipeline.lake import read_table
@@ -48,10 +50,22 @@ def test_the_strategy_is_read_once_into_a_gate_or_none() -> None:
     assert sync_config(max_off_policy_strategy="wait").gate is None
 
 
-def test_each_refill_policy_declares_the_name_old_lakes_hold() -> None:
+def test_each_refill_policy_declares_a_snake_case_name_like_the_eviction_reasons() -> None:
     assert [p.name for p in (NoRefill(), ReplaceEvicted(), RefillFailedWhileShort(),
                              DapoCredit(1, 1))] == \
-        ["NoRefill", "ReplaceEvicted", "RefillFailedWhileShort", "DapoCredit"]
+        ["no_refill", "replace_evicted", "refill_failed_while_short", "dapo_credit"]
+    assert all(p.about for p in POLICIES.values())      # a line the report shows
+    assert sorted(POLICIES) == sorted(["no_refill", "replace_evicted",
+                                       "refill_failed_while_short", "dapo_credit"])
+
+
+def test_an_old_lakes_camel_case_refill_name_reads_as_todays_name() -> None:
+    assert [policy_name(n) for n in ("ReplaceEvicted", "DapoCredit", "NoRefill",
+                                     "RefillFailedWhileShort")] == \
+        ["replace_evicted", "dapo_credit", "no_refill", "refill_failed_while_short"]
+    assert policy_name("replace_evicted") == "replace_evicted"     # today's names stay
+    assert policy_name("my_refill") == "my_refill"                 # a user's own policy too
+    assert policy_name(None) is None
 
 
 def test_a_renamed_policy_class_writes_the_declared_name_into_the_lake(tmp_path) -> None:
@@ -65,8 +79,8 @@ def test_a_renamed_policy_class_writes_the_declared_name_into_the_lake(tmp_path)
     buf.sample(1, "train", 1, timeout=5)
     buf.close()
     dec = read_table(tmp_path, "decisions").to_pylist()
-    assert [r["reason"] for r in dec if r["kind"] == "refill"] == ["ReplaceEvicted"]
-    assert lake_config.describe(cfg)["refill"]["policy"] == "ReplaceEvicted"
+    assert [r["reason"] for r in dec if r["kind"] == "refill"] == ["replace_evicted"]
+    assert lake_config.describe(cfg)["refill"]["policy"] == "replace_evicted"
 
 
 def _string_tests(fn) -> list[str]:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.analysis.report.data import HEATMAP_COLUMNS, SMOOTH_FROM, ReportData
+from pipeline.analysis.report.settings import settings
 
 # headline rows: (column of report_headline, label, how to read it)
 HEADLINE = (
@@ -46,6 +47,8 @@ th { background: #f4f4f4; } .note { color: #666; font-size: 12px; }
 figure { margin: 0 0 8px; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 13px; color: #444; max-width: 1100px; margin-top: 4px; }
 .columns { display: flex; gap: 40px; flex-wrap: wrap; }
+table.config { max-width: 860px; } table.config td { white-space: nowrap; }
+table.config td.meaning { color: #555; white-space: normal; }
 """
 
 
@@ -61,25 +64,18 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
-    for k in sorted(d):
-        v = d[k]
-        if isinstance(v, dict) and v:
-            yield from _flatten(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", "{}" if isinstance(v, dict) else v
-
-
 def _config(data: ReportData) -> str:
     if data.config is None:
         return "<p class='note'>This lake recorded no configuration (written before replaylake " \
                "kept one).</p>"
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(v))}</td></tr>"
-                   for k, v in _flatten(data.config))
+    rows = "".join(f"<tr><th>{html.escape(s.name)}</th><td>{html.escape(s.value)}</td>"
+                   f"<td class='meaning'>{html.escape(s.meaning)}</td></tr>"
+                   for s in settings(data.config))
     more = "" if data.config_versions <= 1 else (
         f"<p class='note'>The lake recorded {data.config_versions} configurations; this is the "
         "newest (an earlier part of the run was decided under another).</p>")
-    return f"<table>{rows}</table>{more}"
+    return (f"<table class='config'><tr><th>setting</th><th>value</th><th>what it does</th></tr>"
+            f"{rows}</table>{more}")
 
 
 def _headline(data: ReportData) -> str:

@@ -9,9 +9,12 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'PollOutcome': 'context',
     'DapoCredit': 'refill',
     'NoRefill': 'refill',
+    'OLD_NAMES': 'refill',
+    'POLICIES': 'refill',
     'RefillFailedWhileShort': 'refill',
     'RefillPolicy': 'refill',
     'ReplaceEvicted': 'refill',
+    'policy_name': 'refill',
     'StalePolicy': 'stale',
     'WaitGate': 'stale',
 })

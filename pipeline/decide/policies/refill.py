@@ -36,11 +36,15 @@ class RefillPolicy(Protocol):
     """What the poll loop asks a refill policy; the loop never asks which policy it holds.
 
     ``name`` is what the lake records for the policy (a `refill` row's reason, the recorded
-    configuration): declared, so renaming a class never changes what lands in the lake. The
-    names are the ones lakes already hold. ``drains`` says whether the policy ends a call by
-    draining (told to the user's configuration, not read by the loop)."""
+    configuration): declared, so renaming a class never changes what lands in the lake, and
+    snake_case like the eviction reasons beside it. Lakes written before held the class names
+    (`ReplaceEvicted`); `policy_name` reads those as today's names. ``about`` says in one line
+    what the policy does, for a reader of the recorded configuration (the report). ``drains``
+    says whether the policy ends a call by draining (told to the user's configuration, not read
+    by the loop)."""
 
     name: ClassVar[str]
+    about: ClassVar[str] = ""
     drains: bool
 
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
@@ -78,7 +82,8 @@ def _check_limit(max_num_gen_batches: int, train_batch_size: int, st: CallState,
 class NoRefill(RefillPolicy):
     """Evicted groups are not replaced."""
 
-    name: ClassVar[str] = "NoRefill"
+    name: ClassVar[str] = "no_refill"
+    about: ClassVar[str] = "evicted groups are not replaced"
     drains: bool = False
 
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
@@ -91,7 +96,8 @@ class ReplaceEvicted(RefillPolicy):
 
     ``train_batch_size`` None: the call's batch size scales the `max_num_gen_batches` cap."""
 
-    name: ClassVar[str] = "ReplaceEvicted"
+    name: ClassVar[str] = "replace_evicted"
+    about: ClassVar[str] = "every poll that evicts k groups asks refill_fn for k new prompts at once"
     max_num_gen_batches: int = 0
     train_batch_size: int | None = None
     drains: bool = False
@@ -111,7 +117,8 @@ class RefillFailedWhileShort(RefillPolicy):
     """Sync with sync_refill_failed_groups and no filter: replace evicted empty failures while
     fewer than batch_size groups are sampleable; surplus stays buffered, in-flight is not awaited."""
 
-    name: ClassVar[str] = "RefillFailedWhileShort"
+    name: ClassVar[str] = "refill_failed_while_short"
+    about: ClassVar[str] = "evicted failures are replaced while the batch is short"
     drains: bool = False
 
     def after_poll(self, o: PollOutcome, st: CallState, ctx: PollContext) -> int:
@@ -129,7 +136,11 @@ class DapoCredit(RefillPolicy):
     remaining credit is discarded, in-flight groups are awaited (and still filtered), then the
     oldest batch_size groups are taken and every other sampleable group is discarded."""
 
-    name: ClassVar[str] = "DapoCredit"
+    name: ClassVar[str] = "dapo_credit"
+    about: ClassVar[str] = (
+        "DAPO: each eviction earns credit (2 for a filtered group, 1 for an empty failure), "
+        "dispatched into free in-flight slots; once the batch is full, in-flight groups are "
+        "awaited and the surplus is discarded")
     train_batch_size: int
     gen_batch_size: int
     max_inflight_gen_batches: int = 1
@@ -182,3 +193,17 @@ class DapoCredit(RefillPolicy):
                 "never fill (verl would sleep forever here). Use a gen_batch_size that divides the "
                 "credit (e.g. 1), or a larger buffer of prompts per dispatch.")
         return 0
+
+
+POLICIES: dict[str, type[RefillPolicy]] = {
+    p.name: p for p in (NoRefill, ReplaceEvicted, RefillFailedWhileShort, DapoCredit)}
+# the names lakes recorded before the declared names were snake_case
+OLD_NAMES = {"NoRefill": NoRefill.name, "ReplaceEvicted": ReplaceEvicted.name,
+             "RefillFailedWhileShort": RefillFailedWhileShort.name, "DapoCredit": DapoCredit.name}
+
+
+def policy_name(recorded: str | None) -> str | None:
+    """A refill name as a lake recorded it (a `refill` row's reason, the recorded configuration's
+    policy), as the policy is named now: an older lake's `ReplaceEvicted` is `replace_evicted`.
+    Any other name (a user's own policy) is returned as it is."""
+    return None if recorded is None else OLD_NAMES.get(recorded, recorded)
