@@ -146,3 +146,38 @@ def test_a_directory_this_user_may_not_list_is_an_error_not_an_empty_one(lake, w
                  ["lake", "check", "--lake", str(lake)]):
         proc = replaylake(*args, preexec=bound_by_permissions())
         assert one_error_line(proc).startswith(f"error: permission denied: {d}"), proc.stderr
+
+
+# Every command over a read-only lake: a reader answers, a writer refuses in one line and changes
+# nothing (a lake on a read-only mount, or one owned by another user).
+READ_ONLY_LAKE = {
+    "audit": (0, ["audit", "--lake", "{lake}"]),
+    "lake check": (0, ["lake", "check", "--lake", "{lake}"]),
+    "sql": (0, ["sql", "--lake", "{lake}", "select count(*) from trajectories"]),
+    "report": (0, ["report", "{lake}", "-o", "{tmp}/report.html", "--no-progress"]),
+    "export": (0, ["export", "--lake", "{lake}", "--out", "{tmp}/export", "--no-progress"]),
+    "whatif": (0, ["whatif", "--lake", "{lake}"]),
+    "compact": (2, ["compact", "--lake", "{lake}", "--no-progress"]),
+    "retain": (2, ["retain", "--lake", "{lake}", "--older-than", "0", "--no-progress"]),
+    "lake salvage": (2, ["lake", "salvage", "--lake", "{lake}"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READ_ONLY_LAKE))
+def test_every_command_over_a_read_only_lake_answers_or_refuses_in_one_line(name, lake,
+                                                                            tmp_path) -> None:
+    code, args = READ_ONLY_LAKE[name]
+    files = {p: p.stat().st_mtime_ns for p in lake.rglob("*")}
+    for p in [lake, *files]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = replaylake(*(a.format(lake=lake, tmp=out) for a in args),
+                      preexec=bound_by_permissions())
+    if code == 0:
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout.strip()
+    else:
+        line = one_error_line(proc)
+        assert line.startswith("error: "), line
+    assert {p: p.stat().st_mtime_ns for p in lake.rglob("*")} == files
