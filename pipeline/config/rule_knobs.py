@@ -15,11 +15,11 @@ rather than a silent pick.
 """
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pipeline.config.keywords import did_you_mean
 from pipeline.decide import rules as registry
 from pipeline.decide.rules import RuleUse
 from pipeline.errors import ConfigError
@@ -124,7 +124,7 @@ def _switchable_rule(name: Any) -> registry.Rule:
         if isinstance(name, str) and name in registry.registry():   # a check runs by itself
             raise ConfigError(f"rules={{{name!r}: ...}}: {name} is a check, not an eviction "
                               f"rule; rules you can switch on: {', '.join(known)}")
-        raise ConfigError(f"rules={{{name!r}: ...}}: unknown rule {name!r}{_closest(name, known)} "
+        raise ConfigError(f"rules={{{name!r}: ...}}: unknown rule {name!r}{did_you_mean(name, known)} "
                           f"(rules you can switch on: {', '.join(known)})")
     return registry.get(name)
 
@@ -138,7 +138,7 @@ def _params(rule: registry.Rule, given: Mapping[str, Any]) -> tuple[tuple[str, A
                               f"setting; the rule's parameters are: {signature}")
         if k not in declared:
             raise ConfigError(f"rules[{rule.name!r}]: unknown parameter {k!r}"
-                              f"{_closest(k, list(declared))} (the rule declares {signature})")
+                              f"{did_you_mean(k, list(declared))} (the rule declares {signature})")
     missing = [p for p in rule.knobs if p.name not in given]
     if missing:
         raise ConfigError(f"rules[{rule.name!r}] lacks {', '.join(str(p) for p in missing)}; "
@@ -155,8 +155,3 @@ def _value(rule: str, p: Param, v: Any) -> Any:
                           f"{p.name} {p.type}; pass {what}, e.g. "
                           f"rules={{{rule!r}: {{{p.name!r}: {example}}}}}")
     return float(v) if p.type == "DOUBLE" else v
-
-
-def _closest(name: Any, known: list[str]) -> str:
-    close = difflib.get_close_matches(str(name), known, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""

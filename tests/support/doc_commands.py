@@ -97,6 +97,11 @@ def blocks(doc: Path) -> list[Block]:
     return out
 
 
+def python_blocks(doc: Path) -> list[str]:
+    """The ```python blocks of ``doc``, in order, as source text (```py blocks are illustrations)."""
+    return ["\n".join(b.lines) + "\n" for b in blocks(doc) if b.lang == "python"]
+
+
 def needs_of(text: str) -> tuple[str, ...]:
     """The words of a `# needs:` comment in ``text`` (empty without one)."""
     m = _MARKER.search(text)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.adapters.vllm.test_vllm_docs import python_blocks
+from tests.support.doc_commands import python_blocks
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "ray.md"
 
