@@ -68,6 +68,7 @@ COMMANDS: dict[str, Job] = {
     "dev bench load": Job("jobs.bench.load"),
     "dev bench all": Job("jobs.bench.all"),
     "dev bench table": Job("jobs.bench.table"),
+    "dev bench check": Job("jobs.bench.check"),
 }
 
 GROUPS: dict[str, str] = {

@@ -28,12 +28,15 @@ def result_path(out: Path, name: str) -> Path:
 
 
 def figure(path: str, value: float, unit: str, reference: str, ref_value: float,
-           ratio: float, ratio_label: str, goal: str, meets: bool | None) -> dict[str, Any]:
+           ratio: float, ratio_label: str, goal: str, meets: bool | None,
+           in_summary: bool = False) -> dict[str, Any]:
     """One row of the results: our figure beside the reference measured in the same run, their
-    ratio, and the goal it is held to (``meets`` None where there is none)."""
+    ratio, and the goal it is held to (``meets`` None where there is none). ``in_summary``: a
+    figure without a goal that the README's summary still shows, because a figure with a goal
+    is only the whole story beside it (what the background mirror costs per step)."""
     return {"path": path, "value": value, "unit": unit, "reference": reference,
             "reference_value": ref_value, "ratio": ratio, "ratio_label": ratio_label,
-            "goal": goal, "meets_goal": meets}
+            "goal": goal, "meets_goal": meets, "in_summary": in_summary}
 
 
 __all__ = ["figure", "result_path"]

@@ -29,8 +29,15 @@ def _num(x: Any) -> str:
     return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
 
 
+def figure_line(f: dict[str, Any]) -> str:
+    """One figure on one line: path, value, the reference from the same run, ratio and goal."""
+    return (f"{f['path']}: {_num(f['value'])} {f['unit']} against {_num(f['reference_value'])} "
+            f"({f['reference']}), {_num(f['ratio'])} {f['ratio_label']}; goal {f['goal']}")
+
+
 def render(report: dict[str, Any], goals_only: bool = False) -> str:
-    """One markdown table: every figure (``goals_only``: every figure that has a goal), its
+    """One markdown table: every figure (``goals_only``: every figure that has a goal, and the
+    figures that belong beside them, such as a background mirror's CPU cost per step), its
     reference from the same run, the ratio, the goal."""
     head = (f"Measured by `replaylake dev bench all{' --quick' if report.get('quick') else ''}` on "
             f"{report.get('cpus', '?')} CPUs ({report.get('machine', '?')}).\n\n")
@@ -41,7 +48,7 @@ def render(report: dict[str, Any], goals_only: bool = False) -> str:
             lines.append(f"| {section} | failed: {body['error']} | | | | | |")
             continue
         for f in body["figures"]:
-            if goals_only and f["meets_goal"] is None:
+            if goals_only and f["meets_goal"] is None and not f.get("in_summary"):
                 continue
             met = {True: "yes", False: "no", None: ""}[f["meets_goal"]]
             lines.append(

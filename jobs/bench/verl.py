@@ -1,18 +1,24 @@
 """Benchmark: time per `sample` of verl 0.9.1's ReplayBufferAsync vs replaylake's verl adapter, both
 reading one real TransferQueue, at several buffer sizes (4 trajectories per group), in one run.
 
-Each size is filled once (finished groups, fields and tags as verl's agent loop writes them).
-Then each implementation, as a fresh instance, makes one cold call and `repeats` timed calls; before
-every timed call (untimed) the trainer clears the previous batch and 64 new groups arrive, so the
-buffer size stays constant and every call has new data to take in, as in a run. Implementations:
-verl's buffer; ours reading only what decisions need (`mirror_fields=decisions`, the default
-without a lake); ours also mirroring every reward for the lake (`rewards`); and both with DAPO
-(`filter_groups_metric="reward"`, which makes each read `rm_scores` of new groups).
+Each implementation gets its own TransferQueue partition, filled once with the same finished
+groups (fields and tags as verl's agent loop writes them). Each implementation, as a fresh
+instance, makes one cold call; then `repeats` rounds follow, and in every round each
+implementation makes one timed call in turn (interleaved call by call, so a slow moment of a
+shared machine falls on every side alike). Before each timed call (untimed) the trainer clears
+that implementation's previous batch and 64 new groups arrive, so every partition keeps its size
+and every call has new data to take in, as in a run. Implementations: verl's buffer; ours reading
+only what decisions need (`mirror_fields=decisions`, the default without a lake); ours also
+mirroring every reward for the lake (`rewards`); and both with DAPO (`filter_groups_metric=
+"reward"`, which makes each read `rm_scores` of new groups). Each series reports its median, its
+quartiles and its extremes.
 
 A second phase plays a trainer step between calls: after the untimed clear and writes, the
 benchmark sleeps `step_s` seconds (the trainer training) before the timed call. It times verl
 again under those conditions, and ours with the background mirror (`mirror_max_lag=lag_s`), in
-both mirror modes. For each it also reports the process's CPU time during the step (the
+both mirror modes. This phase runs each implementation's calls alone, one implementation after
+the other: a background thread kept alive during another implementation's timed call would take
+CPU from that call. For each it also reports the process's CPU time during the step (the
 background thread's listings and reads, and TransferQueue's client thread serving them; the
 controller's own process is not counted, for either side) and how many timed calls found the
 background view fresh enough to skip their listing.
@@ -40,13 +46,20 @@ STEP_IMPLS = ("verl", "ours_bg", "ours_rewards_bg")   # with a trainer step betw
 
 def _stop(tq: Any, started: bool) -> None:
     """Clear what the benchmark left in TransferQueue; stop TQ and Ray if this run started them."""
-    keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
-    if keys:
-        tq.kv_clear(keys=keys, partition_id=PART)
+    for part in _partitions(tq):
+        keys = list(tq.kv_list(partition_id=part).get(part, {}))
+        if keys:
+            tq.kv_clear(keys=keys, partition_id=part)
     if started:
         import ray
         tq.close()
         ray.shutdown()
+
+
+def _partitions(tq: Any) -> list[str]:
+    """The partitions this benchmark writes to (one per implementation) that hold keys."""
+    listing = tq.kv_list()
+    return [p for p in listing if p == PART or p.startswith(f"{PART}-")]
 
 
 def _start() -> tuple[Any, bool]:
@@ -64,16 +77,16 @@ def _start() -> tuple[Any, bool]:
     return tq, started
 
 
-def _write_groups(tq: Any, uids: list[str]) -> None:
+def _write_groups(tq: Any, uids: list[str], part: str = PART) -> None:
     """Finished groups as verl writes them: prompt tags, then 4 trajectories each, then status."""
     import torch
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
     for c in range(0, len(uids), CHUNK):
-        part = uids[c:c + CHUNK]
-        tq.kv_batch_put(keys=part, partition_id=PART, tags=[
-            {"is_prompt": True, "status": "running", "global_steps": STEP} for _ in part])
+        chunk = uids[c:c + CHUNK]
+        tq.kv_batch_put(keys=chunk, partition_id=part, tags=[
+            {"is_prompt": True, "status": "running", "global_steps": STEP} for _ in chunk])
         keys, fields, tags = [], [], []
-        for u in part:
+        for u in chunk:
             for s in range(PER_GROUP):
                 rm = torch.zeros(8, dtype=torch.float32)
                 rm[-1] = float(s % 2)
@@ -88,9 +101,9 @@ def _write_groups(tq: Any, uids: list[str]) -> None:
                              "seq_len": 14, "global_steps": STEP, "min_global_steps": STEP - 1,
                              "max_global_steps": STEP - 1})
                 keys.append(f"{u}_{s}_0")
-        tq.kv_batch_put(keys=keys, partition_id=PART, fields=list_of_dict_to_tensordict(fields),
+        tq.kv_batch_put(keys=keys, partition_id=part, fields=list_of_dict_to_tensordict(fields),
                         tags=tags)
-        tq.kv_batch_put(keys=part, partition_id=PART, tags=[{"status": "finished"} for _ in part])
+        tq.kv_batch_put(keys=chunk, partition_id=part, tags=[{"status": "finished"} for _ in chunk])
 
 
 def _make(impl: str, lag_s: float | None = None) -> Any:
@@ -107,72 +120,128 @@ def _make(impl: str, lag_s: float | None = None) -> Any:
                 mirror_max_lag=lag_s if impl.endswith("_bg") else None)
 
 
-def _run_impl(tq: Any, impl: str, batch: int, repeats: int, fresh: list[int],
-              step_s: float = 0.0, lag_s: float | None = None) -> dict:
-    buf = _make(impl, lag_s)
-    times, cpu, last = [], [], None
-    for call in range(repeats + 1):
-        if last is not None:                       # untimed: the trainer's end of step + new data
-            tq.kv_clear(keys=last, partition_id=PART)
-            _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])
-            fresh[0] += batch
-        if step_s:                                 # the trainer trains; our thread may mirror
+def _spread(times: list[float], first: float) -> dict[str, float]:
+    """A timed series in ms: the cold call, median, quartiles and extremes of the steady calls."""
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (times[0],) * 3
+    return {"first_ms": first * 1e3, "median_ms": statistics.median(times) * 1e3,
+            "p25_ms": q1 * 1e3, "p75_ms": q3 * 1e3, "min_ms": min(times) * 1e3,
+            "max_ms": max(times) * 1e3, "timed_calls": len(times)}
+
+
+class _Runner:
+    """One implementation over its own TransferQueue partition, the same size as every other's.
+
+    `call` is one round's turn: (untimed) the trainer clears the previous batch and ``batch`` new
+    groups arrive, then (``step_s``) the trainer trains, then the timed `sample`. So the buffer
+    size stays constant and every call has new data to take in, as in a run."""
+
+    def __init__(self, tq: Any, impl: str, part: str, batch: int, fresh: list[int],
+                 step_s: float = 0.0, lag_s: float | None = None):
+        self.tq, self.impl, self.part, self.batch, self.fresh = tq, impl, part, batch, fresh
+        self.step_s, self.buf = step_s, _make(impl, lag_s)
+        self.times: list[float] = []
+        self.cpu: list[float] = []
+        self.last: list[str] | None = None
+        self.served = 0
+
+    def _refill(self) -> None:
+        self.tq.kv_clear(keys=self.last, partition_id=self.part)
+        _write_groups(self.tq, [f"n{self.fresh[0] + i}" for i in range(self.batch)], self.part)
+        self.fresh[0] += self.batch
+
+    def call(self) -> None:
+        if self.last is not None:
+            self._refill()
+        if self.step_s:                        # the trainer trains; our thread may mirror
             c = time.process_time()
-            time.sleep(step_s)
-            cpu.append(time.process_time() - c)
-        if call == 1:
-            served = getattr(buf, "background_polls", 0)     # the cold call's not counted
+            time.sleep(self.step_s)
+            self.cpu.append(time.process_time() - c)
+        if len(self.times) == 1:
+            self.served = getattr(self.buf, "background_polls", 0)   # the cold call's not counted
         t = time.perf_counter()
-        meta, _ = buf.sample(global_steps=STEP, partition_id=PART, batch_size=batch)
-        times.append(time.perf_counter() - t)
-        if len(meta.keys) != batch * PER_GROUP:
-            raise RuntimeError(f"{impl}: {len(meta.keys)} keys for a batch of {batch} groups")
-        last = list(meta.keys)
-    tq.kv_clear(keys=last, partition_id=PART)
-    _write_groups(tq, [f"n{fresh[0] + i}" for i in range(batch)])   # keep the size constant
-    fresh[0] += batch
-    steady = times[1:]
-    out = {"first_ms": times[0] * 1e3, "median_ms": statistics.median(steady) * 1e3,
-           "min_ms": min(steady) * 1e3}
-    if step_s:
-        out["step_s"] = step_s
-        out["step_cpu_ms"] = statistics.median(cpu[1:]) * 1e3
-        out["calls_on_background_view"] = getattr(buf, "background_polls", 0) - served
-        out["timed_calls"] = repeats
-    if hasattr(buf, "close"):
-        buf.close()
+        meta, _ = self.buf.sample(global_steps=STEP, partition_id=self.part,
+                                  batch_size=self.batch)
+        self.times.append(time.perf_counter() - t)
+        if len(meta.keys) != self.batch * PER_GROUP:
+            raise RuntimeError(f"{self.impl}: {len(meta.keys)} keys for a batch of "
+                               f"{self.batch} groups")
+        self.last = list(meta.keys)
+
+    def finish(self) -> dict:
+        self._refill()                          # keep the size constant for the next phase
+        out = _spread(self.times[1:], self.times[0])
+        if self.step_s:
+            out["step_s"] = self.step_s
+            out["step_cpu_ms"] = statistics.median(self.cpu[1:] or self.cpu) * 1e3
+            out["calls_on_background_view"] = getattr(self.buf, "background_polls", 0) - self.served
+        if hasattr(self.buf, "close"):
+            self.buf.close()
+        return out
+
+
+def interleaved(runners: list[_Runner], repeats: int) -> dict[str, dict]:
+    """Every implementation's cold call, then ``repeats`` rounds of one timed call each, in turn:
+    a slow moment of the machine falls on every side alike."""
+    for _ in range(repeats + 1):
+        for r in runners:
+            r.call()
+    return {r.impl: r.finish() for r in runners}
+
+
+def one_by_one(runners: list[_Runner], repeats: int) -> dict[str, dict]:
+    """Each implementation's calls alone, one implementation after the other: for the
+    background-mirror phase, whose thread, alive during another implementation's timed call,
+    would take CPU from it."""
+    out = {}
+    for r in runners:
+        for _ in range(repeats + 1):
+            r.call()
+        out[r.impl] = r.finish()
     return out
+
+
+def _fill(tq: Any, part: str, n: int) -> float:
+    keys = list(tq.kv_list(partition_id=part).get(part, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=part)
+    t = time.perf_counter()
+    _write_groups(tq, [f"b{i}" for i in range(n)], part)
+    return time.perf_counter() - t
 
 
 def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int],
              step_s: float = 1.0, lag_s: float = 1.0) -> dict:
-    """One buffer size: every implementation back to back, then (``step_s`` > 0) the phase with
-    a trainer step between calls."""
-    keys = list(tq.kv_list(partition_id=PART).get(PART, {}))
-    if keys:
-        tq.kv_clear(keys=keys, partition_id=PART)
+    """One buffer size: every implementation, each on its own partition of ``n`` groups, timed
+    call by call in turn; then (``step_s`` > 0) the phase with a trainer step between calls."""
+    parts = {impl: f"{PART}-{impl}" for impl in IMPLS}
+    fill_s = sum(_fill(tq, part, n) for part in parts.values()) / len(parts)
+    part = parts["verl"]
     t = time.perf_counter()
-    _write_groups(tq, [f"b{i}" for i in range(n)])
-    fill_s = time.perf_counter() - t
-    t = time.perf_counter()
-    tq.kv_list(partition_id=PART)
+    tq.kv_list(partition_id=part)
     list_ms = (time.perf_counter() - t) * 1e3
-    impls = {impl: _run_impl(tq, impl, batch, repeats, fresh) for impl in IMPLS}
+    impls = interleaved([_Runner(tq, impl, parts[impl], batch, fresh) for impl in IMPLS],
+                         repeats)
     med = {k: v["median_ms"] for k, v in impls.items()}
     out = {"groups": n, "trajectories": n * PER_GROUP, "fill_s": round(fill_s, 2),
-           "kv_list_ms": list_ms, "impls": impls,
+           "kv_list_ms": list_ms, "order": "interleaved", "impls": impls,
            "verl_over_ours": med["verl"] / med["ours"],
            "verl_over_ours_rewards": med["verl"] / med["ours_rewards"],
            "verl_dapo_over_ours_dapo": med["verl_dapo"] / med["ours_dapo"],
            "first_call_verl_dapo_over_ours_dapo":
                impls["verl_dapo"]["first_ms"] / impls["ours_dapo"]["first_ms"]}
     if step_s > 0:
-        stepped = {impl: _run_impl(tq, impl, batch, repeats, fresh, step_s, lag_s)
-                   for impl in STEP_IMPLS}
+        step_parts = {"verl": parts["verl"], "ours_bg": parts["ours"],
+                      "ours_rewards_bg": parts["ours_rewards"]}
+        stepped = one_by_one([_Runner(tq, impl, step_parts[impl], batch, fresh, step_s, lag_s)
+                               for impl in STEP_IMPLS], repeats)
         sm = {k: v["median_ms"] for k, v in stepped.items()}
         out.update(step_s=step_s, lag_s=lag_s, stepped=stepped,
                    stepped_verl_over_ours_bg=sm["verl"] / sm["ours_bg"],
                    stepped_verl_over_ours_rewards_bg=sm["verl"] / sm["ours_rewards_bg"])
+    for p in parts.values():                   # the next size starts from empty partitions
+        keys = list(tq.kv_list(partition_id=p).get(p, {}))
+        if keys:
+            tq.kv_clear(keys=keys, partition_id=p)
     return out
 
 
@@ -188,7 +257,9 @@ def figures(sizes: tuple[int, ...], batch: int, repeats: int, step_s: float,
             goal = 1.5 if n >= 10_000 else 1.0
             for mode, key, ratio in (("decisions", "ours", r["verl_over_ours"]),
                                      ("rewards", "ours_rewards", r["verl_over_ours_rewards"])):
-                out.append(figure(f"verl adapter sample, {n:,} groups, {mode} mirror",
+                calls = r["impls"][key]["timed_calls"]
+                out.append(figure(f"verl adapter sample, {n:,} groups, {mode} mirror "
+                                  f"(interleaved, {calls} calls each)",
                                   med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
                                   "x verl's speed", f">= {goal}x verl", ratio >= goal))
             out.extend(_stepped_figures(r, n, goal))
@@ -215,12 +286,13 @@ def _stepped_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, A
         out.append(figure(f"process CPU during each step, {n:,} groups, {mode} mirror, "
                           f"background (verl's: {verl['step_cpu_ms']:.0f} ms)",
                           ours["step_cpu_ms"], "ms", "step ms", step * 1e3,
-                          ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None))
+                          ours["step_cpu_ms"] / (step * 1e3), "of a core", "", None,
+                          in_summary=True))
     return out
 
 
 def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comma-separated"),
-         repeats: int = typer.Option(5, help="timed sample calls per size and implementation"),
+         repeats: int = typer.Option(15, help="timed sample calls per size and implementation"),
          batch: int = typer.Option(64, help="groups per sample"),
          step_s: float = typer.Option(1.0, help="seconds of 'training' between calls in the "
                                       "background-mirror phase; 0 skips that phase"),
@@ -262,19 +334,21 @@ def _rows_table(title: str, columns: tuple[str, ...]) -> Table:
 
 
 def _table(results: list[dict], batch: int) -> Table:
-    """Back to back: one row per size and implementation (fits an 80-column terminal); each of
+    """Interleaved: one row per size and implementation (fits an 80-column terminal); each of
     ours against the verl implementation with the same options."""
-    table = _rows_table(f"sample(batch {batch}) through TransferQueue, back to back: median "
-                        "and first-call ms; kv_list of the whole partition alone",
-                        ("groups", "impl", "median ms", "first ms", "verl/ours", "kv_list ms"))
+    kv = ", ".join(f"{r['groups']:,} groups {r['kv_list_ms']:.1f} ms" for r in results)
+    table = _rows_table(f"sample(batch {batch}) through TransferQueue, interleaved call by call: "
+                        f"median, quartiles and first-call ms (kv_list of one partition alone: "
+                        f"{kv})", ("groups", "impl", "median ms", "p25-p75 ms", "first ms",
+                                   "verl/ours"))
     for r in results:
         im = r["impls"]
         for i in IMPLS:
             ref = "verl_dapo" if i.endswith("dapo") else "verl"
             ratio = "" if i.startswith("verl") else f"{im[ref]['median_ms'] / im[i]['median_ms']:.2f}x"
-            table.add_row(f"{r['groups']:,}", i, f"{im[i]['median_ms']:.1f}",
-                          f"{im[i]['first_ms']:.0f}", ratio,
-                          f"{r['kv_list_ms']:.1f}" if i == IMPLS[0] else "")
+            f = im[i]
+            table.add_row(f"{r['groups']:,}", i, f"{f['median_ms']:.1f}",
+                          f"{f['p25_ms']:.1f}-{f['p75_ms']:.1f}", f"{f['first_ms']:.0f}", ratio)
     return table
 
 

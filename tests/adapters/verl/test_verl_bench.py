@@ -26,6 +26,10 @@ def test_bench_verl_writes_every_figure(tq, rollout, tmp_path: Path) -> None:
     for impl in IMPLS:
         figures = row["impls"][impl]
         assert figures["median_ms"] > 0 and figures["first_ms"] > 0
+        assert figures["timed_calls"] == 2
+        assert figures["min_ms"] <= figures["p25_ms"] <= figures["median_ms"] \
+            <= figures["p75_ms"] <= figures["max_ms"]
+    assert row["order"] == "interleaved"
     assert row["verl_over_ours"] == row["impls"]["verl"]["median_ms"] / row["impls"]["ours"]["median_ms"]
     assert (row["step_s"], row["lag_s"]) == (0.3, 0.4)
     for impl in STEP_IMPLS:                 # the phase with a trainer step between calls

@@ -10,7 +10,8 @@ from jobs.cli import app
 
 FIELDS = {"batch_size", "layout", "tokens", "shape", "output_bytes", "ours_ms", "memcpy_ms",
           "ours_over_memcpy", "meets_goal", "pooled_ms", "memcpy_warm_ms",
-          "pooled_over_memcpy_warm", "pooled_meets_goal"}
+          "pooled_over_memcpy_warm", "pooled_meets_goal", "padding_bytes", "memcpy_all_ms",
+          "ours_over_memcpy_all"}
 
 
 def test_bench_torch_writes_every_figure_for_each_size_and_layout(tmp_path: Path) -> None:
@@ -32,3 +33,25 @@ def test_bench_torch_writes_every_figure_for_each_size_and_layout(tmp_path: Path
     assert report["goals"] == {"padded": {"batch_size": 1024, "max_over_memcpy": 1.3},
                                "packed": {"max_over_memcpy": 1.5}}
     assert "Batch -> torch" in result.output
+
+
+def test_the_reference_copies_the_data_and_fills_only_the_padding() -> None:
+    """The memcpy reference writes each tensor's data bytes by copy and its padding by memset:
+    [B, L] tensors hold prompt + response tokens, the responses layout its response tokens,
+    per-row and packed tensors are all data."""
+    from jobs.bench.to_torch import real_bytes, synthetic_batch
+    from pipeline.to_torch import batch_to_torch
+
+    table = synthetic_batch(5, (2, 6), (3, 9), seed=3)
+    padded = batch_to_torch(table, layout="padded")
+    p = padded["prompt_lengths"].numpy()
+    r = padded["response_lengths"].numpy()
+    real = dict(zip(padded, real_bytes(padded)))
+    assert real["input_ids"] == int((p + r).sum()) * 8
+    assert real["rollout_log_probs"] == int((p + r).sum()) * 4
+    assert real["responses"] == int(r.sum()) * 8
+    assert real["responses_log_probs"] == int(r.sum()) * 4
+    assert real["rewards"] == 5 * 4
+    assert real["input_ids"] < padded["input_ids"].numel() * 8      # the batch has padding
+    packed = batch_to_torch(table, layout="packed")
+    assert real_bytes(packed) == [t.numel() * t.element_size() for t in packed.values()]
