@@ -13,6 +13,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pipeline import ReplayBuffer
+from tests.support.extras import need
+
+# in CI, a skip for anything but a GPU or a vLLM install fails the run (tests/support/ci_skips.py)
+pytest_plugins = ["tests.support.ci_skips"]
 
 settings.register_profile("ci", deadline=None, max_examples=25, stateful_step_count=30,
                           suppress_health_check=[HealthCheck.too_slow], print_blob=True)
@@ -40,7 +44,7 @@ def buf(lake: Path):
 def ray_cluster():
     """The one local Ray cluster of the test session (the verl tests' TransferQueue runs on it
     too). `num_cpus=4` on these 2-core machines: actors that each ask for a CPU otherwise hang."""
-    ray = pytest.importorskip("ray", reason="ray is in the ray/verl extras; `make test` has it")
+    ray = need("ray", "ray (or verl)")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     started = not ray.is_initialized()
     if started:

@@ -22,6 +22,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support.extras import missing
+
 ROOT = Path(__file__).resolve().parents[1]
 OURS = {"pipeline", "jobs", "schemas", "sql", "tests"}
 
@@ -119,7 +121,7 @@ def _probe(modules: tuple[str, ...], blocked: tuple[str, ...] = ()) -> dict[str,
     if res.returncode != 0 and blocked:
         return None
     if res.returncode != 0 and "ModuleNotFoundError" in res.stderr:
-        pytest.skip(f"not installed here: {res.stderr.strip().splitlines()[-1]}")
+        missing(f"not installed here: {res.stderr.strip().splitlines()[-1]}")
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 

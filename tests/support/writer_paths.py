@@ -12,13 +12,15 @@ from collections.abc import Iterator
 import pytest
 
 from pipeline.to_torch import runs as run_copies
+from tests.support.extras import missing
 
 
 @pytest.fixture(scope="module", params=["compiled", "numpy"], autouse=True)
 def both_writers(request: pytest.FixtureRequest) -> Iterator[str]:
     name = run_copies.ENV_PURE_PYTHON
     if request.param == "compiled" and not run_copies.HAVE_EXTENSION:
-        pytest.skip("the compiled extension pipeline.to_torch._runs was not built")
+        missing("the compiled extension pipeline.to_torch._runs was not built; "
+                "`pip install -e .` (run by `make test`) builds it")
     before = os.environ.get(name)
     os.environ[name] = "1" if request.param == "numpy" else "0"
     try:

@@ -4,8 +4,8 @@ Ray is the session's one cluster (the `ray_cluster` fixture of tests/conftest.py
 `num_cpus=4`: on these 2-core machines TransferQueue's actors each ask for a CPU and would
 otherwise wait forever), then `transfer_queue.init()` with one storage unit (each unit is
 a process that imports torch: one is enough for tests and starts several seconds sooner).
-The tests are skipped only when verl 0.9.1 / TransferQueue are not importable; `make test`
-installs them, so in CI they run.
+The tests are skipped only when verl 0.9.1 / TransferQueue are not importable (and fail then in
+CI: `make test` installs them).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import warnings
 import pytest
 
 from tests.adapters.verl._harness import Rollout
+from tests.support.extras import missing
 
 
 def _import_stack():
@@ -25,8 +26,8 @@ def _import_stack():
             warnings.simplefilter("ignore")
             import verl.trainer.ppo.v1.replay_buffer  # noqa: F401
     except ImportError as exc:  # pragma: no cover - only without the verl extra
-        pytest.skip(f"verl 0.9.1 / TransferQueue 0.1.11 not importable ({exc}); `make test` "
-                    "installs them (requirements-verl.txt)")
+        missing(f"verl 0.9.1 / TransferQueue 0.1.11 not importable ({exc}); `make test` "
+                "installs them")
     return ray, transfer_queue
 
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from pipeline.adapters.verl.keys import batch_meta
+from tests.support.extras import need
 
-tq = pytest.importorskip("transfer_queue")
+tq = need("transfer_queue", "verl")
 
 _TAG = {"status": "success", "prompt_len": 6, "response_len": 8, "seq_len": 14,
         "global_steps": 10, "min_global_steps": 9, "max_global_steps": 9, "is_padding": False,

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 
 from pipeline.adapters.wandb.tracker import WandbTracker
+from tests.support.extras import need
 
-pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
-from pipeline.adapters.wandb.offline import (
+need("wandb", "wandb")
+from pipeline.adapters.wandb.offline import (  # noqa: E402 - after the extra is known
     WandbRunFormatError,
     is_complete,
     read_records,

@@ -10,9 +10,10 @@ import pytest
 from pipeline import ConfigError, ReplayBuffer
 from pipeline.adapters.wandb.offline import read_run
 from pipeline.adapters.wandb.tracker import TABLE_KEY, WandbTracker, format_reward_counts
+from tests.support.extras import need
 from tests.support.lake import ROOT, add_group
 
-pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
+need("wandb", "wandb")
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from jobs.bench.table import BEGIN, END, SUMMARY_BEGIN, SUMMARY_END, render, write_doc
 from jobs.cli import app
+from tests.support.extras import need
 from tests.support.lake import ROOT, python_env
 
 SECTIONS = {"ingest", "to_torch", "decide", "verl", "memory"}
@@ -21,7 +21,7 @@ SECTIONS = {"ingest", "to_torch", "decide", "verl", "memory"}
 def test_bench_all_quick_writes_every_section_with_its_reference_and_a_markdown_table(
         tmp_path: Path) -> None:
     for extra in ("verl", "transfer_queue"):   # the verl section measures against verl itself
-        pytest.importorskip(extra, reason="bench all's verl section needs the verl extra")
+        need(extra, "verl")       # bench all's verl section measures against verl itself
     out = tmp_path / "all.json"
     doc = tmp_path / "performance.md"
     doc.write_text(f"# Performance\n\nprose before\n\n{BEGIN}\nold\n{END}\n\nprose after\n")

@@ -25,12 +25,13 @@ from pipeline.adapters.wandb.tracker import TABLE_KEY, format_reward_counts
 from pipeline.analysis.views import connect
 from sql.loader import load
 from sql.loader import run as run_query
+from tests.support.extras import need
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Six real steps of the demo with W&B offline; returns (run directory, console text)."""
-    pytest.importorskip("wandb", reason="W&B is the wandb extra; `make test` has it")
+    need("wandb", "wandb")
     out = tmp_path_factory.mktemp("demo") / "run"
     console = Console(file=io.StringIO(), width=80)
     cfg = replace(DemoConfig(), steps=6)
