@@ -67,6 +67,7 @@ def hidden_env(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "needs_extras_only.py").write_text(SELECT)
     env = python_env()
     env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    env.pop("CI", None)               # a developer's machine; CI's own run is the next case's
     return env
 
 
@@ -94,3 +95,16 @@ def test_the_suite_collects_and_tests_needing_an_extra_skip_without_the_extras(t
     skips = [line for line in res.stdout.splitlines() if line.startswith("SKIPPED")]
     for target in NEEDS_EXTRAS:
         assert any(f" {target.partition('::')[0]}:" in line for line in skips), (target, skips)
+
+
+def test_in_ci_the_same_missing_extras_fail_the_run_naming_each(tmp_path):
+    """What CI would do if an extra stopped installing: the run fails, each missing module
+    named, instead of the tests above turning into skips."""
+    env = dict(hidden_env(tmp_path), CI="true")
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "needs_extras_only",
+         "-rs", "tests"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0, text[-5000:]
+    for module in ("wandb", "transfer_queue"):
+        assert f"CI installs every extra, but: {module} is not importable" in text, text[-5000:]

@@ -23,6 +23,7 @@ def in_ci() -> bool:
 def need(module: str, extra: str, install: str = "make test") -> ModuleType:
     """``module`` imported, or this test skipped (fails under CI) naming the ``extra`` it comes
     with and the command that installs it."""
+    __tracebackhide__ = True          # a skip is reported at the test that needs the module
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -33,6 +34,7 @@ def need(module: str, extra: str, install: str = "make test") -> ModuleType:
 
 def missing(message: str) -> None:
     """Skip the running test for ``message`` (a missing install), or fail it in CI."""
+    __tracebackhide__ = True
     if in_ci():
         pytest.fail(f"CI installs every extra, but: {message}", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)
