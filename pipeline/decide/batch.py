@@ -132,10 +132,15 @@ class Batch:
         return pl.from_arrow(self.table)
 
     def to_torch(self, layout: str = "padded", device: Any = None, pin_memory: bool = False,
-                 pad_token_id: int = 0, pool: Any = None) -> dict[str, Any]:
+                 pad_token_id: int = 0, pool: Any = None, token_versions: bool = False,
+                 require_log_probs_when_stale: bool = False) -> dict[str, Any]:
         """Tensors for the trainer (see pipeline/to_torch/convert.py; imports torch lazily). ``pool``: a
         ``TensorPool`` whose reused buffers receive the token tensors (give them back with
-        ``pool.give_back`` when the step is done)."""
+        ``pool.give_back`` when the step is done). ``token_versions=True`` adds the weight
+        version and staleness of every response token; ``require_log_probs_when_stale=True``
+        refuses stale rows without ``rollout_log_probs``, naming them."""
         from pipeline.to_torch import batch_to_torch
         return batch_to_torch(self.table, layout=layout, device=device, pin_memory=pin_memory,
-                              pad_token_id=pad_token_id, pool=pool)
+                              pad_token_id=pad_token_id, pool=pool,
+                              token_versions=token_versions,
+                              require_log_probs_when_stale=require_log_probs_when_stale)
