@@ -42,6 +42,10 @@ flattening collator) take them; ``[1, T]`` so a model sees one sequence of T tok
 per row (both layouts):
     prompt_lengths, response_lengths [B] int64; rewards [B] float32 (from the float64 reward);
     global_steps, min_global_steps, max_global_steps, staleness [B] int64; is_padding [B] bool.
+with ``token_versions=True`` (pipeline/to_torch/versions.py; 0 off the response):
+    token_versions, token_staleness     int64, [B, L] padded / [1, T] packed, aligned like
+                                        response_mask
+    responses_token_versions, responses_token_staleness  [B, R] int64 (padded only)
 
 Null payload columns (the lake's conventions): a null ``response_mask`` means every response
 token is trained on (all ones); a null ``rollout_log_probs`` means unknown and becomes 0.0 -- a
