@@ -29,8 +29,9 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
 
     A group decision (evict, select, discard, release) has one row per uid of ``uids``; its
     ``step``, ``reason``, ``group_span``, ``value``, ``replaces``, ``bound`` and ``strategy`` are
-    either one value shared by every row or a list of one value per row (None: null). A refill (or a failed one) is one
-    row without a uid: ``count`` prompts, ``replaces`` the evicted uids they replace."""
+    either one value shared by every row or a list of one value per row (None: null). A refill
+    (or a failed one) is one row without a uid: ``count`` prompts, ``replaces`` the evicted uids
+    they replace."""
     if kind not in KINDS:
         raise InvariantError(f"unknown decision kind {kind!r}; kinds: {', '.join(KINDS)}")
     if (kind in _ONE_ROW) != (uids is None):

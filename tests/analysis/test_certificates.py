@@ -5,11 +5,8 @@ the bound was recorded, and one whose selections break their recorded bound)."""
 from __future__ import annotations
 
 import shutil
-import zlib
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from jobs.audit import run_audits
@@ -17,10 +14,9 @@ from pipeline import ReplayBuffer
 from pipeline.analysis.views import connect, read_lake
 from pipeline.decide.certificate import COLUMNS
 from pipeline.lake.compaction import compact
-from pipeline.lake.files import pack_record, segment_files, sum_path
-from pipeline.lake.read import batches
 from sql.loader import run
 from tests.support.lake import add_group
+from tests.support.old_lake import without_columns
 from tests.support.sql_runs import shared_run
 
 NEW = ["bound", "strategy"]
@@ -123,31 +119,6 @@ def test_padding_rows_are_certified_but_never_violations(tmp_path: Path) -> None
         cert.violations.column("seq").to_pylist()
 
 
-def _without_new_columns(lake: Path) -> int:
-    """Rewrite the decisions as a writer before `bound` / `strategy` existed wrote them."""
-    n = 0
-    for path in segment_files(lake, "decisions"):
-        if path.suffix == ".parquet":
-            t = pq.read_table(path)
-            pq.write_table(t.drop_columns(NEW).replace_schema_metadata(t.schema.metadata), path)
-            n += 1
-            continue
-        parts = list(batches(path))
-        if not parts:
-            continue
-        schema = parts[0][0].schema
-        old = pa.schema([f for f in schema if f.name not in NEW], metadata=schema.metadata)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, old) as w:
-            for b, meta in parts:
-                w.write_batch(b.select(old.names), custom_metadata=meta)
-        data = sink.getvalue().to_pybytes()
-        path.write_bytes(data)
-        sum_path(path).write_bytes(pack_record(len(data), zlib.crc32(data)))
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("tier", ["live", "compacted"])
 def test_a_lake_written_before_the_bound_was_recorded_reads_with_no_bound(
         tmp_path: Path, tier: str) -> None:
@@ -155,7 +126,7 @@ def test_a_lake_written_before_the_bound_was_recorded_reads_with_no_bound(
     shutil.copytree(shared_run("async").lake, old)
     if tier == "compacted":
         compact(old)
-    assert _without_new_columns(old) >= 1
+    assert without_columns(old, {"decisions": NEW}) >= 1
     decisions = read_lake(old, ("decisions",))["decisions"]
     assert decisions.column("bound").null_count == decisions.num_rows
     assert decisions.column("strategy").null_count == decisions.num_rows

@@ -2,7 +2,6 @@
 refusal of stale rows without behaviour log-probs (`require_log_probs_when_stale=True`)."""
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pytest
 import torch
