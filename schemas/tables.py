@@ -114,6 +114,13 @@ DECISIONS = schema(
           "refill: uids of the evicted groups (same partition) whose replacement this refill "
           "asks for, in eviction order (refill_failed: those of the failed ask); null on other "
           "kinds", nullable=True),
+    field("bound", pa.int64(),
+          "select: the staleness bound in force for the group, the largest group span it may be "
+          "trained at (the `drop` rule's threshold or the `wait` gate's); null = unbounded, on "
+          "other kinds, or a lake written before this column", nullable=True),
+    field("strategy", pa.string(),
+          "select: the max_off_policy_strategy that set `bound` (drop | wait); null when "
+          "`bound` is", nullable=True),
     _SEQ, _TS,
 )
 

@@ -49,6 +49,8 @@ class DemoConfig:
     token_delay_ms: float = _flag(4.0, "decode time per token, ms")
     lr: float = 1e-3                   # Adam learning rate (>= 3e-3 collapses)
     clip: float = 0.2                  # PPO clip range
+    tis_cap: float | None = _flag(None, "truncated importance weights: cap C (per-token weight "
+                                        "min(pi_old / pi_rollout, C)), or 'none'")
     seed: int = _flag(0, "seed of the policy, prompts and sampling")
     torch_threads: int = 1             # intra-op threads: tiny ops run best on one
     sample_timeout_s: float = 120.0    # a stuck run fails loudly instead of hanging
@@ -67,6 +69,11 @@ class DemoConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name}={value!r}: give a finite number >= 0")
+        if self.tis_cap is not None and not (isinstance(self.tis_cap, (int, float))
+                                             and math.isfinite(self.tis_cap)
+                                             and self.tis_cap > 0):
+            raise ConfigError(f"tis_cap={self.tis_cap!r}: give a finite number > 0 (e.g. 2), "
+                              "or 'none' to train without importance weights")
         if self.lr <= 0 or self.clip <= 0:
             raise ConfigError(f"lr={self.lr!r}, clip={self.clip!r}: both must be > 0")
 

@@ -81,7 +81,7 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
     from jobs.demo.policy import Policy
     from jobs.demo.rollout import Rollout, WeightStore
     from jobs.demo.summary import render, summarize
-    from jobs.demo.trainer import Trainer, run_steps
+    from jobs.demo.trainer import Trainer, run_steps, tis_summary
     from pipeline import ReplayBuffer, async_config
 
     console = console or Console()
@@ -128,11 +128,12 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
 
     started = time.perf_counter()
     ok = False
+    history: list = []
     try:
         rollout.start()
         with Live(Group(progress, status), console=console, refresh_per_second=8):
-            trainer = Trainer(policy, cfg.lr, cfg.clip)
-            run_steps(steps=cfg.steps, batch_size=cfg.batch_size, ahead=cfg.ahead, buf=buf,
+            trainer = Trainer(policy, cfg.lr, cfg.clip, cfg.tis_cap)
+            history = run_steps(steps=cfg.steps, batch_size=cfg.batch_size, ahead=cfg.ahead, buf=buf,
                       rollout=rollout, weights=weights, trainer=trainer,
                       timeout=cfg.sample_timeout_s, on_step=on_step)
         ok = True
@@ -147,8 +148,15 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
     console.print("")
     for line in render(summary, run_dir=run_dir, lake=lake, wandb_dir=wandb_dir, wall_s=wall):
         console.print(line, highlight=False)
+    extra = {}
+    if cfg.tis_cap is not None:       # the trainer's own figures: the lake holds no loss
+        tis = extra["tis"] = tis_summary(history, cfg.tis_cap)
+        console.print(f"Truncated IS (cap {tis['cap']:g}): mean weight "
+                      f"{tis['tis_weight_mean']:.3f}, {tis['tis_truncated_fraction']:.1%} of "
+                      f"tokens truncated, token staleness {tis['token_staleness_mean']:.2f}",
+                      highlight=False)
     (run_dir / "summary.json").write_text(
-        json.dumps({**asdict(summary), "wall_s": round(wall, 2)}, indent=1) + "\n")
+        json.dumps({**asdict(summary), "wall_s": round(wall, 2), **extra}, indent=1) + "\n")
     return run_dir
 
 

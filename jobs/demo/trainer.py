@@ -5,8 +5,10 @@ One step g, in the order an asynchronous RL trainer runs it:
 1. ``buf.sample(g, ...)`` -- the async preset evicts stale, zero-variance and failed groups,
    asks the rollout side to replace them (`refill_fn`) and hands out the oldest whole groups;
 2. dispatch a batch's worth of new prompts, so generation runs on while the trainer trains;
-3. ``batch.to_torch("padded")`` -> GRPO loss (per-token ratios against the rollout log-probs)
-   -> one Adam step;
+3. ``batch.to_torch("padded")`` -> GRPO loss (per-token ratios against the rollout log-probs;
+   no KL term) -> one Adam step; with ``tis_cap`` the ratios are taken against the trainer's own
+   log-probs instead and each token is weighted by its truncated importance weight
+   (`tis_loss`);
 4. ``buf.release(batch)`` -- the trajectories leave memory (they stay in the lake);
 5. publish the new weights as version g; the workers pick them up before their next token.
 """
@@ -28,18 +30,53 @@ STALENESS_KEY = "training/off_policy/trajectory_staleness/mean"
 SPAN_KEY = "training/off_policy/trajectory_spans/mean"
 
 
-class Trainer:
-    """Adam on the GRPO loss of one batch per step."""
+TIS_KEYS = ("train/tis_weight_mean", "train/tis_truncated_fraction",
+            "train/token_staleness_mean")
 
-    def __init__(self, policy: Policy, lr: float, clip: float):
-        self.policy, self.clip = policy, clip
+
+def tis_loss(policy: Policy, tensors: dict[str, torch.Tensor], advantages: torch.Tensor,
+             clip: float, cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip against the trainer's own log-probs (the weights before this step's update), each
+    token weighted by its truncated importance weight ``min(pi_old / pi_rollout, cap)``, detached
+    (truncated IS): the behaviour gap of an off-policy token is corrected without letting one
+    token's huge ratio dominate the step. Token-mean over response tokens, as `grpo_loss`."""
+    mask = tensors["response_mask"].to(torch.float32)
+    logp = policy.token_log_probs(tensors["input_ids"])
+    old = logp.detach()
+    ratio = torch.exp((logp - old) * mask)
+    raw = torch.exp((old - tensors["rollout_log_probs"]) * mask)
+    weight = raw.clamp(max=cap)
+    adv = advantages.unsqueeze(1)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    tokens = mask.sum().clamp(min=1)
+    loss = -(weight * surrogate * mask).sum() / tokens
+    with torch.no_grad():
+        stale = tensors["token_staleness"].to(torch.float32)
+        stats = {"train/loss": float(loss),
+                 "train/tis_weight_mean": float((weight * mask).sum() / tokens),
+                 "train/tis_truncated_fraction": float(((raw > cap) * mask).sum() / tokens),
+                 "train/token_staleness_mean": float((stale * mask).sum() / tokens)}
+    return loss, stats
+
+
+class Trainer:
+    """Adam on the GRPO loss of one batch per step (``tis_cap``: with truncated importance
+    weights, `tis_loss`)."""
+
+    def __init__(self, policy: Policy, lr: float, clip: float, tis_cap: float | None = None):
+        self.policy, self.clip, self.tis_cap = policy, clip, tis_cap
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
 
     def step(self, batch) -> dict[str, float]:
-        tensors = batch.to_torch(layout="padded")
+        tis = self.tis_cap is not None
+        tensors = batch.to_torch(layout="padded", token_versions=tis,
+                                 require_log_probs_when_stale=tis)
         group = batch.table.column("uid").to_numpy(zero_copy_only=False)
         advantages = group_advantages(np.asarray(group), tensors["rewards"])
-        loss, stats = grpo_loss(self.policy, tensors, advantages, self.clip)
+        if tis:
+            loss, stats = tis_loss(self.policy, tensors, advantages, self.clip, self.tis_cap)
+        else:
+            loss, stats = grpo_loss(self.policy, tensors, advantages, self.clip)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -89,3 +126,12 @@ def run_steps(*, steps: int, batch_size: int, ahead: int, buf, rollout: Rollout,
         history.append(info)
         on_step(info)
     return history
+
+
+def tis_summary(history: list[StepInfo], cap: float) -> dict[str, float]:
+    """The truncated-IS figures of a run: the cap and each `TIS_KEYS` metric's mean over steps."""
+    out: dict[str, float] = {"cap": float(cap)}
+    for key in TIS_KEYS:
+        values = [h.metrics[key] for h in history if key in h.metrics]
+        out[key.split("/", 1)[1]] = float(np.mean(values)) if values else float("nan")
+    return out

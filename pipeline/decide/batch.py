@@ -93,7 +93,9 @@ class Batch:
     ``table`` holds the trajectory payload (schemas.TRAJECTORIES) plus BATCH_PROVENANCE.
     ``metrics`` are the call's eviction metrics and the batch's off-policy metrics (verl's key
     names); ``metric_weights`` merge their means across calls (`StepAggregator.add(batch)`);
-    ``filtered_reward_counts`` is the `{value: count}` of the zero-variance groups evicted.
+    ``filtered_reward_counts`` is the `{value: count}` of the zero-variance groups evicted;
+    ``bound`` / ``strategy``: the staleness bound in force at the selection (recorded with it in
+    the lake; ``certificate`` checks every row against it).
     """
 
     table: pa.Table
@@ -105,6 +107,15 @@ class Batch:
     off_policy_metrics: dict[str, float] = field(default_factory=dict)
     metric_weights: dict[str, float] = field(default_factory=dict)
     filtered_reward_counts: dict[float, int] = field(default_factory=dict)
+    bound: int | None = None          # the staleness bound it was chosen under (group span)
+    strategy: str | None = None       # what set the bound: drop | wait (None: unbounded)
+
+    @property
+    def certificate(self) -> Any:
+        """The batch's staleness certificate (`pipeline.decide.certificate.Certificate`): the
+        bound in force, per row the versions that produced it, ``holds`` / ``violations``."""
+        from pipeline.decide.certificate import of_batch
+        return of_batch(self)
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -121,10 +132,15 @@ class Batch:
         return pl.from_arrow(self.table)
 
     def to_torch(self, layout: str = "padded", device: Any = None, pin_memory: bool = False,
-                 pad_token_id: int = 0, pool: Any = None) -> dict[str, Any]:
+                 pad_token_id: int = 0, pool: Any = None, token_versions: bool = False,
+                 require_log_probs_when_stale: bool = False) -> dict[str, Any]:
         """Tensors for the trainer (see pipeline/to_torch/convert.py; imports torch lazily). ``pool``: a
         ``TensorPool`` whose reused buffers receive the token tensors (give them back with
-        ``pool.give_back`` when the step is done)."""
+        ``pool.give_back`` when the step is done). ``token_versions=True`` adds the weight
+        version and staleness of every response token; ``require_log_probs_when_stale=True``
+        refuses stale rows without ``rollout_log_probs``, naming them."""
         from pipeline.to_torch import batch_to_torch
         return batch_to_torch(self.table, layout=layout, device=device, pin_memory=pin_memory,
-                              pad_token_id=pad_token_id, pool=pool)
+                              pad_token_id=pad_token_id, pool=pool,
+                              token_versions=token_versions,
+                              require_log_probs_when_stale=require_log_probs_when_stale)

@@ -17,6 +17,7 @@ from pipeline.config import BufferConfig, metric_prefix
 from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
 from pipeline.decide.batch import Batch, batch_rows, with_provenance
+from pipeline.decide.certificate import bound_in_force
 from pipeline.decide.metrics import STALENESS_MIN, EvictionMetrics, off_policy_metrics
 from pipeline.decide.policies import PollContext
 from pipeline.errors import EmptyBatchError, InvariantError
@@ -93,13 +94,15 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     evm = acc.scalars(prefix)     # empty on a validation partition: nothing is evicted there
     opm, weights = off_policy_metrics(rows, prefix=prefix)
     _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
+    in_force, strategy = bound_in_force(cfg)
     batch = Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
-                  dict(acc.reward_counts))
+                  dict(acc.reward_counts), bound=in_force, strategy=strategy)
     metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
                     "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
     state.commit("decisions", decision_rows(
         "select", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
-        uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id))
+        uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id,
+        bound=in_force, strategy=strategy))
     part.undelivered = (batch, metric_rows, call_id)
     deliver(state, part)
     return batch

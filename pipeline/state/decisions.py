@@ -24,13 +24,14 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
                   call_id: int = OUTSIDE_A_CALL, poll: int = 0,
                   uids: Sequence[str] | None = None, reason: Any = None, group_span: Any = None,
                   value: Any = None, batch_id: int | None = None, count: int = 1,
-                  replaces: Any = None) -> pa.Table:
+                  replaces: Any = None, bound: Any = None, strategy: Any = None) -> pa.Table:
     """The rows of one decision, ready for `BufferState.commit("decisions", ...)`.
 
     A group decision (evict, select, discard, release) has one row per uid of ``uids``; its
-    ``step``, ``reason``, ``group_span``, ``value`` and ``replaces`` are either one value shared
-    by every row or a list of one value per row (None: null). A refill (or a failed one) is one
-    row without a uid: ``count`` prompts, ``replaces`` the evicted uids they replace."""
+    ``step``, ``reason``, ``group_span``, ``value``, ``replaces``, ``bound`` and ``strategy`` are
+    either one value shared by every row or a list of one value per row (None: null). A refill
+    (or a failed one) is one row without a uid: ``count`` prompts, ``replaces`` the evicted uids
+    they replace."""
     if kind not in KINDS:
         raise InvariantError(f"unknown decision kind {kind!r}; kinds: {', '.join(KINDS)}")
     if (kind in _ONE_ROW) != (uids is None):
@@ -45,7 +46,8 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
     return by_column("decisions", n, {
         "partition": partition, "step": _each(step), "call_id": call_id, "poll": poll,
         "kind": kind, "uid": uids, "reason": _each(reason), "group_span": _each(group_span),
-        "value": _each(value), "batch_id": batch_id, "count": count, "replaces": replaces})
+        "value": _each(value), "batch_id": batch_id, "count": count, "replaces": replaces,
+        "bound": _each(bound), "strategy": _each(strategy)})
 
 
 def _each(v: Any) -> Any:

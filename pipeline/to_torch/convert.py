@@ -42,6 +42,10 @@ flattening collator) take them; ``[1, T]`` so a model sees one sequence of T tok
 per row (both layouts):
     prompt_lengths, response_lengths [B] int64; rewards [B] float32 (from the float64 reward);
     global_steps, min_global_steps, max_global_steps, staleness [B] int64; is_padding [B] bool.
+with ``token_versions=True`` (pipeline/to_torch/versions.py; 0 off the response):
+    token_versions, token_staleness     int64, [B, L] padded / [1, T] packed, aligned like
+                                        response_mask
+    responses_token_versions, responses_token_staleness  [B, R] int64 (padded only)
 
 Null payload columns (the lake's conventions): a null ``response_mask`` means every response
 token is trained on (all ones); a null ``rollout_log_probs`` means unknown and becomes 0.0 -- a
@@ -68,6 +72,7 @@ import torch
 from pipeline.to_torch import masks as to_torch_masks
 from pipeline.to_torch import packed as to_torch_packed
 from pipeline.to_torch import rows as to_torch_rows
+from pipeline.to_torch import versions as to_torch_versions
 from pipeline.to_torch.pool import TensorPool
 from pipeline.to_torch.ragged import (
     BatchFormatError,
@@ -187,13 +192,19 @@ def _packed(pin: bool, p: np.ndarray, r: np.ndarray, row_copy: bool,
 
 def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
                    pin_memory: bool = False, pad_token_id: int = 0,
-                   pool: TensorPool | None = None) -> dict[str, torch.Tensor]:
+                   pool: TensorPool | None = None, token_versions: bool = False,
+                   require_log_probs_when_stale: bool = False) -> dict[str, torch.Tensor]:
     """The trainer's tensors for a Batch table (trajectories + provenance); see the module doc.
 
     Rows keep the table's order. ``device`` (e.g. ``"cuda"``) receives a copy, non-blocking when
     the host tensors are pinned; ``None`` or ``"cpu"`` keeps them on the host. ``pool``: write the
     token tensors into a ``TensorPool``'s reused buffers (see pipeline/to_torch/pool.py); host
     tensors then go back with ``pool.give_back``, staging ones for a device go back by themselves.
+    ``token_versions=True`` adds ``token_versions`` / ``token_staleness`` (int64, aligned like
+    ``response_mask``; ``responses_token_versions`` / ``responses_token_staleness`` [B, R] in the
+    padded layout): the weight version behind every response token and its staleness (see
+    pipeline/to_torch/versions.py). ``require_log_probs_when_stale=True`` refuses a batch whose
+    rows hold tokens older than the trainer's weights without ``rollout_log_probs``, naming them.
     """
     if layout not in LAYOUTS:
         raise BatchFormatError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)}")
@@ -207,6 +218,9 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
         raise BatchFormatError(f"pad_token_id={pad_token_id!r} must be an int")
     if pool is not None and not isinstance(pool, TensorPool):
         raise BatchFormatError(f"pool={pool!r} must be a TensorPool or None")
+    if require_log_probs_when_stale:
+        to_torch_versions.refuse_stale_without_log_probs(
+            table, _lengths(table, "response_ids"))
     pin = bool(pin_memory)
     if pin and not _can_pin():
         warnings.warn("pin_memory=True but no accelerator is available: returning ordinary "
@@ -218,7 +232,8 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
         if to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()), int(n.max())):
             return _finish(table, pin, device, pool, plain.p, plain.r, partial(
                 _packed, pin, plain.p, plain.r, True,
-                lambda out, n, _: to_torch_packed.write(out, plain, n), pool))
+                lambda out, n, _: to_torch_packed.write(out, plain, n), pool),
+                layout if token_versions else None)
     prompt, resp = read_ragged(table, "prompt_ids", 0), read_ragged(table, "response_ids", 0)
     n = prompt.lengths + resp.lengths     # the writer follows from the row lengths alone
     row_copy = to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()),
@@ -241,16 +256,42 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
                 to_torch_masks.write_packed(out, p, r, cu, prompt.pieces, resp.pieces, mask,
                                             logp)
         build = partial(_packed, pin, p, r, row_copy, write, pool)
-    return _finish(table, pin, device, pool, prompt.lengths, resp.lengths, build)
+    return _finish(table, pin, device, pool, prompt.lengths, resp.lengths, build,
+                   layout if token_versions else None)
+
+
+def _lengths(table: pa.Table, name: str) -> np.ndarray:
+    """Each row's list length (0 for a null row), int64."""
+    return read_ragged(table, name, 0).lengths
+
+
+def _token_versions(table: pa.Table, layout: str, pin: bool, pool: TensorPool | None,
+                    p: np.ndarray, r: np.ndarray) -> dict[str, torch.Tensor]:
+    """The per-token version and staleness tensors of ``layout`` (pipeline/to_torch/versions.py):
+    fresh arrays as numpy builds them, copied into pinned or pooled buffers when asked for."""
+    built = to_torch_versions.build(table, layout, p, r)
+    if pin or pool is not None:
+        outs = _Outputs({k: (a.shape, a.dtype) for k, a in built.items()}, pin, zeroed=False,
+                        pool=pool)
+        for k, a in built.items():
+            np.copyto(outs.arrays[k], a)
+        tensors = outs.tensors
+    else:
+        tensors = {k: torch.from_numpy(a) for k, a in built.items()}
+    return tensors if layout == "padded" else {k: v[None] for k, v in tensors.items()}
 
 
 def _finish(table: pa.Table, pin: bool, device: Any, pool: TensorPool | None, p: np.ndarray,
-            r: np.ndarray, build: Callable[[], dict[str, torch.Tensor]]
-            ) -> dict[str, torch.Tensor]:
-    """``build()``'s tensors and the per-row ones, lent from ``pool``, copied to ``device``."""
+            r: np.ndarray, build: Callable[[], dict[str, torch.Tensor]],
+            versions_layout: str | None = None) -> dict[str, torch.Tensor]:
+    """``build()``'s tensors and the per-row ones (and the token versions of
+    ``versions_layout``, if given), lent from ``pool``, copied to ``device``."""
     try:
         out = build()
-        out.update(_per_row(table, pin, p, r))
+        per_row = _per_row(table, pin, p, r)        # checks the per-row columns first
+        if versions_layout is not None:
+            out.update(_token_versions(table, versions_layout, pin, pool, p, r))
+        out.update(per_row)
     except BaseException:
         if pool is not None:
             pool.abandon()

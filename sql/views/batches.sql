@@ -1,14 +1,17 @@
 -- name: batches
 -- description: one row per batch handed out: step, call, group and trajectory counts, the
 --   trajectory staleness at the step it was sampled (non-padding rows, from the `provenance`
---   view) and the largest group span logged with its selections
+--   view), the largest group span logged with its selections, and the staleness bound recorded
+--   with them (bound: the largest group span allowed, null = unbounded or not recorded;
+--   strategy: what set it; see the `certificates` view)
 -- params: none
 -- reads: decisions, provenance
 -- returns: partition, batch_id, step, call_id, n_groups, n_trajectories, n_padding,
---   staleness_mean, staleness_max, staleness_min, group_span_max, released, select_seq
+--   staleness_mean, staleness_max, staleness_min, group_span_max, released, select_seq, bound,
+--   strategy
 with
 selects as (
-    select partition, batch_id, step, call_id, group_span, seq
+    select partition, batch_id, step, call_id, group_span, seq, bound, strategy
     from decisions
     where kind = 'select'
 ),
@@ -26,7 +29,9 @@ per_batch as (
         min(call_id) as call_id,
         count(*) as n_groups,
         max(group_span) as group_span_max,
-        min(seq) as select_seq
+        min(seq) as select_seq,
+        max(bound) as bound,
+        min(strategy) as strategy
     from selects
     group by partition, batch_id
 ),
@@ -50,7 +55,9 @@ final as (
         r.staleness_mean, r.staleness_max, r.staleness_min,
         b.group_span_max,
         rel.batch_id is not null as released,
-        b.select_seq
+        b.select_seq,
+        b.bound,
+        b.strategy
     from per_batch as b
     left join per_rows as r on r.partition = b.partition and r.batch_id = b.batch_id
     left join releases as rel on rel.partition = b.partition and rel.batch_id = b.batch_id

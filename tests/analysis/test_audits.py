@@ -64,6 +64,20 @@ def _stale_selection(lake: Path) -> str:
     return g["uid"]
 
 
+def _select_over_its_bound(lake: Path) -> str:
+    """A live group with trajectories selected at group span 3 under a recorded bound of 2 (as a
+    buffer whose threshold was lower than its groups' spans would have)."""
+    con = connect(lake)
+    g = con.sql("select g.* from groups g join trajectories t using (partition, uid) "
+                "where g.fate = 'live' and g.partition = 'train' and g.n_traj > 0 "
+                "order by g.registered_seq limit 1").to_arrow_table().to_pylist()[0]
+    _append(lake, "decisions", [{"partition": "train", "step": g["global_steps"] + 2,
+                                 "call_id": 99, "poll": 0, "kind": "select", "uid": g["uid"],
+                                 "group_span": 3, "batch_id": 999, "count": 1, "bound": 2,
+                                 "strategy": "drop"}])
+    return g["uid"]
+
+
 def _evict_after_select(lake: Path) -> str:
     g = _group(lake, "sampled")
     _append(lake, "decisions", [{"partition": "train", "step": 99, "call_id": 99, "poll": 0,
@@ -126,6 +140,7 @@ def _orphan_in_a_salvaged_partition(lake: Path) -> str:
 
 
 TAMPERS: dict[str, Callable[[Path], str]] = {
+    "certificate_holds": _select_over_its_bound,
     "finished_groups_complete": _finished_without_a_session,
     "no_orphan_rows": _orphan_in_a_salvaged_partition,
     "no_trajectory_twice": _trajectory_sent_twice,

@@ -9,20 +9,17 @@ before any of these columns existed still open, restore and answer every query.
 from __future__ import annotations
 
 import shutil
-import zlib
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline import ConfigError, IngestError, ReplayBuffer
 from pipeline.analysis.views import connect, read_lake
 from pipeline.decide.policies.context import CallState
 from pipeline.lake.compaction import compact
-from pipeline.lake.files import pack_record, segment_files, sum_path
-from pipeline.lake.read import batches
 from sql.loader import load, run
+from tests.support.old_lake import without_columns
 from tests.support.sql_runs import shared_run
 
 NEW_COLUMNS = {"group_events": ["prompt_id"], "decisions": ["replaces"],
@@ -290,41 +287,6 @@ def test_a_restart_reads_back_the_lineage_it_wrote(tmp_path: Path,
 
 # --- lakes written before these columns existed -------------------------------------------------
 
-def _drop_new_columns_ipc(lake: Path) -> int:
-    """Rewrite every open segment as a writer of the old schema would have written it."""
-    n = 0
-    for table, cols in NEW_COLUMNS.items():
-        for path in segment_files(lake, table):
-            if path.suffix != ".arrow":
-                continue
-            parts = list(batches(path))
-            if not parts:
-                continue
-            schema = parts[0][0].schema
-            old = pa.schema([f for f in schema if f.name not in cols], metadata=schema.metadata)
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, old) as w:
-                for b, meta in parts:
-                    w.write_batch(b.select(old.names), custom_metadata=meta)
-            data = sink.getvalue().to_pybytes()
-            path.write_bytes(data)
-            sum_path(path).write_bytes(pack_record(len(data), zlib.crc32(data)))
-            n += 1
-    return n
-
-
-def _drop_new_columns_parquet(lake: Path) -> int:
-    n = 0
-    for table, cols in NEW_COLUMNS.items():
-        for path in segment_files(lake, table):
-            if path.suffix == ".parquet":
-                t = pq.read_table(path)
-                pq.write_table(t.drop_columns(cols).replace_schema_metadata(t.schema.metadata),
-                               path)
-                n += 1
-    return n
-
-
 @pytest.mark.parametrize("tier", ["live", "compacted"])
 def test_a_lake_written_before_the_new_columns_opens_restores_and_answers(
         tmp_path: Path, scripted: tuple[Path, PromptRollout], tier: str) -> None:
@@ -333,9 +295,9 @@ def test_a_lake_written_before_the_new_columns_opens_restores_and_answers(
     shutil.copytree(lake, old)
     if tier == "compacted":
         compact(old)
-        assert _drop_new_columns_parquet(old) >= 3
+        assert without_columns(old, NEW_COLUMNS, ("compacted",)) >= 3
     else:
-        assert _drop_new_columns_ipc(old) >= 3
+        assert without_columns(old, NEW_COLUMNS, ("live",)) >= 3
     new_tables, old_tables = read_lake(lake), read_lake(old)
     assert old_tables["trajectories"].column("n_response_tokens").equals(
         new_tables["trajectories"].column("n_response_tokens"))

@@ -163,6 +163,40 @@ def test_provenance_and_off_policy_metrics_agree_between_engines(seed: int) -> N
     assert weights["n_trajectories"] == row["n_trajectories"]
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_certificate_verdict_agrees_between_engines(seed: int) -> None:
+    """`over_bound` of sql/views/certificates.sql, compiled for polars over a batch's provenance
+    and run by DuckDB over the same rows and recorded bounds (group span at, under and over)."""
+    rng = random.Random(seed)
+    step, n = rng.randint(3, 9), 12
+    groups = {f"u{i}": rng.randint(0, step) for i in range(4)}
+    bound = rng.choice([None, 1, 2, 3, 4])
+    payload = pa.table({
+        "partition": ["train"] * n, "uid": [f"u{i % 4}" for i in range(n)], "seq": range(n),
+        "min_global_steps": [0] * n, "max_global_steps": [1] * n,
+        "is_padding": [rng.random() < 0.2 for _ in range(n)],
+        "response_ids": pa.array([[1] * rng.randint(0, 3) for _ in range(n)],
+                                 pa.list_(pa.int32())),
+        "version_spans": pa.nulls(n, pa.list_(pa.struct([("version", pa.int64()),
+                                                          ("n_tokens", pa.int32())]))),
+    })
+    rows = batch_rows(payload, batch_id=0, step=step, group_steps=groups)
+    live = rows.with_columns(bound=pl.lit(bound, pl.Int64), strategy=pl.lit("drop")).with_columns(
+        *(e.alias(k) for k, e in declared.compiled_items("certificates", "certified").items()))
+    con = duckdb.connect()
+    con.register("provenance", rows.select(
+        "partition", "step", "batch_id", "uid", "seq", "is_padding", "global_steps",
+        "min_global_steps", "max_global_steps", "staleness", "staleness_worst", "group_span",
+        "n_response_tokens", "span_tokens", "token_staleness_max").to_arrow())
+    con.register("decisions", pa.table({
+        "partition": ["train"] * 4, "batch_id": [0] * 4, "uid": list(groups), "kind": ["select"] * 4,
+        "bound": pa.array([bound] * 4, pa.int64()), "strategy": ["drop"] * 4}))
+    lake = loader.run(con, "certificates")
+    assert lake.column("over_bound").to_pylist() == live["over_bound"].to_list()
+    spans = live["group_span"].to_list()
+    assert live["over_bound"].to_list() == [bound is not None and s > bound for s in spans]
+
+
 # --- the selection order: one ranking, run by DuckDB and derived by the candidate index --------
 
 def _index_of(rows: list[tuple], removed: set[str]) -> candidates.CandidateIndex:
