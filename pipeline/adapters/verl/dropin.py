@@ -216,7 +216,7 @@ class VerlBuffer:
 
 class _DepthQueries:
     """`get_sampleable_count` / `wait_for_sampleable` (verl's async class and the separate-async
-    trainer's hybrid switching need them)."""
+    trainer's hybrid switching need them), and replaylake's `dispatch_capacity`."""
 
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
         """Groups `sample` could hand out now; mirrors TransferQueue but evicts, refills and
@@ -230,6 +230,22 @@ class _DepthQueries:
                 # call deferred, which any listing makes first)
                 m.sync(clear_orphans=False)
             return self.core.get_sampleable_count(global_steps, partition_id)
+
+    def dispatch_capacity(self, global_steps: int, partition_id: str,
+                          batch_size: int | None = None) -> int:
+        """How many more prompts the rollout side may dispatch now, tagged ``global_steps``,
+        so that none can be trained over `max_off_policy_threshold` when the trainer takes
+        ``batch_size`` groups per step (default: `train_batch_size`). Not in verl (an
+        addition): see `ReplayBuffer.dispatch_capacity`. Mirrors TransferQueue first, clears
+        nothing. With `max_off_policy_strategy="admit"` the buffer's own refills keep to it."""
+        with self._lock:
+            m = self._mirror(partition_id)
+            if usable(m, self.mirror_max_lag):
+                self.background_polls += 1
+            else:
+                m.sync(clear_orphans=False)
+            return self.core.dispatch_capacity(global_steps, partition_id,
+                                               batch_size=batch_size)
 
     def wait_for_sampleable(self, global_steps: int, partition_id: str,
                             target_count: int) -> tuple[set[str], dict]:
