@@ -28,7 +28,7 @@ from pipeline.arguments import (
 from pipeline.config import BufferConfig, async_config, preset_kwargs, sync_config
 from pipeline.decide import Batch, Ready, aggregates, run_call
 from pipeline.decide import evaluate as decide
-from pipeline.decide.policies import PollContext
+from pipeline.decide.policies import PollContext, capacity
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
 from pipeline.ingest import validate_groups, validate_status, validate_trajectories
 from pipeline.lake import LakeWriter
@@ -312,6 +312,47 @@ class ReplayBuffer:
             ev = decide.evaluate(part, self.config.rules_for(p), global_steps,
                                  self.config.filter_metric)
             return part.candidates.alive_count - ev.count
+
+    def dispatch_capacity(self, global_steps: int, partition: str | None = None, *,
+                          partition_id: str | None = None,
+                          batch_size: int | None = None) -> int:
+        """How many more groups the rollout side may dispatch now, registered with
+        ``global_steps``, so that none can be trained over the staleness bound T
+        (`max_off_policy_threshold`) when the trainer takes ``batch_size`` groups per step
+        (default: the preset's `train_batch_size`), oldest dispatch first.
+
+        ``max(0, T x B - selected - sampleable - in_flight)``: a group registered at step g must
+        be trained at one of the steps g .. g + T - 1 (group span s - g + 1 <= T), which hold
+        T x B places; ``selected`` counts the groups already selected at steps >= g (step g's
+        own batch when ``sample(g)`` ran before this call, 0 before it), and every sampleable
+        and in-flight group was dispatched at g or before, so it is ahead of the new ones. Ask
+        with the step the new groups will be registered with, at any point of that step. The
+        guarantee holds when every group finishes before the next step's sample. Sampleable
+        groups are counted as `get_sampleable_count` counts them (after the eviction rules, so
+        a group the next poll evicts frees its place). A read: it evicts, refills and removes
+        nothing. The formula is `sql/policies/dispatch_capacity.sql`."""
+        step_arg("dispatch_capacity", global_steps)
+        p = partition_arg(partition, partition_id, "dispatch_capacity")
+        threshold = self.config.stale.threshold
+        if threshold is None or self.config.stale.strategy is None:
+            raise ConfigError("dispatch_capacity needs a staleness bound: this buffer has none "
+                              f"(preset {self.config.preset!r}, max_off_policy_threshold="
+                              f"{threshold!r}); use the async preset with a threshold")
+        batch = self.config.train_batch_size if batch_size is None else batch_size
+        if batch is None:
+            raise ConfigError("dispatch_capacity needs the groups trained per step: pass "
+                              "batch_size=, or give the preset train_batch_size=")
+        batch_size_arg("dispatch_capacity", batch)
+        with self._state.locked():
+            part = self._state.find(p)
+            if part is None:
+                return capacity(threshold, batch, 0, 0, 0)
+            # sampleable as `get_sampleable_count` counts it: what the next poll will evict
+            # (a stale group, say) is no longer ahead of a new group
+            ev = decide.evaluate(part, self.config.rules_for(p), global_steps,
+                                 self.config.filter_metric)
+            return capacity(threshold, batch, part.selected_since(global_steps),
+                            part.candidates.alive_count - ev.count, len(part.inflight))
 
     def lookup(self, partition: str, uid: str) -> GroupView | None:
         """A frozen view of the group (uid, global_steps, n, status, removed, keys,

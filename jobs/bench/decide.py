@@ -75,7 +75,7 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
     gs = rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=n_groups)
     _fill(buf, ref, uids, gs, rng)
     build_s = time.perf_counter() - t0
-    ours, alone, ours_decide, theirs = [], [], [], []
+    ours, alone, ours_decide, theirs, capacity = [], [], [], [], []
     top = 0
     for r in range(WARMUP + repeats):
         for counted in ((True, False) if r % 2 == 0 else (False, True)):
@@ -85,6 +85,9 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
                 t = time.perf_counter()
                 buf.get_sampleable_count(STEP, "train")   # aggregates + every rule, evicting nothing
                 ours_decide.append(time.perf_counter() - t)
+                t = time.perf_counter()     # admission's read: every rule again + the capacity
+                buf.dispatch_capacity(STEP, "train", batch_size=BATCH)
+                capacity.append(time.perf_counter() - t)
             t = time.perf_counter()
             batch = buf.sample(STEP, "train", BATCH)
             (ours if counted else alone).append(time.perf_counter() - t)
@@ -101,10 +104,12 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
             buf.get_sampleable_count(STEP, "train")
     # the first rounds warm the process up (allocator, polars' caches): not counted
     ours, alone, ours_decide = ours[WARMUP:], alone[WARMUP:], ours_decide[WARMUP:]
+    capacity = capacity[WARMUP:]
     theirs = theirs[2 * WARMUP:]
     med = statistics.median
     return {"trajectories": n_traj, "groups": n_groups, "build_s": round(build_s, 2),
             "ours_decision_ms": med(ours_decide) * 1e3, "ours_sample_ms": med(ours) * 1e3,
+            "ours_capacity_ms": med(capacity) * 1e3,
             "ours_sample_alone_ms": med(alone) * 1e3,
             "ours_sample_alone_min_ms": min(alone) * 1e3, "ours_sample_min_ms": min(ours) * 1e3,
             "reference_ms": med(theirs) * 1e3,
@@ -134,13 +139,14 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
             results.append(run_size(n, repeats, rng))
     table = Table(title=f"sample, batch {BATCH}, {STALE_PER_CALL} stale evictions per call (ms; "
                         "x: times faster than the naive reference)", caption=(
-                        "count: get_sampleable_count alone; after count: sample after it; "
-                        "alone: sample with nothing before it"))
-    for col in ("buffered", "count", "after count", "alone", "naive", "x count", "x after",
-                "x alone"):
+                        "count: get_sampleable_count alone; capacity: dispatch_capacity after it; "
+                        "after count: sample after both; alone: sample with nothing before it"))
+    for col in ("buffered", "count", "capacity", "after count", "alone", "naive", "x count",
+                "x after", "x alone"):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(f"{r['trajectories']:,}", f"{r['ours_decision_ms']:.2f}",
+                      f"{r['ours_capacity_ms']:.2f}",
                       f"{r['ours_sample_ms']:.2f}", f"{r['ours_sample_alone_ms']:.2f}",
                       f"{r['reference_ms']:.2f}", f"{r['speedup_decision']:.1f}x",
                       f"{r['speedup_sample']:.1f}x", f"{r['speedup_sample_alone']:.1f}x")

@@ -28,7 +28,7 @@ def _intro(cfg: DemoConfig) -> str:
     import textwrap
 
     evicted = []
-    if cfg.threshold is not None and cfg.strategy == "drop":
+    if cfg.threshold is not None and cfg.strategy in ("drop", "admit"):
         # group span g - global_steps + 1 > threshold
         evicted.append(f"groups dispatched {cfg.threshold} or more steps before the step that "
                        "would train them")
@@ -43,6 +43,10 @@ def _intro(cfg: DemoConfig) -> str:
     if cfg.threshold is not None and cfg.strategy == "wait":
         text += (" With strategy 'wait' the trainer waits for late groups instead of evicting "
                  "stale ones.")
+    if cfg.threshold is not None and cfg.strategy == "admit":
+        text += (" With strategy 'admit' the rollout side dispatches only as many prompts as "
+                 "can be trained before they go stale (buf.dispatch_capacity), so staleness "
+                 "evictions should not happen at all.")
     return textwrap.fill(text, width=80)
 
 
@@ -89,6 +93,8 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
     buffer_kwargs = dict(max_off_policy_threshold=cfg.threshold,
                          max_off_policy_strategy=cfg.strategy,
                          filter_groups_metric=cfg.filter_metric, poll_interval=0.05)
+    if cfg.strategy == "admit":          # admission counts places per step
+        buffer_kwargs["train_batch_size"] = cfg.batch_size
     async_config(**buffer_kwargs, refill_fn=lambda k: None)
     run_dir = make_run_dir(out)
     lake = run_dir / "lake"
@@ -109,7 +115,9 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
                               **buffer_kwargs)
     rollout = holder["rollout"] = Rollout(
         buf, weights, n=cfg.n, workers=cfg.workers, failure_rate=cfg.failure_rate, seed=cfg.seed,
-        token_delay=cfg.token_delay_ms / 1000.0)
+        token_delay=cfg.token_delay_ms / 1000.0,
+        capacity=(lambda g: buf.dispatch_capacity(g, "train")) if cfg.strategy == "admit"
+        else None)
     tracker = None
     if use_wandb:
         from pipeline.adapters.wandb import WandbTracker

@@ -15,6 +15,7 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,12 +60,18 @@ class RolloutStats:
 
 
 class Rollout:
-    """Prompt dispatch (the buffer's `refill_fn` too) and the worker threads that serve it."""
+    """Prompt dispatch (the buffer's `refill_fn` too) and the worker threads that serve it.
+
+    ``capacity`` (a function of the dispatch step; None: unpaced) makes the trainer's own
+    dispatches (`top_up`) admission-paced: at most what it answers, the rest carried to the
+    next top-up. The buffer's refills (`dispatch` as refill_fn) are paced by the buffer."""
 
     def __init__(self, buf, weights: WeightStore, *, n: int, workers: int, failure_rate: float,
                  seed: int, token_delay: float = 0.0, partition: str = "train",
-                 max_groups_per_call: int = 32):
+                 max_groups_per_call: int = 32, capacity: Callable[[int], int] | None = None):
         self.buf, self.weights, self.n = buf, weights, n
+        self.capacity = capacity
+        self.carried = 0                     # prompts a paced top-up could not dispatch yet
         self.partition, self.failure_rate = partition, failure_rate
         self.max_groups = max_groups_per_call
         self.token_delay = token_delay
@@ -95,6 +102,16 @@ class Rollout:
                           prompt_ids=[dataset_index(p) for p in prompts])
         for item in zip(uids, prompts):
             self._queue.put(item)
+
+    def top_up(self, count: int) -> int:
+        """Dispatch ``count`` prompts plus those carried; paced, only as many as the
+        capacity at the current step allows (the rest is carried). Returns how many."""
+        wanted = count + self.carried
+        if self.capacity is not None:
+            admitted = min(wanted, self.capacity(self.step))
+            self.carried, wanted = wanted - admitted, admitted
+        self.dispatch(wanted)
+        return wanted
 
     def drain_stats(self) -> RolloutStats:
         with self._lock:

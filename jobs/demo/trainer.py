@@ -4,7 +4,8 @@ One step g, in the order an asynchronous RL trainer runs it:
 
 1. ``buf.sample(g, ...)`` -- the async preset evicts stale, zero-variance and failed groups,
    asks the rollout side to replace them (`refill_fn`) and hands out the oldest whole groups;
-2. dispatch a batch's worth of new prompts, so generation runs on while the trainer trains;
+2. dispatch a batch's worth of new prompts, so generation runs on while the trainer trains
+   (with `--strategy admit`, only as many as `buf.dispatch_capacity` allows, the rest later);
 3. ``batch.to_torch("padded")`` -> GRPO loss (per-token ratios against the rollout log-probs;
    no KL term) -> one Adam step; with ``tis_cap`` the ratios are taken against the trainer's own
    log-probs instead and each token is weighted by its truncated importance weight
@@ -103,12 +104,13 @@ def run_steps(*, steps: int, batch_size: int, ahead: int, buf, rollout: Rollout,
     history: list[StepInfo] = []
     last_reward: float | None = None
     rollout.step = 1
-    rollout.dispatch(ahead * batch_size)
+    rollout.top_up(ahead * batch_size)
     for g in range(1, steps + 1):
         rollout.check()
         rollout.step = g                       # refills and dispatches from now on are step g
+        rollout.top_up(0)                      # paced: what earlier top-ups could not dispatch
         batch = buf.sample(g, "train", batch_size, timeout=timeout)
-        rollout.dispatch(batch.num_groups)     # keep `ahead` batches in the pipeline
+        rollout.top_up(batch.num_groups)       # keep `ahead` batches in the pipeline
         stats = trainer.step(batch)
         buf.release(batch)
         weights.publish(trainer.policy, g)

@@ -5,6 +5,7 @@ from pipeline._face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
     'BufferConfig': 'buffer_config',
+    'STRATEGIES': 'buffer_config',
     'StrategyError': 'buffer_config',
     'ThresholdError': 'buffer_config',
     'async_config': 'buffer_config',

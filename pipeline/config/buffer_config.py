@@ -18,18 +18,22 @@ from pipeline.config import rule_knobs
 from pipeline.config.partitions import is_validation
 from pipeline.decide import RuleUse
 from pipeline.decide.policies import (
+    Admit,
     DapoCredit,
     NoRefill,
     RefillFailedWhileShort,
     RefillPolicy,
     ReplaceEvicted,
     StalePolicy,
+    Unpaced,
     WaitGate,
 )
 from pipeline.errors import ConfigError
 
 DEFAULT_THRESHOLD = 8
 DEFAULT_POLL_INTERVAL = 2.0
+# every valid max_off_policy_strategy, in the order the error message lists them
+STRATEGIES = ("drop", "wait", "admit")
 
 
 class ThresholdError(ConfigError):
@@ -52,6 +56,8 @@ class BufferConfig:
     filter_metric: str | None = None
     refill: RefillPolicy = field(default_factory=NoRefill)
     refill_fn: Callable[[int], Any] | None = None
+    admission: Admit | Unpaced = field(default_factory=Unpaced)   # caps what refills ask
+    train_batch_size: int | None = None   # groups trained per step (what admission counts)
     poll_interval: float = DEFAULT_POLL_INTERVAL
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
     preset: str = "custom"
@@ -90,10 +96,10 @@ def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refi
         raise ThresholdError(
             f"Invalid max off policy threshold: max_off_policy_threshold={threshold!r}; "
             "use a positive int, or None to disable the staleness bound")
-    if strategy not in ("drop", "wait"):
+    if strategy not in STRATEGIES:
         raise StrategyError(
             f"Invalid max off policy strategy: max_off_policy_strategy={strategy!r}; "
-            "use 'drop' or 'wait'")
+            f"use one of {', '.join(repr(s) for s in STRATEGIES)}")
     if filter_groups_metric is not None and refill_fn is None:
         raise ConfigError(
             f"filter_groups_metric={filter_groups_metric!r} requires refill_fn (filtered groups "
@@ -162,12 +168,12 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         uses += (RuleUse("failure", (("evict_all", False),)),)
     return BufferConfig(
         rules=uses, stale=StalePolicy(), filter_metric=filter_groups_metric,
-        refill=refill, refill_fn=refill_fn, poll_interval=float(poll_interval),
-        empty_batch_is_error=True, preset="sync")
+        refill=refill, refill_fn=refill_fn, train_batch_size=train_batch_size,
+        poll_interval=float(poll_interval), empty_batch_is_error=True, preset="sync")
 
 
 def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
-                 max_off_policy_strategy: Literal["drop", "wait"] = "drop",
+                 max_off_policy_strategy: Literal["drop", "wait", "admit"] = "drop",
                  filter_groups_metric: str | None = None,
                  refill_fn: Callable[[int], Any] | None = None,
                  train_batch_size: int | None = None, gen_batch_size: int | None = None,
@@ -179,10 +185,16 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     ``rules`` as for `sync_config`.
 
     gen_batch_size / max_inflight_gen_batches / sync_refill_failed_groups are sync-only knobs;
-    they are accepted (verl's configs pass them) and have no effect here."""
+    they are accepted (verl's configs pass them) and have no effect here.
+
+    ``max_off_policy_strategy="admit"`` (not in verl) keeps the `stale` rule as a safety net and
+    paces the buffer's own refills: an owed refill is asked only up to the dispatch capacity
+    (`ReplayBuffer.dispatch_capacity`), the rest when places open; it needs
+    ``train_batch_size`` (the groups trained per step) and a threshold."""
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
                   refill_fn, sync_refill_failed_groups, poll_interval)
     _non_negative_int("max_num_gen_batches", max_num_gen_batches)
+    admission = _admission(max_off_policy_strategy, max_off_policy_threshold, train_batch_size)
     stale = StalePolicy(max_off_policy_threshold, max_off_policy_strategy)
     uses: tuple[RuleUse, ...] = ()
     if stale.bound() is not None:
@@ -193,4 +205,19 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         rules=uses, stale=stale, filter_metric=filter_groups_metric,
         refill=ReplaceEvicted(max_num_gen_batches if filter_groups_metric else 0,
                               train_batch_size) if refill_fn is not None else NoRefill(),
-        refill_fn=refill_fn, poll_interval=float(poll_interval), preset="async")
+        refill_fn=refill_fn, admission=admission, train_batch_size=train_batch_size,
+        poll_interval=float(poll_interval), preset="async")
+
+
+def _admission(strategy: str, threshold: int | None, train_batch_size: Any) -> Admit | Unpaced:
+    """The admission value of the async preset: `admit` paces refills to the dispatch capacity,
+    which counts places per step, so it needs the batch a step trains and a bound."""
+    if strategy != "admit":
+        return Unpaced()
+    _positive_int("train_batch_size", train_batch_size,
+                  "with max_off_policy_strategy='admit' (the groups trained per step: the "
+                  "dispatch capacity counts places per step)")
+    if threshold is None:
+        raise ConfigError("max_off_policy_strategy='admit' needs max_off_policy_threshold (a "
+                          "positive int): the dispatch capacity is the room left under that bound")
+    return Admit(threshold, train_batch_size)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from pipeline import interrupts
 from pipeline.config import BufferConfig, metric_prefix
@@ -165,9 +166,13 @@ class _Call:
             else:
                 # the row asks for what is owed too; should it fail to be written, the next poll
                 # (of this or a later call) still owes these prompts, as when refill_fn raises
+                # the admission value caps the ask (admit: the dispatch capacity), the rest
+                # stays owed; asked only when something is owed
                 dispatch = state.decide_refill(ctx.partition, wanted, st.replaces, step=ctx.step,
                                                call_id=self.call_id, poll=poll,
-                                               policy=cfg.refill.name)
+                                               policy=cfg.refill.name,
+                                               limit=partial(cfg.admission.room, ctx, outcome,
+                                                             part))
         now = time.monotonic()
         if dispatch:
             st.refilled += dispatch

@@ -115,24 +115,40 @@ class BufferState:
 
     # --- refills: what is owed, through the decision rows --------------------------------------
     def decide_refill(self, partition: str, wanted: int, replaces: list[str], *,
-                      step: int, call_id: int, poll: int, policy: str) -> int:
+                      step: int, call_id: int, poll: int, policy: str,
+                      limit: Callable[[], int | None] | None = None) -> int:
         """Ask for ``wanted`` new prompts plus every one the partition still owes: one `refill`
         row, whose apply makes it what is owed until the ask is served (a restart replays it).
         Returns the prompts asked (0: none). Should the row not be written, memory still owes
-        ``wanted`` (the lake never saw it), and the next poll asks again."""
+        ``wanted`` (the lake never saw it), and the next poll asks again.
+
+        ``limit()`` (asked only when something is owed; None: no limit) caps the ask, as
+        admission does: the rest is deferred, in memory, to the next poll's ask (like an ask
+        owed while another runs, a restart forgets it), with the evictions it replaces, oldest
+        replaced first."""
         part = self.part(partition)
-        dispatch = wanted + part.refill_owed
-        if not dispatch:
+        deferred, later = part.refill_deferred
+        total = wanted + part.refill_owed + deferred
+        if not total:
+            return 0
+        cap = None if limit is None else limit()
+        dispatch = total if cap is None else min(total, max(cap, 0))
+        named = part.refill_replaces + later + replaces
+        if not dispatch:                 # all held back (what an earlier ask owes stays owed)
+            part.refill_deferred = (deferred + wanted, later + replaces)
             return 0
         seen = self._version
         try:
             self.commit("decisions", decision_rows(
                 "refill", partition=partition, step=step, call_id=call_id, poll=poll,
-                reason=policy, count=dispatch, replaces=part.refill_replaces + replaces))
+                reason=policy, count=dispatch, replaces=named[:dispatch]))
         except BaseException:
             if self._version == seen:      # not written: nothing applied
                 part.owe_refill(wanted, replaces)
             raise
+        # one prompt per eviction: the oldest evictions are replaced first, the rest wait
+        part.refill_deferred = (total - dispatch, named[dispatch:]) if dispatch < total \
+            else (0, [])
         return dispatch
 
     def owe_refill(self, partition: str, wanted: int, replaces: list[str]) -> None:

@@ -127,9 +127,12 @@ class PartitionState:
         self.rows = TrajectoryRows()
         self.batches: dict[int, list[str]] = {}  # selected, not yet released
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
+        self.selected_at: dict[int, int] = {}    # step -> groups selected at it (released too)
+        self._selected_ascending = True          # selected_at's keys came in ascending order
         self.removed_uids: set[str] = set()           # removed uids: never accepted again
         self.refill_owed = 0                     # prompts decided, not yet served (see below)
         self.refill_replaces: list[str] = []     # the evicted uids those prompts replace
+        self.refill_deferred: tuple[int, list[str]] = (0, [])   # owed, held back by admission
         self._asked: tuple[int, int] | None = None   # (count, replaced) of the last ask in the
         #                                          lake not yet known served or failed
         self.refill_asking = False               # refill_fn still running past a call's deadline
@@ -234,6 +237,8 @@ class PartitionState:
         """Selected groups keep their rows until release; evicted/discarded groups leave memory
         now (the lake keeps them). Either way the uid is retired: never accepted again."""
         self.candidates.remove(uids)
+        if how == "sampled":
+            self._count_selected(step, len(uids))
         for u in uids:
             self.removed_uids.add(u)
             self._land(u)
@@ -245,6 +250,25 @@ class PartitionState:
             else:
                 g = self.groups.pop(u)
                 self.rows.drop(g.rows)
+
+    def _count_selected(self, step: int, n: int) -> None:
+        at = self.selected_at
+        if step not in at and at and step < next(reversed(at)):
+            self._selected_ascending = False
+        at[step] = at.get(step, 0) + n
+
+    def selected_since(self, step: int) -> int:
+        """Groups selected at steps >= ``step``, released or not (the places of those steps that
+        admission counts as taken). Steps normally grow, so only the newest few are summed."""
+        at = self.selected_at
+        if not self._selected_ascending:
+            return sum(n for s, n in at.items() if s >= step)
+        total = 0
+        for s in reversed(at):
+            if s < step:
+                break
+            total += at[s]
+        return total
 
     def apply_released(self, batch_id: int) -> list[str]:
         self.batch_step.pop(batch_id, None)

@@ -110,3 +110,14 @@ def test_replaying_validation_calls_does_not_warn_of_an_unknown_partition(
         got = replay(lake, tmp_path)
     assert got.batches == recorded(lake).batches
     assert not [r for r in caplog.records if "has no group yet" in r.getMessage()]
+
+
+def test_a_replay_under_admit_is_refused_naming_the_strategies_it_can_replay(tmp_path: Path
+                                                                            ) -> None:
+    from pipeline.errors import ConfigError
+    lake = shared_run("async").lake
+    with pytest.raises(ConfigError, match="cannot replay max_off_policy_strategy='admit'"):
+        replay(lake, tmp_path, max_off_policy_strategy="admit")
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--strategy", "admit",
+                                   "--out", str(tmp_path / "cli")])
+    assert res.exit_code != 0 and "--strategy drop or wait" in res.output

@@ -364,3 +364,49 @@ def test_the_live_gate_opens_exactly_when_the_declaration_lists_no_blocker(seed:
                      default=None)
         assert WaitGate(threshold).open(step, oldest) is \
             (not any(p == partition for p, _ in lake))
+
+
+# --- admission: one capacity, both engines ----------------------------------------------------
+# `sql/policies/dispatch_capacity.sql` counts, per partition, the places taken and queued; the
+# live buffer keeps those counts itself and evaluates the compiled `capacity` item over them
+# (`pipeline.decide.policies.admission.capacity`; the live buffer against the lake's DuckDB is
+# in tests/decide/test_admission.py). The analysis `dispatch_pacing` charts the same expression.
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_compiled_capacity_is_the_declaration_s_over_random_relations(seed: int) -> None:
+    from pipeline.decide.policies import capacity
+    from schemas import DECISIONS
+    rng = random.Random(seed)
+    step, threshold, batch = rng.randint(0, 6), rng.randint(1, 4), rng.randint(1, 5)
+    flying = _inflight(rng, step, threshold)
+    cands = candidates.table([r for r in _random_candidates(rng, rng.randint(0, 12))])
+    selects = [{"partition": rng.choice(["train", "val"]), "step": rng.randint(0, 8),
+                "call_id": 0, "poll": 0, "kind": rng.choice(["select", "select", "evict"]),
+                "uid": f"s{i}", "count": 1, "seq": i, "ts": 0} for i in range(rng.randint(0, 12))]
+    con = duckdb.connect()
+    con.register("inflight", flying)
+    con.register("candidates", cands)
+    con.register("decisions", pa.Table.from_pylist(selects, schema=DECISIONS))
+    lake = {r["partition"]: r for r in loader.run(con, "dispatch_capacity", step=step,
+                                                  threshold=threshold,
+                                                  batch_size=batch).to_pylist()}
+    for partition in ("train", "val"):
+        sel = sum(1 for r in selects if r["partition"] == partition and r["kind"] == "select"
+                  and r["step"] >= step)
+        buffered = sum(1 for p in cands.column("partition").to_pylist() if p == partition)
+        fly = sum(1 for r in flying.to_pylist() if r["partition"] == partition
+                  and r["status"] in ("pending", "running"))
+        live = capacity(threshold, batch, sel, buffered, fly)
+        row = lake.get(partition)
+        if row is None:
+            assert (sel, buffered, fly) == (0, 0, 0) and live == threshold * batch
+        else:
+            assert (row["n_selected"], row["n_sampleable"], row["n_inflight"]) == \
+                (sel, buffered, fly)
+            assert row["capacity"] == live
+
+
+def test_the_pacing_analysis_charts_the_declared_capacity() -> None:
+    policy = declared.select_items(loader.load("dispatch_capacity"), "final")["capacity"]
+    chart = declared.select_items(loader.load("dispatch_pacing"), "paced")["capacity"]
+    assert chart == policy

@@ -191,6 +191,11 @@ class BufferActor:
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> Envelope:
         return _guard(lambda: self.buf.get_sampleable_count(global_steps, partition_id))
 
+    def dispatch_capacity(self, global_steps: int, partition_id: str,
+                          batch_size: int | None) -> Envelope:
+        return _guard(lambda: self.buf.dispatch_capacity(global_steps, partition_id,
+                                                         batch_size=batch_size))
+
     def release(self, batch_id: int) -> Envelope:
         return _guard(lambda: self.buf.release(batch_id))
 

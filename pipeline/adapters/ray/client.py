@@ -144,6 +144,12 @@ class RayReplayBuffer:
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
         return self._call("get_sampleable_count", global_steps, partition_id)
 
+    def dispatch_capacity(self, global_steps: int, partition_id: str,
+                          batch_size: int | None = None) -> int:
+        """`ReplayBuffer.dispatch_capacity`, asked of the actor: how many more groups a rollout
+        worker may dispatch now without any going stale before it is trained."""
+        return self._call("dispatch_capacity", global_steps, partition_id, batch_size)
+
     def release(self, batch: Batch | int) -> None:
         self._call("release", batch.batch_id if isinstance(batch, Batch) else int(batch))
 

@@ -216,20 +216,36 @@ class VerlBuffer:
 
 class _DepthQueries:
     """`get_sampleable_count` / `wait_for_sampleable` (verl's async class and the separate-async
-    trainer's hybrid switching need them)."""
+    trainer's hybrid switching need them), and replaylake's `dispatch_capacity`."""
+
+    def _mirror_for_read(self, partition_id: str) -> None:
+        """Bring the partition's mirror up to date for a read (call with the lock held)."""
+        m = self._mirror(partition_id)
+        if usable(m, self.mirror_max_lag):
+            self.background_polls += 1
+        else:
+            # a depth query changes nothing in TransferQueue (beyond clears an earlier
+            # call deferred, which any listing makes first)
+            m.sync(clear_orphans=False)
 
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
         """Groups `sample` could hand out now; mirrors TransferQueue but evicts, refills and
         clears nothing, and (as verl) ignores the wait gate."""
         with self._lock:
-            m = self._mirror(partition_id)
-            if usable(m, self.mirror_max_lag):
-                self.background_polls += 1
-            else:
-                # a depth query changes nothing in TransferQueue (beyond clears an earlier
-                # call deferred, which any listing makes first)
-                m.sync(clear_orphans=False)
+            self._mirror_for_read(partition_id)
             return self.core.get_sampleable_count(global_steps, partition_id)
+
+    def dispatch_capacity(self, global_steps: int, partition_id: str,
+                          batch_size: int | None = None) -> int:
+        """How many more prompts the rollout side may dispatch now, tagged ``global_steps``,
+        so that none can be trained over `max_off_policy_threshold` when the trainer takes
+        ``batch_size`` groups per step (default: `train_batch_size`). Not in verl (an
+        addition): see `ReplayBuffer.dispatch_capacity`. Mirrors TransferQueue first, clears
+        nothing. With `max_off_policy_strategy="admit"` the buffer's own refills keep to it."""
+        with self._lock:
+            self._mirror_for_read(partition_id)
+            return self.core.dispatch_capacity(global_steps, partition_id,
+                                               batch_size=batch_size)
 
     def wait_for_sampleable(self, global_steps: int, partition_id: str,
                             target_count: int) -> tuple[set[str], dict]:

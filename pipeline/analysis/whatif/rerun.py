@@ -246,6 +246,12 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     chosen = recorded_settings(lake)
     chosen = {**chosen, **given, "rules": {**chosen["rules"], **changed}}
     preset = chosen.pop("preset")
+    if chosen.get("max_off_policy_strategy") == "admit":
+        raise ConfigError(
+            "what-if cannot replay max_off_policy_strategy='admit': admission paces the "
+            "rollout side's dispatches, and a replay feeds the recorded groups as they were "
+            "dispatched; replay with --strategy drop or wait, or compare real runs (chart each "
+            "with the dispatch_pacing query)")
     if preset not in ("async", "sync"):
         raise ConfigError(f"what-if replays the async and sync presets; the lake's is {preset!r}")
     tables = read_lake(lake)

@@ -1,9 +1,12 @@
-"""Policies as values: staleness settings (the `wait` gate) and refill."""
+"""Policies as values: staleness settings (the `wait` gate), admission and refill."""
 from __future__ import annotations
 
 from pipeline._face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
+    'Admit': 'admission',
+    'Unpaced': 'admission',
+    'capacity': 'admission',
     'CallState': 'context',
     'PollContext': 'context',
     'PollOutcome': 'context',

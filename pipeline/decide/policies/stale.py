@@ -59,7 +59,7 @@ class StalePolicy:
     ``strategy=None`` (the sync preset) ignores staleness."""
 
     threshold: int | None = None
-    strategy: Literal["drop", "wait"] | None = None
+    strategy: Literal["drop", "wait", "admit"] | None = None
 
     def gate(self) -> WaitGate | None:
         """The wait gate these settings ask for (``wait`` with a threshold), or None."""
@@ -68,5 +68,7 @@ class StalePolicy:
         return None
 
     def bound(self) -> int | None:
-        """The span no selected group may exceed (the `drop` rule's threshold), or None."""
-        return self.threshold if self.strategy == "drop" else None
+        """The span no selected group may exceed (the `drop` rule's threshold), or None.
+        `admit` keeps the rule on as a safety net: admission paces dispatches so that it
+        should never fire, and a group that finished late still cannot be trained stale."""
+        return self.threshold if self.strategy in ("drop", "admit") else None

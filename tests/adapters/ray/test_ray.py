@@ -199,3 +199,24 @@ def test_refill_through_a_user_actor_registers_new_prompts_from_inside_sample(tm
         assert ray.get(dispatcher.asked_for.remote()) == [1]
     finally:
         client.kill()
+
+
+def test_the_actor_answers_the_dispatch_capacity_the_in_process_buffer_answers(tmp_path):
+    client = RayReplayBuffer.start(lake=tmp_path / "lake", preset="async", name=_name(),
+                                   poll_interval=0.05, max_off_policy_threshold=2,
+                                   max_off_policy_strategy="admit", train_batch_size=2)
+    local = ReplayBuffer.async_(max_off_policy_threshold=2, max_off_policy_strategy="admit",
+                                train_batch_size=2, poll_interval=0.05)
+    try:
+        for buf in (local, client):
+            assert buf.dispatch_capacity(1, "train") == 4
+            buf.register(partition="train", uids=["g0"], global_steps=1, n=GROUP)
+            buf.put(group_rows("g0", 1))
+            buf.update_status(partition="train", uids=["g0"], status="finished")
+            buf.register(partition="train", uids=["g1"], global_steps=1, n=GROUP)
+        assert client.dispatch_capacity(1, "train") == local.dispatch_capacity(1, "train") == 2
+        assert client.dispatch_capacity(1, "train", batch_size=3) == 4
+        with pytest.raises(ConfigError, match="batch_size"):
+            client.dispatch_capacity(1, "train", batch_size=0)
+    finally:
+        client.kill()
