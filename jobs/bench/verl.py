@@ -47,13 +47,18 @@ STEP_IMPLS = ("verl", "ours_bg", "ours_rewards_bg")   # with a trainer step betw
 def _stop(tq: Any, started: bool) -> None:
     """Clear what the benchmark left in TransferQueue; stop TQ and Ray if this run started them."""
     for part in _partitions(tq):
-        keys = list(tq.kv_list(partition_id=part).get(part, {}))
-        if keys:
-            tq.kv_clear(keys=keys, partition_id=part)
+        _clear(tq, part)
     if started:
         import ray
         tq.close()
         ray.shutdown()
+
+
+def _clear(tq: Any, part: str) -> None:
+    """Remove every key of ``part`` (kv_clear refuses an empty key list)."""
+    keys = list(tq.kv_list(partition_id=part).get(part, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=part)
 
 
 def _partitions(tq: Any) -> list[str]:
@@ -201,9 +206,7 @@ def one_by_one(runners: list[_Runner], repeats: int) -> dict[str, dict]:
 
 
 def _fill(tq: Any, part: str, n: int) -> float:
-    keys = list(tq.kv_list(partition_id=part).get(part, {}))
-    if keys:
-        tq.kv_clear(keys=keys, partition_id=part)
+    _clear(tq, part)
     t = time.perf_counter()
     _write_groups(tq, [f"b{i}" for i in range(n)], part)
     return time.perf_counter() - t
@@ -239,9 +242,7 @@ def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int],
                    stepped_verl_over_ours_bg=sm["verl"] / sm["ours_bg"],
                    stepped_verl_over_ours_rewards_bg=sm["verl"] / sm["ours_rewards_bg"])
     for p in parts.values():                   # the next size starts from empty partitions
-        keys = list(tq.kv_list(partition_id=p).get(p, {}))
-        if keys:
-            tq.kv_clear(keys=keys, partition_id=p)
+        _clear(tq, p)
     return out
 
 
