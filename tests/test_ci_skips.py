@@ -104,3 +104,22 @@ def test_every_missing_install_goes_through_the_one_helper() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
                  if "importorskip(" in p.read_text() and p.name != "test_ci_skips.py"]
     assert offenders == []
+
+
+MODULE_SKIP = '''
+from tests.support.extras import need
+
+need("replaylake_no_such_extra_module", "imaginary", "make test")
+
+def test_never_collected():
+    pass
+'''
+
+
+def test_a_module_skipped_at_import_is_counted_and_fails_in_ci(tmp_path: Path) -> None:
+    local = _session(tmp_path, MODULE_SKIP, ci=False)   # pytest's own "no tests ran" (5)
+    assert local.returncode == 5, local.stdout + local.stderr
+    assert "skipped: 1 test(s), 1 for a reason CI does not allow" in local.stdout
+    res = _session(tmp_path, MODULE_SKIP, ci=True)      # in CI: a collection error, named
+    assert res.returncode == pytest.ExitCode.INTERRUPTED, res.stdout + res.stderr
+    assert "CI installs every extra, but: replaylake_no_such_extra_module" in res.stdout

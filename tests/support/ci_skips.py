@@ -7,6 +7,7 @@ reason text, so every skip that is allowed says so in words (`ALLOWED`).
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 
@@ -20,6 +21,9 @@ ALLOWED = {
     r"checks the fallback without an accelerator": "this machine has a GPU",
     r"needs vllm 0\.33": "vLLM's own install (a CUDA torch) is `make test-vllm`'s, not CI's",
 }
+
+# where `.ci/run` asks for pytest's exit status to be written
+STATUS_ENV = "REPLAYLAKE_PYTEST_STATUS"
 
 _skips: list[tuple[str, str]] = []
 
@@ -41,9 +45,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skips.append((report.nodeid, _reason(report)))
 
 
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    # a whole module skipped at import (``allow_module_level``) reports here, not per test
+    if report.skipped:
+        _skips.append((report.nodeid, _reason(report)))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not _skips:
-        return
     tr = terminalreporter
     bad = [(node, why) for node, why in _skips if not allowed(why)]
     tr.write_line(f"skipped: {len(_skips)} test(s)"
@@ -59,5 +67,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if in_ci() and any(not allowed(why) for _, why in _skips) and session.exitstatus == 0:
+    if in_ci() and any(not allowed(why) for _, why in _skips) and session.exitstatus in (
+            pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    # `.ci/run` reads pytest's own exit status here: `make` turns every failure into its own 2,
+    # so "no tests ran" (5) could not be told apart from a failed test through make
+    status_file = os.environ.get(STATUS_ENV)
+    if status_file:
+        with open(status_file, "w") as f:
+            f.write(f"{int(session.exitstatus)}\n")
