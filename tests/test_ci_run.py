@@ -58,6 +58,11 @@ def test_a_real_run_keeps_makes_status(tmp_path: Path, tests: str, rc: int) -> N
     assert "skipped: 0 test(s)" in res.stdout
 
 
+def test_a_make_that_hides_pytests_failure_still_fails(tmp_path: Path) -> None:
+    res = _ci_run(tmp_path, PYTEST_THROUGH_MAKE.replace("|| exit 2", "|| true"), tests=FAILING)
+    assert res.returncode == 1, res.stdout + res.stderr
+
+
 def test_a_make_that_never_ran_pytest_fails(tmp_path: Path) -> None:
     res = _ci_run(tmp_path, "echo nothing to do", tests=PASSING)
     assert res.returncode == 1, res.stdout + res.stderr

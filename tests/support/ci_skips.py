@@ -45,10 +45,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skips.append((report.nodeid, _reason(report)))
 
 
-def pytest_collectreport(report: pytest.CollectReport) -> None:
-    # a whole module skipped at import (``allow_module_level``) reports here, not per test
-    if report.skipped:
-        _skips.append((report.nodeid, _reason(report)))
+# a whole module skipped at import (``allow_module_level``) reports here, not per test
+pytest_collectreport = pytest_runtest_logreport
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
