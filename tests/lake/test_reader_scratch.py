@@ -24,10 +24,14 @@ from tests.support.lake import ROOT, add_group, python_env, write_script
 
 SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL]
 
-# connects (again and again with "loop"), says so, runs a query a second later and waits
+# connects (again and again with "loop"), says so, runs a query a second later and waits; SIGHUP
+# is reset to its default, as in a terminal's process (under `nohup`, or a CI runner that ignores
+# it, the child would inherit the ignored disposition and outlive the signal)
 READER = """
-    import sys, time
+    import signal, sys, time
     from pipeline.analysis.views import connect
+
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     while True:
         con = connect(sys.argv[1])
