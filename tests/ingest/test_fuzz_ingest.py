@@ -175,7 +175,7 @@ def _boundary_calls(top: int) -> list[tuple[str, list[dict]]]:
             ("update_status", [{"partition": "train", "uid": "g", "status": "finished"}])]
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "120")))
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "40")))
 @given(calls=calls, sync=st.booleans())
 @example(calls=_boundary_calls(2**62 - 1), sync=False)
 @example(calls=_boundary_calls(2**62), sync=True)
