@@ -75,12 +75,74 @@ def test_a_replay_reaching_later_rollouts_sums_up_their_future_versions_in_one_l
                                        "--out", str(tmp_path / "replay")])
     assert res.exit_code == 0, res.output
     assert not [r for r in caplog.records if "from the future" in r.getMessage()]
-    lines = [x for x in res.output.splitlines() if "from the future" in x]
-    assert len(lines) == 1 and res.output.splitlines()[-1] == lines[0]
+    future = [n for n in notes(res.output) if "from the future" in n]
+    assert len(future) == 1 and notes(res.output)[-1] == future[0]
     got = replay(lake, tmp_path / "again", max_off_policy_threshold=1)
     steps = sorted(got.future_rows)
     assert len(steps) >= 2 and all(n > 0 for n in got.future_rows.values())
-    assert f"{len(steps)} of 8 sample calls (steps {steps[0]} to {steps[-1]})" in lines[0]
+    assert f"{len(steps)} of 8 sample calls (steps {steps[0]} to {steps[-1]})" in future[0]
+
+
+def notes(output: str) -> list[str]:
+    """The approximations printed under the table, each note's wrapped lines joined."""
+    lines = output.splitlines()
+    if "what the replay approximates:" not in lines:
+        return []
+    out: list[str] = []
+    for line in lines[lines.index("what the replay approximates:") + 1:]:
+        if line.startswith("  - "):
+            out.append(line[4:])
+        else:
+            out[-1] += " " + line.strip()
+    return out
+
+
+def cells(output: str) -> dict[str, tuple[str, str]]:
+    """The table's rows: figure -> (recorded cell, what-if cell)."""
+    out = {}
+    for line in output.splitlines():
+        key, rest = line[:24].strip(), line[24:]
+        if key and len(rest) == 28:
+            out[key] = (rest[:14].strip(), rest[14:].strip())
+    return out
+
+
+def test_figures_a_replay_cannot_stand_behind_are_floors_and_each_approximation_is_named(
+        tmp_path: Path) -> None:
+    from pipeline.analysis import connect
+    from sql import loader
+    lake = shared_run("async").lake
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--strategy", "wait",
+                                   "--threshold", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert max(len(x) for x in res.output.splitlines()) <= 80
+    con = connect(tmp_path / "lake")
+    trained, future, mean_floor, max_floor = con.sql(
+        "select count(*), count(*) filter (where staleness < 0), "
+        "avg(greatest(staleness, 0)), max(greatest(staleness, 0)) "
+        "from provenance where not is_padding").fetchall()[0]
+    over = loader.run(con, "certificate_holds").num_rows        # the audit, run on its own
+    assert future > 0 and over > 0
+    got = cells(res.output)
+    assert got["trained_rows"][1] == str(trained)
+    assert got["future_rows"] == ("0", str(future))
+    assert got["staleness_mean"][1] == f">= {mean_floor:.3f}"
+    assert got["staleness_max"][1] == f">= {max_floor}"
+    assert not got["staleness_mean"][0].startswith(">=")     # the recorded run has none
+    assert got["over_bound_rows"] == ("0", str(over))
+    said = notes(res.output)
+    assert [n.split(":", 1)[0] for n in said] == ["arrivals", "wait",
+                                                  "weight versions from the future"]
+    assert f"wait: {over} of {trained} trained rows were trained above the bound (group " \
+        "span > 1)" in said[1]
+
+
+def test_the_recorded_settings_print_no_approximation(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(shared_run("async").lake),
+                                   "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert notes(res.output) == [] and ">=" not in res.output
+    assert "identical batches: 10 of 10" in res.output
 
 
 def test_future_warnings_of_a_live_buffer_are_left_alone_by_a_replay(

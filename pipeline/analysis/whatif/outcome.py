@@ -67,7 +67,7 @@ def future_warnings_held() -> Iterator[None]:
 
 
 def future_summary(outcome: Outcome, calls: int) -> str | None:
-    """One line on the steps that trained rows from the future, None when none did."""
+    """One sentence on the steps that trained rows from the future, None when none did."""
     steps = sorted(outcome.future_rows)
     if not steps:
         return None
@@ -76,4 +76,6 @@ def future_summary(outcome: Outcome, calls: int) -> str | None:
             f"{steps[0]} to {steps[-1]}) trained {rows:,} row(s) whose newest weight version is "
             "not older than the step. The replay keeps each rollout's recorded version; with "
             "these settings it reached rollouts the recorded run generated later with newer "
-            "weights, so their staleness reads lower (below zero) than a real run would have had")
+            "weights, so their staleness reads lower (below zero) than a real run would have "
+            "had. The staleness cells marked '>=' count those rows at staleness 0, the least a "
+            "live run could have trained them at")

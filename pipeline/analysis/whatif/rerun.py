@@ -136,10 +136,13 @@ class _Feed:
         return pool, set(pool)
 
     def refill(self, n: int) -> None:
-        """The replay's refill_fn: hand out the next n recorded refill groups."""
+        """The replay's refill_fn: hand out the next n recorded refill groups (what the feed
+        held back of them is applied in seq order, in as few calls as `_apply_all` can)."""
+        due: list[tuple] = []
         for key in self.pool[:n]:
             self.drawn.add(key)
-            self._apply_all(self.held.pop(key, []))
+            due += self.held.pop(key, [])
+        self._apply_all(sorted(due, key=lambda item: item[0]))
         self.shortfall = getattr(self, "shortfall", 0) + max(n - len(self.pool), 0)
         del self.pool[:n]
 

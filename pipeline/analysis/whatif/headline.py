@@ -1,0 +1,90 @@
+"""The figures `replaylake whatif` prints for a recorded run and its replay, and what a replay
+can stand behind.
+
+The figures are one named query (`whatif_figures`) over each lake. A replay cannot make every
+figure real, and the table says so in the cell itself rather than in a footnote read after it:
+
+* Rows "from the future" (newest weight version not older than the step) exist only in a
+  replay: each rollout keeps its recorded weight version, and a replay that evicts more reaches
+  rollouts the recorded run generated later. Their staleness reads below zero, which no live
+  run can train at. Where a lake has such rows, each staleness cell shows the floor instead
+  (those rows counted at staleness 0, the least a live run could have trained them at) as
+  ``>= x``.
+* Every approximation the replay made for the settings asked for is one line under the table
+  (`approximations`): recorded arrival times, rows that `wait` trained above the bound because
+  the recorded rollout side ran ahead, refills the record could not serve, and (last) the rows
+  from the future behind the floors.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.analysis.whatif.outcome import Outcome, future_summary
+
+ROWS = ("batches", "trained_rows", "evicted", "staleness_mean", "staleness_max",
+        "token_staleness_mean", "over_bound_rows", "future_rows")
+# the staleness figures a row from the future makes impossible, and the floor shown instead
+FLOORS = {"staleness_mean": "staleness_mean_floor", "staleness_max": "staleness_max_floor",
+          "token_staleness_mean": "token_staleness_mean_floor"}
+
+
+def figures(lake: Path, filter_metric: str | None) -> dict[str, Any]:
+    """The `whatif_figures` row of one lake, with its evictions per reason."""
+    from pipeline.analysis import connect
+    from sql import loader
+    con = connect(lake, filter_metric=filter_metric)
+    row = loader.run(con, "whatif_figures").to_pylist()[0]
+    by_reason: dict[str, int] = {}
+    for r in loader.run(con, "evictions_by_reason").to_pylist():
+        by_reason[r["reason"]] = by_reason.get(r["reason"], 0) + r["n_groups"]
+    row["evicted_by_reason"] = by_reason
+    return row
+
+
+def cell(figs: dict[str, Any], key: str) -> str:
+    """One cell of the table: the figure, or its floor marked ``>=`` where rows from the future
+    make the figure itself impossible."""
+    if key in FLOORS and figs["future_rows"]:
+        return ">= " + _fmt(figs[FLOORS[key]])
+    return _fmt(figs[key])
+
+
+def table(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The comparison, one line per figure and per eviction reason (80 columns)."""
+    lines = [f"{'':24}{'recorded':>14}{'what-if':>14}"]
+    lines += [f"{key:24}{cell(before, key):>14}{cell(after, key):>14}" for key in ROWS]
+    for reason in sorted(set(before["evicted_by_reason"]) | set(after["evicted_by_reason"])):
+        lines.append(f"{'evicted: ' + reason:24}{before['evicted_by_reason'].get(reason, 0):>14}"
+                     f"{after['evicted_by_reason'].get(reason, 0):>14}")
+    return lines
+
+
+def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identical: int,
+                   chosen: dict[str, Any]) -> list[str]:
+    """What the replay approximated for these settings, one sentence each (none when it
+    reproduced every recorded batch)."""
+    if identical == calls and not outcome.refill_shortfall:
+        return []
+    out = ["arrivals: every rollout keeps its recorded arrival order and weight version; a "
+           "replay cannot re-time generation (a live run with these settings would also have "
+           "dispatched differently)"]
+    if chosen.get("max_off_policy_strategy") == "wait" and after["over_bound_rows"]:
+        out.append(f"wait: {after['over_bound_rows']:,} of {after['trained_rows']:,} trained "
+                   f"rows were trained above the bound (group span > "
+                   f"{chosen.get('max_off_policy_threshold')}): `wait` never evicts for "
+                   "staleness, and in the recorded timing the rollout side ran ahead of the "
+                   "trainer, so finished groups waited in the buffer. A live `wait` run trains "
+                   "above the bound as much only if its rollout side runs as far ahead")
+    if outcome.refill_shortfall:
+        out.append(f"refills: {outcome.refill_shortfall:,} refilled group(s) the replay asked "
+                   "for were never generated in the recorded run, so its batches trained other "
+                   "groups or stayed short")
+    future = future_summary(outcome, calls)
+    if future is not None:
+        out.append(future)
+    return out
+
+
+def _fmt(v: object) -> str:
+    return "NULL" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
