@@ -14,6 +14,8 @@ _PARTITION = "stream name, e.g. `train` or `val`; letters, digits, `-`, `_`, `.`
 _UID = "prompt-group id, unique within the partition"
 _PROMPT_ID = ("dataset id of the prompt the group answers (e.g. verl's dataset index); the same "
               "prompt may be registered as many groups; null = not given")
+_DATASET = ("name of the dataset the group's prompt was drawn from (e.g. `math`), which picks "
+            "its staleness bound when max_off_policy_threshold maps datasets; null = not given")
 
 # --- what producers hand to ingest (before the buffer adds seq / defaults) -----------------------
 
@@ -24,6 +26,7 @@ GROUPS_INPUT = schema(
     field("global_steps", pa.int64(), "dispatch step of the prompt (integer >= 0)"),
     field("n", pa.int32(), "expected number of sessions (responses); null = unknown", nullable=True),
     field("prompt_id", pa.int64(), _PROMPT_ID, nullable=True),
+    field("dataset", pa.string(), _DATASET, nullable=True),
 )
 
 STATUS_INPUT = schema(
@@ -88,6 +91,7 @@ GROUP_EVENTS = schema(
     field("global_steps", pa.int64(), "dispatch step (the new one for `reissued`)"),
     field("n", pa.int32(), "expected session count (registration only)", nullable=True),
     field("prompt_id", pa.int64(), _PROMPT_ID + " (registration only)", nullable=True),
+    field("dataset", pa.string(), _DATASET + " (registration only)", nullable=True),
     _SEQ, _TS,
 )
 

@@ -63,6 +63,7 @@ INFLIGHT = pa.schema([
     pa.field("global_steps", pa.int64()),
     pa.field("status", pa.string()),          # pending | running
     pa.field("prompt_id", pa.int64()),        # the group's dataset id (null: none given)
+    pa.field("dataset", pa.string()),         # the group's dataset name (null: none given)
 ], metadata={"table": "inflight", "doc": "pending and running groups (what the wait gate reads)"})
 
 BATCH_ROWS = pa.schema([
@@ -81,6 +82,7 @@ BATCH_ROWS = pa.schema([
     pa.field("span_version_min", pa.int64()),  # oldest version with tokens (null: none)
     pa.field("seq", pa.int64()),              # the trajectory's seq
     pa.field("prompt_id", pa.int64()),        # the group's dataset id (null: none given)
+    pa.field("dataset", pa.string()),         # the group's dataset name (null: none given)
 ], metadata={"table": "batch_rows",
              "doc": "one row per trajectory of every selected group (the provenance inputs)"})
 
