@@ -338,10 +338,12 @@ class ReplayBuffer:
         guarantee holds when every group finishes before the next step's sample. Sampleable
         groups are counted as `get_sampleable_count` counts them (after the eviction rules, so
         a group the next poll evicts frees its place). A read: it evicts, refills and removes
-        nothing. The formula is `sql/policies/dispatch_capacity.sql`."""
+        nothing. The formula is `sql/policies/dispatch_capacity.sql`. Under per-dataset bounds
+        T is the tightest of them: the new groups' datasets are not known yet, and a group of
+        the tightest dataset must keep its bound too."""
         step_arg("dispatch_capacity", global_steps)
         p = partition_arg(partition, partition_id, "dispatch_capacity")
-        threshold = self.config.stale.threshold
+        threshold = self.config.stale.bounds().tightest()
         if threshold is None or self.config.stale.strategy is None:
             raise ConfigError("dispatch_capacity needs a staleness bound: this buffer has none "
                               f"(preset {self.config.preset!r}, max_off_policy_threshold="

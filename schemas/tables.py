@@ -183,7 +183,18 @@ CANDIDATES = schema(
     field("response_tokens_max", pa.int64(), "longest response", nullable=True),
     field("min_version", pa.int64(), "oldest weight version of any trajectory", nullable=True),
     field("max_version", pa.int64(), "newest weight version of any trajectory", nullable=True),
+    field("dataset", pa.string(), _DATASET, nullable=True),
 )
+
+STALE_BOUNDS = schema(
+    "stale_bounds", "per-dataset staleness bounds the `stale` rule joins on the group's dataset "
+    "(from a max_off_policy_threshold mapping; a dataset not listed takes the default bound)",
+    field("dataset", pa.string(), "dataset name, as groups register it"),
+    field("bound", pa.int64(), "largest group span a group of that dataset may be trained at"),
+)
+
+LOOKUPS = {"stale_bounds": STALE_BOUNDS}
+"""Relations a rule may join on one candidate column (its `lookup` header), by name."""
 
 LAKE_TABLES = {
     "trajectories": TRAJECTORIES,

@@ -141,6 +141,8 @@ class PartitionState:
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.refill_done: Any = None             # ... and the threading.Event it sets on return
         self.unreported: Any = None              # EvictionMetrics of calls that raised
+        self.starving: dict[str, int] = {}       # dataset -> consecutive steps without a row
+        self.starving_step: int | None = None    # the last step the starvation signal counted
         self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
         #                  sample chose and has not returned yet (see pipeline.decide.selection)
 

@@ -146,7 +146,7 @@ def _lake_capacity(lake: Path, step: int, t: int, b: int) -> int:
     lake_con = connect(lake)
     cands = lake_con.sql("select * from candidates").to_arrow_table()
     evicted = set()
-    for rule, params in (("stale", {"step": step, "threshold": t}),
+    for rule, params in (("stale", {"step": step, "threshold": t, "tightest": t}),
                          ("failure", {"evict_all": True})):
         evicted |= set(loader.run(lake_con, rule, **params).column("uid").to_pylist())
     survivors = cands.filter(pa.array([u not in evicted for u in cands.column("uid").to_pylist()],
