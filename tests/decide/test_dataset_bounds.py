@@ -9,6 +9,7 @@ import pytest
 
 from pipeline import ConfigError, ReplayBuffer, async_config, sync_config
 from pipeline.analysis.views import connect, recorded_lookups
+from pipeline.analysis.whatif.rerun import replay
 from pipeline.config.stale_bounds import DEFAULT_KEY, ThresholdError
 from pipeline.errors import LakeError
 from sql.loader import run
@@ -120,3 +121,17 @@ def test_a_restart_keeps_the_mapping_and_refuses_another(tmp_path: Path) -> None
         assert buf.config.bound_of("math") == 2
     with pytest.raises(LakeError, match="max_off_policy_threshold"):
         ReplayBuffer.async_(max_off_policy_threshold={**BOUNDS, "math": 3}, lake=lake)
+
+
+def test_a_what_if_replays_a_recorded_run_under_per_dataset_bounds(tmp_path: Path) -> None:
+    """A run recorded with one loose bound, replayed with math's bound at 2: only the math group
+    over it is evicted; the one exactly at it and every code group stay."""
+    with ReplayBuffer.async_(max_off_policy_threshold=100, lake=tmp_path / "lake") as buf:
+        for uid, dataset, gs in (("m-over", "math", 0), ("c-old", "code", 0),
+                                 ("m-at", "math", 3), ("c-new", "code", 3)):
+            group(buf, uid, gs, [0.0, 1.0], dataset=dataset)
+        buf.release(buf.sample(global_steps=4, partition_id="train", batch_size=4))
+    replay(tmp_path / "lake", tmp_path / "out", max_off_policy_threshold={"math": 2, "*": 8})
+    evicted = connect(tmp_path / "out" / "lake").sql(
+        "select uid from decisions where kind = 'evict' and reason = 'stale'").fetchall()
+    assert evicted == [("m-over",)]
