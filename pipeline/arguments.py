@@ -65,6 +65,26 @@ def prompt_id_list(where: str, prompt_ids: Any, n_uids: int) -> list[int | None]
     return ids
 
 
+def dataset_list(where: str, dataset: Any, n_uids: int) -> list[str | None]:
+    """One dataset name per uid: a single name applies to every uid; a list gives one name (or
+    None) per uid. A name is a non-empty str; a wrong length or type names the position."""
+    if isinstance(dataset, str):
+        names: list[Any] = [dataset] * n_uids
+    elif isinstance(dataset, bytes) or not hasattr(dataset, "__len__"):
+        raise ConfigError(f"{where}: dataset={dataset!r} must be a name (one str for every uid) "
+                          "or a list with one name or None per uid")
+    else:
+        names = list(dataset)
+        if len(names) != n_uids:
+            raise ConfigError(f"{where}: {len(names)} dataset names for {n_uids} uids; give one "
+                              "per uid (None where a group has no dataset), or one str for all")
+    for i, d in enumerate(names):
+        if d is not None and (not isinstance(d, str) or not d):
+            raise ConfigError(f"{where}: dataset[{i}]={d!r} must be a non-empty str (the "
+                              "dataset's name, e.g. 'math') or None")
+    return names
+
+
 def batch_id_arg(batch: Any) -> int:
     """What `release` takes: a Batch (handled by the caller) or its integer id (a numpy integer
     too); a string, float or bool is refused rather than converted (int("3.7"), int(3.7) and

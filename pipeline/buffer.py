@@ -20,6 +20,7 @@ from pipeline import interrupts
 from pipeline.arguments import (
     batch_id_arg,
     batch_size_arg,
+    dataset_list,
     partition_arg,
     prompt_id_list,
     step_arg,
@@ -108,26 +109,32 @@ class ReplayBuffer:
 
     def register(self, data: Any = None, *, partition: str | None = None,
                  uids: list[str] | None = None, global_steps: int | None = None,
-                 n: int | None = None, prompt_ids: list[int | None] | None = None) -> None:
+                 n: int | None = None, prompt_ids: list[int | None] | None = None,
+                 dataset: str | list[str | None] | None = None) -> None:
         """Register prompt groups as `pending` (rows of partition, uid, global_steps[, n,
-        prompt_id]), or the shorthand ``register(partition=, uids=[...], global_steps=, n=,
-        prompt_ids=[...])``. ``prompt_ids`` (one int or None per uid, e.g. the dataset index)
-        names the prompt each group answers, so the lake can tell which prompts keep getting
-        evicted. All-or-nothing."""
+        prompt_id, dataset]), or the shorthand ``register(partition=, uids=[...], global_steps=,
+        n=, prompt_ids=[...], dataset=...)``. ``prompt_ids`` (one int or None per uid, e.g. the
+        dataset index) names the prompt each group answers, so the lake can tell which prompts
+        keep getting evicted. ``dataset`` (one name for all, or one name or None per uid) names
+        the dataset each group's prompt came from: it picks the group's staleness bound when
+        ``max_off_policy_threshold`` maps datasets, and the starvation signal counts by it.
+        All-or-nothing."""
         if data is None:
             uids = uid_list("register", uids)
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "global_steps": [global_steps] * len(uids), "n": [n] * len(uids)}
             if prompt_ids is not None:
                 data["prompt_id"] = prompt_id_list("register", prompt_ids, len(uids))
-        elif prompt_ids is not None:
-            raise ConfigError("register: prompt_ids= goes with the uids= shorthand; with rows, "
-                              "give each row a `prompt_id`")
+            if dataset is not None:
+                data["dataset"] = dataset_list("register", dataset, len(uids))
+        elif prompt_ids is not None or dataset is not None:
+            raise ConfigError("register: prompt_ids= and dataset= go with the uids= shorthand; "
+                              "with rows, give each row a `prompt_id` / `dataset`")
         with self._state.locked():
             rows = validate_groups(data, self._state.lookup)
             events = rows.append_column("event", pa.array(["registered"] * rows.num_rows))
             self._state.commit("group_events", events.select(
-                ["partition", "uid", "event", "global_steps", "n", "prompt_id"]))
+                ["partition", "uid", "event", "global_steps", "n", "prompt_id", "dataset"]))
 
     def update_status(self, data: Any = None, *, partition: str | None = None,
                       uids: list[str] | None = None, status: str | None = None) -> None:
@@ -144,7 +151,8 @@ class ReplayBuffer:
                 "partition": rows.column("partition"), "uid": rows.column("uid"),
                 "event": rows.column("status"), "global_steps": pa.array(gs, pa.int64()),
                 "n": pa.nulls(rows.num_rows, pa.int32()),
-                "prompt_id": pa.nulls(rows.num_rows, pa.int64())}))
+                "prompt_id": pa.nulls(rows.num_rows, pa.int64()),
+                "dataset": pa.nulls(rows.num_rows, pa.string())}))
 
     def put(self, trajectories: Any, timeout: float = 0.0) -> int:
         """Accept trajectories for in-flight groups; returns how many. All-or-nothing.
@@ -330,10 +338,12 @@ class ReplayBuffer:
         guarantee holds when every group finishes before the next step's sample. Sampleable
         groups are counted as `get_sampleable_count` counts them (after the eviction rules, so
         a group the next poll evicts frees its place). A read: it evicts, refills and removes
-        nothing. The formula is `sql/policies/dispatch_capacity.sql`."""
+        nothing. The formula is `sql/policies/dispatch_capacity.sql`. Under per-dataset bounds
+        T is the tightest of them: the new groups' datasets are not known yet, and a group of
+        the tightest dataset must keep its bound too."""
         step_arg("dispatch_capacity", global_steps)
         p = partition_arg(partition, partition_id, "dispatch_capacity")
-        threshold = self.config.stale.threshold
+        threshold = self.config.stale.bounds().tightest()
         if threshold is None or self.config.stale.strategy is None:
             raise ConfigError("dispatch_capacity needs a staleness bound: this buffer has none "
                               f"(preset {self.config.preset!r}, max_off_policy_threshold="

@@ -14,6 +14,8 @@ _PARTITION = "stream name, e.g. `train` or `val`; letters, digits, `-`, `_`, `.`
 _UID = "prompt-group id, unique within the partition"
 _PROMPT_ID = ("dataset id of the prompt the group answers (e.g. verl's dataset index); the same "
               "prompt may be registered as many groups; null = not given")
+_DATASET = ("name of the dataset the group's prompt was drawn from (e.g. `math`), which picks "
+            "its staleness bound when max_off_policy_threshold maps datasets; null = not given")
 
 # --- what producers hand to ingest (before the buffer adds seq / defaults) -----------------------
 
@@ -24,6 +26,7 @@ GROUPS_INPUT = schema(
     field("global_steps", pa.int64(), "dispatch step of the prompt (integer >= 0)"),
     field("n", pa.int32(), "expected number of sessions (responses); null = unknown", nullable=True),
     field("prompt_id", pa.int64(), _PROMPT_ID, nullable=True),
+    field("dataset", pa.string(), _DATASET, nullable=True),
 )
 
 STATUS_INPUT = schema(
@@ -88,6 +91,7 @@ GROUP_EVENTS = schema(
     field("global_steps", pa.int64(), "dispatch step (the new one for `reissued`)"),
     field("n", pa.int32(), "expected session count (registration only)", nullable=True),
     field("prompt_id", pa.int64(), _PROMPT_ID + " (registration only)", nullable=True),
+    field("dataset", pa.string(), _DATASET + " (registration only)", nullable=True),
     _SEQ, _TS,
 )
 
@@ -179,7 +183,18 @@ CANDIDATES = schema(
     field("response_tokens_max", pa.int64(), "longest response", nullable=True),
     field("min_version", pa.int64(), "oldest weight version of any trajectory", nullable=True),
     field("max_version", pa.int64(), "newest weight version of any trajectory", nullable=True),
+    field("dataset", pa.string(), _DATASET, nullable=True),
 )
+
+STALE_BOUNDS = schema(
+    "stale_bounds", "per-dataset staleness bounds the `stale` rule joins on the group's dataset "
+    "(from a max_off_policy_threshold mapping; a dataset not listed takes the default bound)",
+    field("dataset", pa.string(), "dataset name, as groups register it"),
+    field("bound", pa.int64(), "largest group span a group of that dataset may be trained at"),
+)
+
+LOOKUPS = {"stale_bounds": STALE_BOUNDS}
+"""Relations a rule may join on one candidate column (its `lookup` header), by name."""
 
 LAKE_TABLES = {
     "trajectories": TRAJECTORIES,

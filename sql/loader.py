@@ -10,7 +10,7 @@ the relations it reads and the columns it returns::
     -- returns: partition, uid, batch_id, step, group_span
 
 Declarations the live buffer compiles (rules/) add `reason`/`check`, `horizon`, `metric`,
-`spread`, `value` and `credit` (see pipeline/decide/rules.py); the metric declarations (metrics/)
+`spread`, `value`, `credit` and `lookup` (see pipeline/decide/rules.py); the metric declarations (metrics/)
 add `weights` (see pipeline/decide/metrics.py). `params: none` declares a query without
 parameters; a header line starting with two spaces after
 `--` continues the previous field. The header is checked when the file is loaded (every field
@@ -35,7 +35,8 @@ HEADER_FIELDS = ("name", "description", "params", "reads", "returns")
 # Fields only declarations compiled by the live engine carry (rules and checks; see
 # pipeline/decide/compile.py): the eviction reason or check name, the horizon, the metric keys,
 # the weight of each mean (metrics/), ...
-OPTIONAL_FIELDS = ("reason", "check", "horizon", "metric", "spread", "value", "credit", "weights")
+OPTIONAL_FIELDS = ("reason", "check", "horizon", "metric", "spread", "value", "credit", "weights",
+                   "lookup")
 
 # DuckDB parameter types a header may declare, with the python values each accepts.
 PARAM_TYPES: dict[str, tuple[type, ...]] = {

@@ -45,16 +45,18 @@ import pyarrow.compute as pc
 import pyarrow.dataset  # noqa: F401  (pa.dataset in annotations)
 
 from pipeline.analysis.guard import statements
+from pipeline.config import stale_bounds
 from pipeline.errors import ConfigError
 from pipeline.lake import LakeScan, cut_seq, orphans, read_table, require_lake, scan_lake
-from schemas import CANDIDATES, GROUP_TRAJECTORIES, LAKE_TABLES
+from pipeline.lake import config as lake_config
+from schemas import CANDIDATES, GROUP_TRAJECTORIES, LAKE_TABLES, LOOKUPS
 from sql import loader
 
 BASE_TABLES = tuple(LAKE_TABLES)
 # Derived views, in dependency order; each is the query file of that name under sql/.
 DERIVED_VIEWS = ("group_fates", "groups", "group_trajectories", "group_aggregates", "candidates",
                  "batch_rows", "provenance", "off_policy", "trajectory_fates", "inflight", "batches",
-                 "certificates")
+                 "certificates", "starved_stretches")
 DEFAULT_FILTER_METRIC = "reward"
 
 INFLIGHT = pa.schema([
@@ -63,6 +65,7 @@ INFLIGHT = pa.schema([
     pa.field("global_steps", pa.int64()),
     pa.field("status", pa.string()),          # pending | running
     pa.field("prompt_id", pa.int64()),        # the group's dataset id (null: none given)
+    pa.field("dataset", pa.string()),         # the group's dataset name (null: none given)
 ], metadata={"table": "inflight", "doc": "pending and running groups (what the wait gate reads)"})
 
 BATCH_ROWS = pa.schema([
@@ -81,13 +84,14 @@ BATCH_ROWS = pa.schema([
     pa.field("span_version_min", pa.int64()),  # oldest version with tokens (null: none)
     pa.field("seq", pa.int64()),              # the trajectory's seq
     pa.field("prompt_id", pa.int64()),        # the group's dataset id (null: none given)
+    pa.field("dataset", pa.string()),         # the group's dataset name (null: none given)
 ], metadata={"table": "batch_rows",
              "doc": "one row per trajectory of every selected group (the provenance inputs)"})
 
 # Relations a query reads that are not lake tables, with the types a case or a caller gives
 # their rows (registered under the name, they shadow the derived view of that name).
 RELATIONS = {"candidates": CANDIDATES, "inflight": INFLIGHT,
-             "group_trajectories": GROUP_TRAJECTORIES, "batch_rows": BATCH_ROWS}
+             "group_trajectories": GROUP_TRAJECTORIES, "batch_rows": BATCH_ROWS, **LOOKUPS}
 
 
 def _dedupe(table: pa.Table) -> pa.Table:
@@ -142,6 +146,9 @@ def register(con: duckdb.DuckDBPyConnection,
     variable (see `set_filter_metric`) every trajectory's metric reads as null."""
     for name in BASE_TABLES:
         con.register(name, tables.get(name, LAKE_TABLES[name].empty_table()))
+    for name, schema in LOOKUPS.items():   # a rule's settings relation: no rows unless given
+        if name not in tables:
+            con.register(name, schema.empty_table())
     for name, table in tables.items():
         if name not in BASE_TABLES:
             con.register(name, table)
@@ -189,6 +196,16 @@ def connect(lake_dir: str | os.PathLike, *,
         raise
     _keep(con, scan)
     return con
+
+
+def recorded_lookups(lake_dir: str | os.PathLike) -> dict[str, pa.Table]:
+    """The rules' settings relations as the lake's newest recorded configuration sets them (the
+    per-dataset `stale_bounds` of a max_off_policy_threshold mapping). `connect` reads no
+    configuration, so over it `stale_bounds` is empty (every group takes the threshold given);
+    register these (``con.register(name, table)``) to judge each group by the run's own bounds."""
+    record = lake_config.read(lake_dir)
+    config = record["versions"][-1]["config"] if record else {}
+    return {"stale_bounds": stale_bounds.recorded(config.get("max_off_policy_threshold"))}
 
 
 def refuse_orphans(con: duckdb.DuckDBPyConnection, lake_dir: str | os.PathLike) -> None:

@@ -7,7 +7,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'BufferConfig': 'buffer_config',
     'STRATEGIES': 'buffer_config',
     'StrategyError': 'buffer_config',
-    'ThresholdError': 'buffer_config',
+    'ThresholdError': 'stale_bounds',
     'async_config': 'buffer_config',
     'sync_config': 'buffer_config',
     'preset_kwargs': 'keywords',

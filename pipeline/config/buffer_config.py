@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pipeline.config import rule_knobs
 from pipeline.config.partitions import is_validation
+from pipeline.config.stale_bounds import StaleBounds, parse
 from pipeline.decide import RuleUse
 from pipeline.decide.policies import (
     Admit,
@@ -25,6 +26,7 @@ from pipeline.decide.policies import (
     RefillPolicy,
     ReplaceEvicted,
     StalePolicy,
+    Starvation,
     Unpaced,
     WaitGate,
 )
@@ -34,10 +36,6 @@ DEFAULT_THRESHOLD = 8
 DEFAULT_POLL_INTERVAL = 2.0
 # every valid max_off_policy_strategy, in the order the error message lists them
 STRATEGIES = ("drop", "wait", "admit")
-
-
-class ThresholdError(ConfigError):
-    """max_off_policy_threshold is invalid (the verl adapter also makes this an AssertionError)."""
 
 
 class StrategyError(ConfigError):
@@ -57,6 +55,7 @@ class BufferConfig:
     refill: RefillPolicy = field(default_factory=NoRefill)
     refill_fn: Callable[[int], Any] | None = None
     admission: Admit | Unpaced = field(default_factory=Unpaced)   # caps what refills ask
+    starvation: Starvation = field(default_factory=Starvation)   # the starved-dataset signal
     train_batch_size: int | None = None   # groups trained per step (what admission counts)
     poll_interval: float = DEFAULT_POLL_INTERVAL
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
@@ -81,9 +80,13 @@ class BufferConfig:
         return self.stale.gate()
 
     def bound(self) -> int | None:
-        """The span no selected group may exceed: the threshold of the `stale` rule, if on."""
-        use = self.uses("stale")
-        return None if use is None else dict(use.params)["threshold"]
+        """The span no selected group may exceed: the threshold of the `stale` rule, if on; under
+        per-dataset bounds the loosest of them (each group keeps its own, see `bound_of`)."""
+        return None if self.uses("stale") is None else self.stale.bounds().loosest()
+
+    def bound_of(self, dataset: str | None) -> int | None:
+        """The span a group of ``dataset`` may not exceed when selected (None: unbounded)."""
+        return None if self.uses("stale") is None else self.stale.bounds().of(dataset)
 
     def uses(self, name: str) -> RuleUse | None:
         return next((u for u in self.rules if u.name == name), None)
@@ -91,11 +94,7 @@ class BufferConfig:
 
 def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refill_fn: Any,
                   sync_refill_failed_groups: bool, poll_interval: Any) -> None:
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)
-                                  or threshold <= 0):
-        raise ThresholdError(
-            f"Invalid max off policy threshold: max_off_policy_threshold={threshold!r}; "
-            "use a positive int, or None to disable the staleness bound")
+    parse(threshold)
     if strategy not in STRATEGIES:
         raise StrategyError(
             f"Invalid max off policy strategy: max_off_policy_strategy={strategy!r}; "
@@ -141,7 +140,8 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
                 max_num_gen_batches: int = 0, max_response_length: int | None = None,
                 poll_interval: float = DEFAULT_POLL_INTERVAL,
-                rules: Mapping[str, Mapping[str, Any] | None] | None = None) -> BufferConfig:
+                rules: Mapping[str, Mapping[str, Any] | None] | None = None,
+                starvation_steps: int | None = None) -> BufferConfig:
     """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored. ``rules``
     switches opt-in rules on by name (``{"overlong": {"max_response_length": 12}}``)."""
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
@@ -169,7 +169,8 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     return BufferConfig(
         rules=uses, stale=StalePolicy(), filter_metric=filter_groups_metric,
         refill=refill, refill_fn=refill_fn, train_batch_size=train_batch_size,
-        poll_interval=float(poll_interval), empty_batch_is_error=True, preset="sync")
+        poll_interval=float(poll_interval), empty_batch_is_error=True, preset="sync",
+        starvation=_starvation(starvation_steps))
 
 
 def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
@@ -180,7 +181,8 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                  max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
                  max_num_gen_batches: int = 0, max_response_length: int | None = None,
                  poll_interval: float = DEFAULT_POLL_INTERVAL,
-                 rules: Mapping[str, Mapping[str, Any] | None] | None = None) -> BufferConfig:
+                 rules: Mapping[str, Mapping[str, Any] | None] | None = None,
+                 starvation_steps: int | None = None) -> BufferConfig:
     """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once;
     ``rules`` as for `sync_config`.
 
@@ -194,11 +196,18 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
                   refill_fn, sync_refill_failed_groups, poll_interval)
     _non_negative_int("max_num_gen_batches", max_num_gen_batches)
-    admission = _admission(max_off_policy_strategy, max_off_policy_threshold, train_batch_size)
-    stale = StalePolicy(max_off_policy_threshold, max_off_policy_strategy)
+    bounds = parse(max_off_policy_threshold)
+    if bounds.by_dataset and max_off_policy_strategy == "wait":
+        raise ConfigError(
+            f"max_off_policy_threshold={bounds.given()!r} with max_off_policy_strategy='wait': "
+            "per-dataset bounds apply to 'drop' and 'admit' (the stale rule judges each group "
+            "by its dataset); the wait gate holds every sample on the oldest group in flight, "
+            "whatever its dataset: give one int bound, or use 'drop'")
+    admission = _admission(max_off_policy_strategy, bounds.tightest(), train_batch_size)
+    stale = StalePolicy(bounds.default, max_off_policy_strategy, bounds.by_dataset)
     uses: tuple[RuleUse, ...] = ()
     if stale.bound() is not None:
-        uses += (RuleUse("stale", (("threshold", max_off_policy_threshold),)),)
+        uses += (_stale_rule(bounds),)
     uses += _filter_rules(filter_groups_metric, max_response_length, rules)
     uses += (RuleUse("failure", (("evict_all", True),)),)
     return BufferConfig(
@@ -206,7 +215,24 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         refill=ReplaceEvicted(max_num_gen_batches if filter_groups_metric else 0,
                               train_batch_size) if refill_fn is not None else NoRefill(),
         refill_fn=refill_fn, admission=admission, train_batch_size=train_batch_size,
-        poll_interval=float(poll_interval), preset="async")
+        poll_interval=float(poll_interval), preset="async",
+        starvation=_starvation(starvation_steps))
+
+
+def _starvation(steps: Any) -> Starvation:
+    """``starvation_steps``: after this many consecutive steps with groups in flight and no
+    trained row, a dataset is named in a warning and counted in `<prefix>/dataset/starved`."""
+    if steps is not None:
+        _positive_int("starvation_steps", steps, "(consecutive steps without a trained row "
+                      "that make a dataset starved), or None to switch the signal off")
+    return Starvation(steps)
+
+
+def _stale_rule(bounds: StaleBounds) -> RuleUse:
+    """The `stale` rule with its bounds: the default as `threshold`, the tightest for the
+    horizon, the per-dataset ones as the `stale_bounds` rows it joins."""
+    return RuleUse("stale", (("threshold", bounds.default), ("tightest", bounds.tightest())),
+                   tables=(("stale_bounds", bounds.by_dataset),))
 
 
 def _admission(strategy: str, threshold: int | None, train_batch_size: Any) -> Admit | Unpaced:
@@ -219,5 +245,6 @@ def _admission(strategy: str, threshold: int | None, train_batch_size: Any) -> A
                   "dispatch capacity counts places per step)")
     if threshold is None:
         raise ConfigError("max_off_policy_strategy='admit' needs max_off_policy_threshold (a "
-                          "positive int): the dispatch capacity is the room left under that bound")
+                          "positive int or a per-dataset mapping): the dispatch capacity is the "
+                          "room left under that bound (under a mapping, the tightest one)")
     return Admit(threshold, train_batch_size)

@@ -139,5 +139,6 @@ def complete(part: PartitionState) -> None:
     rows = []
     for uid, (gs, term_seq, status) in unaggregated.items():
         a = agg.get(uid, empty)
-        rows.append((part.partition, uid, gs, term_seq, effective_status(status, a[n_at]), *a))
+        rows.append((part.partition, uid, gs, term_seq, effective_status(status, a[n_at]), *a,
+                     part.groups[uid].dataset))
     part.candidates.complete(rows)

@@ -61,7 +61,8 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
     rows = part.candidates.to_examine(max(horizons) if horizons else None)
     if not rows:
         return Eviction()
-    frame = declared.with_params(candidates.frame(rows), _params(uses, step))
+    frame = rules.with_lookups(declared.with_params(candidates.frame(rows), _params(uses, step)),
+                               uses)
     frame = frame.hstack([pl.Series("step", [step], pl.Int64).new_from_index(0, frame.height)])
     span_expr = declared.compiled_items("provenance")[_GROUP_SPAN]
     exprs = [u.rule.expr.fill_null(False).alias(u.name) for u in uses]

@@ -23,6 +23,7 @@ from sql.loader import Query, SqlError
 
 OFF_POLICY = "off_policy"
 DISCARDED = "filter_groups/discarded_surplus_samples"
+STARVED = "dataset/starved"     # pipeline.decide.policies.starvation.METRIC
 STATS = ("mean", "max", "min")
 
 
@@ -96,6 +97,7 @@ def _declare() -> dict[str, Metric]:
                 out[f"{p}/{rule.spread}/max"] = Metric("max")
                 out[f"{p}/{rule.spread}/min"] = Metric("min")
         out[f"{p}/{DISCARDED}"] = Metric("sum", type=int)
+        out[f"{p}/{STARVED}"] = Metric("max", type=int)     # datasets starved at the step
         for key, m in OFF_POLICY_KEYS.items():
             out[f"{p}/{key}"] = m
     out["global_steps"] = Metric("last", type=int)

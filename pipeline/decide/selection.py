@@ -67,11 +67,11 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     batch_id = state.next_batch_id()
     rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
     spans = _spans(rows, chosen, steps, ctx.step)
-    bound = cfg.bound()
-    if bound is not None:
-        over = [u for u in chosen if spans[u] > bound]
+    if cfg.bound() is not None:     # each group its own bound (its dataset's, else the default)
+        over = [u for u in chosen if spans[u] > cfg.bound_of(part.groups[u].dataset)]
         if over:
-            raise InvariantError(f"selected groups exceed the staleness bound {bound}: {over[:5]}")
+            raise InvariantError(f"selected groups exceed their staleness bound "
+                                 f"({cfg.stale.given()!r}): {over[:5]}")
     surplus = cfg.refill.surplus(chosen, lambda: part.candidates.oldest(None))
     if surplus:
         surplus_spans = decide.group_spans(ctx.step, [part.groups[u].dispatch_step for u in surplus])
@@ -92,6 +92,9 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     table = with_provenance(payload, rows, status)
     prefix = metric_prefix(ctx.partition)
     evm = acc.scalars(prefix)     # empty on a validation partition: nothing is evicted there
+    trained = {part.groups[u].dataset for u in set(table.column("uid").to_pylist())}
+    evm.update({f"{prefix}/{k}": v for k, v in cfg.starvation.observe(part, ctx.step,
+                                                                       trained).items()})
     opm, weights = off_policy_metrics(rows, prefix=prefix)
     _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
     in_force, strategy = bound_in_force(cfg)

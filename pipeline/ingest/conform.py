@@ -90,6 +90,11 @@ def validate_groups(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
         bad_n = tuple(i for i, v in enumerate(n_col.to_pylist()) if v is not None and v < 1)
         if bad_n:
             problems.append(Problem("n", bad_n, "expected session count must be >= 1"))
+    datasets = table.column("dataset")
+    if datasets.null_count < len(datasets):
+        empty = tuple(i for i, d in enumerate(datasets.to_pylist()) if d == "")
+        if empty:
+            problems.append(Problem("dataset", empty, "dataset must be a non-empty name or null"))
     pairs = list(zip(partitions, uids))
     dup = []
     if len(set(pairs)) != len(pairs):          # a uid twice: every later row of it

@@ -43,7 +43,7 @@ def describe(cfg: BufferConfig) -> dict[str, Any]:
     return {
         "preset": cfg.preset,
         "filter_groups_metric": cfg.filter_metric,
-        "max_off_policy_threshold": cfg.stale.threshold,
+        "max_off_policy_threshold": cfg.stale.given(),
         "max_off_policy_strategy": cfg.stale.strategy,
         "rules": {u.name: dict(u.params) for u in cfg.rules},
         "refill": refill,

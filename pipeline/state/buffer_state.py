@@ -221,8 +221,9 @@ class BufferState:
     def _apply_group_events(self, rows: pa.Table) -> None:
         """Row by row in order, handed to the partition a run of one partition and event at a
         time (a poll registers, then finishes, ~64 groups: one call each, not 64)."""
-        uid, steps, ns, seqs, prompt_ids = (_pylist(rows.column(c)) for c in
-                                            ("uid", "global_steps", "n", "seq", "prompt_id"))
+        uid, steps, ns, seqs, prompt_ids, datasets = (
+            _pylist(rows.column(c)) for c in
+            ("uid", "global_steps", "n", "seq", "prompt_id", "dataset"))
         at = 0
         for (p, ev), run in groupby(zip(rows.column("partition").to_pylist(),
                                         rows.column("event").to_pylist())):
@@ -230,7 +231,7 @@ class BufferState:
             part = self.part(p)
             if ev == "registered":
                 part.apply_registered_many(uid[at:end], steps[at:end], ns[at:end],
-                                           prompt_ids[at:end])
+                                           prompt_ids[at:end], datasets[at:end])
             elif ev == "reissued":
                 for u, gs in zip(uid[at:end], steps[at:end]):
                     part.apply_reissued(u, gs)

@@ -37,11 +37,13 @@ class Group:
     sessions are derived from the keys. A set of a few tuples costs several times this."""
 
     __slots__ = ("uid", "dispatch_step", "n", "status", "rows", "keys", "removed", "batch_id",
-                 "prompt_id")
+                 "prompt_id", "dataset")
 
-    def __init__(self, uid: str, dispatch_step: int, n: int | None, prompt_id: int | None = None):
+    def __init__(self, uid: str, dispatch_step: int, n: int | None, prompt_id: int | None = None,
+                 dataset: str | None = None):
         # the step the group was dispatched at (`global_steps`), not a weight version
         self.uid, self.dispatch_step, self.n, self.prompt_id = uid, dispatch_step, n, prompt_id
+        self.dataset = dataset
         self.status = "pending"
         self.rows: range | list[int] = range(0)
         self.keys: tuple[tuple[int, int], ...] | set[tuple[int, int]] = ()
@@ -99,6 +101,7 @@ class GroupView:
     batch_id: int | None
     keys: frozenset[tuple[int, int]]
     prompt_id: int | None = None
+    dataset: str | None = None
 
     @property
     def sessions(self) -> frozenset[int]:
@@ -111,7 +114,7 @@ def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
         return GroupView(uid, None, None, "removed", "retired", None, frozenset()) \
             if retired else None
     return GroupView(uid, g.dispatch_step, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys),
-                     g.prompt_id)
+                     g.prompt_id, g.dataset)
 
 
 class PartitionState:
@@ -138,6 +141,8 @@ class PartitionState:
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.refill_done: Any = None             # ... and the threading.Event it sets on return
         self.unreported: Any = None              # EvictionMetrics of calls that raised
+        self.starving: dict[str, int] = {}       # dataset -> consecutive steps without a row
+        self.starving_step: int | None = None    # the last step the starvation signal counted
         self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
         #                  sample chose and has not returned yet (see pipeline.decide.selection)
 
@@ -156,15 +161,18 @@ class PartitionState:
             heapq.heapify(self._inflight_heap)
 
     def apply_registered(self, uid: str, gs: int, n: int | None,
-                         prompt_id: int | None = None) -> None:
-        self.apply_registered_many((uid,), (gs,), (n,), (prompt_id,))
+                         prompt_id: int | None = None, dataset: str | None = None) -> None:
+        self.apply_registered_many((uid,), (gs,), (n,), (prompt_id,), (dataset,))
 
     def apply_registered_many(self, uids: Sequence[str], steps: Sequence[int],
-                              ns: Sequence[int | None], prompt_ids: Sequence[int | None]) -> None:
+                              ns: Sequence[int | None], prompt_ids: Sequence[int | None],
+                              datasets: Sequence[str | None] | None = None) -> None:
         """`apply_registered` of each row in order, in one loop (a poll registers ~64)."""
         groups, inflight, push = self.groups, self.inflight, heapq.heappush
-        for uid, gs, n, prompt_id in zip(uids, steps, ns, prompt_ids):
-            groups[uid] = Group(uid, gs, n, prompt_id)
+        if datasets is None:
+            datasets = [None] * len(uids)
+        for uid, gs, n, prompt_id, dataset in zip(uids, steps, ns, prompt_ids, datasets):
+            groups[uid] = Group(uid, gs, n, prompt_id, dataset)
             inflight[uid] = gs                           # `_fly`, inline
             push(self._inflight_heap, (gs, uid))
 
@@ -189,7 +197,7 @@ class PartitionState:
         """In-flight group back to pending at the resume step; its partial trajectories dropped."""
         g = self.groups[uid]
         self.rows.drop(g.rows)
-        self.groups[uid] = Group(uid, gs, g.n, g.prompt_id)
+        self.groups[uid] = Group(uid, gs, g.n, g.prompt_id, g.dataset)
         self._fly(uid, gs)
 
     def apply_trajectories(self, rows: pa.Table) -> None:

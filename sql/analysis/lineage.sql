@@ -5,7 +5,7 @@
 --   discard, release), a `replaced` row for every served refill that asked for a prompt in its
 --   place (not for an ask whose refill_fn raised),
 --   and a final `verdict` row (trained at step / evicted: reasons / discarded / dropped by
---   re-issue / live). The dispatch row names the group's prompt_id when it has one. Every
+--   re-issue / live). The dispatch row names the group's prompt_id and dataset when it has them. Every
 --   partition holding the uid is shown.
 -- params: uid VARCHAR
 -- reads: group_events, trajectory_fates, decisions, groups
@@ -13,7 +13,8 @@
 --   reward, detail
 with
 events as (
-    select partition, seq, event, global_steps, prompt_id from group_events where uid = $uid
+    select partition, seq, event, global_steps, prompt_id, dataset from group_events
+    where uid = $uid
 ),
 trajs as (
     select partition, seq, session_id, index, min_global_steps, max_global_steps, span, reward,
@@ -49,7 +50,8 @@ timeline as (
         null::integer as session_id, null::integer as index,
         null::bigint as min_global_steps, null::bigint as max_global_steps,
         null::double as reward,
-        'global_steps=' || global_steps || coalesce(', prompt_id=' || prompt_id, '') as detail
+        'global_steps=' || global_steps || coalesce(', prompt_id=' || prompt_id, '')
+            || coalesce(', dataset=' || dataset, '') as detail
     from events
     union all
     select

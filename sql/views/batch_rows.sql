@@ -6,12 +6,12 @@
 --   covered), span_version_sum (sum of n_tokens * version, in 128 bits: a 64-bit sum overflows
 --   for versions near the step limit) and span_version_min (oldest version that produced a
 --   token), all null when the row reported no version spans. The response length
---   is the count stored at ingest, so the token payload is never read; prompt_id is the group's.
+--   is the count stored at ingest, so the token payload is never read; prompt_id and dataset are the group's.
 -- params: none
 -- reads: decisions, group_events, trajectories
 -- returns: partition, step, batch_id, uid, global_steps, min_global_steps, max_global_steps,
 --   is_padding, n_response_tokens, span_tokens, span_version_sum, span_version_min, seq,
---   prompt_id
+--   prompt_id, dataset
 with
 selects as (
     select partition, uid, step, batch_id, seq as select_seq
@@ -19,7 +19,7 @@ selects as (
     where kind = 'select'
 ),
 dispatches as (
-    select partition, uid, event, global_steps, prompt_id, seq
+    select partition, uid, event, global_steps, prompt_id, dataset, seq
     from group_events
     where event in ('registered', 'reissued')
 ),
@@ -34,7 +34,8 @@ at_select as (
         s.partition, s.uid, s.select_seq,
         arg_max(d.global_steps, d.seq) as global_steps,
         max(d.seq) filter (where d.event = 'reissued') as reissued_seq,
-        max(d.prompt_id) filter (where d.event = 'registered') as prompt_id
+        max(d.prompt_id) filter (where d.event = 'registered') as prompt_id,
+        max(d.dataset) filter (where d.event = 'registered') as dataset
     from selects as s
     join dispatches as d
         on d.partition = s.partition and d.uid = s.uid and d.seq < s.select_seq
@@ -53,7 +54,8 @@ rows_of as (
         t.n_response_tokens::bigint as n_response_tokens,
         t.version_spans,
         t.seq,
-        a.prompt_id
+        a.prompt_id,
+        a.dataset
     from selects as s
     join at_select as a
         on a.partition = s.partition and a.uid = s.uid and a.select_seq = s.select_seq
@@ -76,7 +78,8 @@ final as (
             list_filter(version_spans, lambda s: s.n_tokens > 0), lambda s: s.version))::bigint
             as span_version_min,
         seq,
-        prompt_id
+        prompt_id,
+        dataset
     from rows_of
 )
 

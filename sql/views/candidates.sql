@@ -7,10 +7,10 @@
 -- reads: groups, group_aggregates
 -- returns: partition, uid, global_steps, term_seq, status, n_traj, metric_min, metric_max,
 --   metric_nulls, response_tokens_sum, response_tokens_min, response_tokens_max, min_version,
---   max_version
+--   max_version, dataset
 with
 terminal as (
-    select partition, uid, global_steps, term_seq, effective_status
+    select partition, uid, global_steps, term_seq, effective_status, dataset
     from groups
     where effective_status in ('finished', 'failure') and fate = 'live'
 ),
@@ -25,7 +25,7 @@ joined as (
     select
         g.partition, g.uid, g.global_steps, g.term_seq, g.effective_status, a.n_traj,
         a.metric_min, a.metric_max, a.metric_nulls, a.response_tokens_sum, a.response_tokens_min,
-        a.response_tokens_max, a.min_version, a.max_version
+        a.response_tokens_max, a.min_version, a.max_version, g.dataset
     from terminal as g
     left join aggs as a on a.partition = g.partition and a.uid = g.uid
 ),
@@ -47,7 +47,8 @@ final as (
         response_tokens_min::bigint as response_tokens_min,
         response_tokens_max::bigint as response_tokens_max,
         min_version::bigint as min_version,
-        max_version::bigint as max_version
+        max_version::bigint as max_version,
+        dataset
     from joined
 )
 

@@ -6,15 +6,16 @@
 --   finished group without trajectories; the live buffer compiles that CASE (the step
 --   `status_words`) for the groups it holds, so both engines treat such a group alike.
 --   `prompt_id` is the dataset id the group was registered with (null when none was given, or
---   the lake predates prompt ids).
+--   the lake predates prompt ids); `dataset` the dataset name it was registered with (null
+--   likewise).
 -- params: none
 -- reads: group_events, trajectories, group_fates
 -- returns: partition, uid, global_steps, status, effective_status, registered_seq, reissued_seq,
 --   term_seq, n_expected, n_traj, fate, reason, batch_id, fate_step, fate_seq, released,
---   prompt_id
+--   prompt_id, dataset
 with
 events as (
-    select partition, uid, event, global_steps, n, prompt_id, seq from group_events
+    select partition, uid, event, global_steps, n, prompt_id, dataset, seq from group_events
 ),
 trajs as (
     select partition, uid, seq from trajectories
@@ -33,6 +34,7 @@ lifecycle as (
         min(seq) filter (where event in ('finished', 'failure')) as term_seq,
         max(n) filter (where event = 'registered') as n_expected,
         max(prompt_id) filter (where event = 'registered') as prompt_id,
+        max(dataset) filter (where event = 'registered') as dataset,
         arg_max(event, seq) as last_event,
         arg_max(global_steps, seq) filter (where event in ('registered', 'reissued'))
             as global_steps
@@ -77,7 +79,8 @@ final as (
         f.fate_step,
         f.fate_seq,
         f.release_seq is not null as released,
-        l.prompt_id
+        l.prompt_id,
+        l.dataset
     from lifecycle as l
     join current_trajs as c on c.partition = l.partition and c.uid = l.uid
     join status_words as s on s.partition = l.partition and s.uid = l.uid

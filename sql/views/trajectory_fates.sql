@@ -3,12 +3,13 @@
 --   dispatch step and fate; `fate` is `dropped` for a partial trajectory a re-issue discarded.
 --   staleness / staleness_worst are at the step that trained it (sampled rows only), taken from
 --   the `provenance` view, where their formulas live. response_len is the token count stored at
---   ingest (the payload is never read); prompt_id is the group's dataset id.
+--   ingest (the payload is never read); prompt_id is the group's dataset id, dataset its
+--   dataset name.
 -- params: none
 -- reads: trajectories, groups, provenance
 -- returns: partition, uid, session_id, index, seq, min_global_steps, max_global_steps, span,
 --   reward, reward_info, response_len, is_padding, global_steps, fate, reason, batch_id, fate_step,
---   staleness, staleness_worst, prompt_id
+--   staleness, staleness_worst, prompt_id, dataset
 with
 trajs as (
     select
@@ -18,7 +19,7 @@ trajs as (
 ),
 grps as (
     select partition, uid, global_steps, reissued_seq, fate, reason, batch_id, fate_step,
-           prompt_id
+           prompt_id, dataset
     from groups
 ),
 -- A trained row's staleness depends only on its batch (hence step) and its versions, so these
@@ -39,7 +40,8 @@ joined as (
         g.reason,
         g.batch_id,
         g.fate_step,
-        g.prompt_id
+        g.prompt_id,
+        g.dataset
     from trajs as t
     left join grps as g on g.partition = t.partition and g.uid = t.uid
 ),
@@ -54,7 +56,8 @@ final as (
         case when j.fate = 'dropped' then null else j.fate_step end as fate_step,
         p.staleness,
         p.staleness_worst,
-        j.prompt_id
+        j.prompt_id,
+        j.dataset
     from joined as j
     left join trained as p
         on j.fate = 'sampled' and p.partition = j.partition and p.batch_id = j.batch_id

@@ -70,6 +70,13 @@ def test_the_sync_preset_says_its_threshold_is_not_used() -> None:
     assert rows["max_off_policy_threshold"][1] == "not used: the sync preset trains on-policy"
 
 
+def test_per_dataset_bounds_are_shown_each_with_the_default_for_the_rest() -> None:
+    _, meaning = _rows(async_config(
+        max_off_policy_threshold={"math": 2, "code": 8, "*": 4}))["max_off_policy_threshold"]
+    assert meaning == ("a group may span at most its dataset's bound of trainer steps from "
+                       "dispatch to training (code 8, math 2; any other 4)")
+
+
 def test_an_old_lakes_camel_case_refill_policy_is_shown_by_todays_name() -> None:
     recorded = {"preset": "async", "rules": {}, "refill_fn": "run.<locals>.<lambda>",
                 "refill": {"policy": "ReplaceEvicted", "max_num_gen_batches": 0,

@@ -134,20 +134,21 @@ def test_unknown_names_and_wrong_params_are_clear_errors() -> None:
     con = duckdb.connect()
     with pytest.raises(SqlError, match="unknown query 'stale_groups'; known queries: .*stale"):
         run(con, "stale_groups")
-    with pytest.raises(SqlError, match=r"missing threshold; it expects stale\(step BIGINT, "
-                                       r"threshold BIGINT\)"):
+    with pytest.raises(SqlError, match=r"missing threshold, tightest; it expects stale\(step "
+                                       r"BIGINT, threshold BIGINT, tightest BIGINT\)"):
         run(con, "stale", step=3)
     with pytest.raises(SqlError, match="unexpected batch; it expects"):
-        run(con, "stale", step=3, threshold=2, batch=1)
+        run(con, "stale", step=3, threshold=2, tightest=2, batch=1)
     with pytest.raises(SqlError, match="threshold must be BIGINT, got '2'"):
-        run(con, "stale", step=3, threshold="2")
+        run(con, "stale", step=3, threshold="2", tightest=2)
     with pytest.raises(SqlError, match="must be BIGINT, got True"):
-        run(con, "stale", step=True, threshold=2)
+        run(con, "stale", step=True, threshold=2, tightest=2)
     with pytest.raises(SqlError, match="evict_all must be BOOLEAN, got 1"):
         run(con, "failure", evict_all=1)
     with pytest.raises(SqlError, match="not a BIGINT"):
-        load("stale").coerce({"step": "3", "threshold": "two"})
-    assert load("stale").coerce({"step": "3", "threshold": "2"}) == {"step": 3, "threshold": 2}
+        load("stale").coerce({"step": "3", "threshold": "two", "tightest": "2"})
+    assert load("stale").coerce({"step": "3", "threshold": "2", "tightest": "2"}) == \
+        {"step": 3, "threshold": 2, "tightest": 2}
     assert load("failure").coerce({"evict_all": "false"}) == {"evict_all": False}
 
 

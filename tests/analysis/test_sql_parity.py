@@ -33,11 +33,11 @@ THRESHOLD = 2
 # other than `step`) and the metric its zero-variance filter compares.
 SCENARIOS: dict[str, dict[str, Any]] = {
     "async": {"metric": "reward",
-              "enabled": {"stale": {"threshold": THRESHOLD}, "zero_variance": {},
-                          "failure": {"evict_all": True}}},
+              "enabled": {"stale": {"threshold": THRESHOLD, "tightest": THRESHOLD},
+                          "zero_variance": {}, "failure": {"evict_all": True}}},
     "async_overlong": {"metric": "reward",
-                       "enabled": {"stale": {"threshold": THRESHOLD}, "zero_variance": {},
-                                   "failure": {"evict_all": True},
+                       "enabled": {"stale": {"threshold": THRESHOLD, "tightest": THRESHOLD},
+                                   "zero_variance": {}, "failure": {"evict_all": True},
                                    "overlong": {"max_response_length": 3}}},
     "sync": {"metric": "acc", "enabled": {"zero_variance": {}}},
 }
@@ -46,6 +46,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 # no line here.
 PARAM_VALUES: dict[str, list[Any]] = {
     "threshold": [1, THRESHOLD, 4],
+    "tightest": [1],          # the stale horizon's bound: at most every threshold tried
     "evict_all": [True, False],
     "max_response_length": [0, 2, 4],
 }
@@ -70,7 +71,8 @@ def _bindings(rule: rules.Rule, step: int) -> Iterator[dict[str, Any]]:
 
 
 def _live_hits(rule: rules.Rule, live: pa.Table, params: dict[str, Any]) -> list[tuple]:
-    frame = declared.with_params(pl.from_arrow(live), params)
+    frame = rules.with_lookups(declared.with_params(pl.from_arrow(live), params),
+                               (rules.RuleUse(rule.name),))   # no per-dataset bounds: none given
     hits = frame.filter(rule.expr).select("partition", "uid", "global_steps")
     return [tuple(r) for r in hits.iter_rows()]
 

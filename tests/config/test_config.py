@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline import ConfigError, async_config, sync_config
-from pipeline.config.buffer_config import StrategyError, ThresholdError
+from pipeline.config.buffer_config import StrategyError
+from pipeline.config.stale_bounds import ThresholdError
 
 
 def refill(n: int) -> None:

@@ -150,7 +150,7 @@ def _lake_capacities(lake: Path, steps: list[int], t: int, b: int) -> list[int]:
     out = []
     for step in steps:
         evicted = set()
-        for rule, params in (("stale", {"step": step, "threshold": t}),
+        for rule, params in (("stale", {"step": step, "threshold": t, "tightest": t}),
                              ("failure", {"evict_all": True})):
             evicted |= set(loader.run(lake_con, rule, **params).column("uid").to_pylist())
         survivors = cands.filter(pa.array([u not in evicted

@@ -18,7 +18,7 @@ from pipeline.decide import compile as declared
 from pipeline.decide.batch import batch_rows
 from pipeline.decide.metrics import off_policy_metrics
 from pipeline.state import candidates
-from schemas import CANDIDATES, GROUP_TRAJECTORIES
+from schemas import CANDIDATES, GROUP_TRAJECTORIES, LOOKUPS
 from sql import loader
 from tests.support.sql_cases import case_connection
 
@@ -37,7 +37,8 @@ def _random_candidates(rng: random.Random, n: int) -> list[tuple]:
                      min(present) if present else None, max(present) if present else None,
                      n_traj - len(present), sum(lengths) if n_traj else None,
                      min(lengths, default=None), max(lengths, default=None),
-                     rng.randint(0, 5) if n_traj else None, rng.randint(5, 9) if n_traj else None))
+                     rng.randint(0, 5) if n_traj else None, rng.randint(5, 9) if n_traj else None,
+                     rng.choice([None, "math", "code", "web"])))
     return rows
 
 
@@ -53,16 +54,37 @@ def _params(rule: rules.Rule, rng: random.Random, step: int) -> dict:
     return out
 
 
-def _live(rule: rules.Rule, rows: list[tuple], params: dict) -> set[str]:
-    frame = declared.with_params(candidates.frame(rows), params)
-    hit = frame.filter(rule.expr.fill_null(False))
+def _use(rule: rules.Rule, rng: random.Random, step: int) -> tuple[dict, rules.RuleUse]:
+    """Random parameters (step included) and the use that binds them: a rule with a lookup gets
+    random rows for it (a random subset of the datasets, each its own bound, sometimes none), and
+    the stale rule's `tightest` is what a configuration binds, the least of every bound."""
+    params = _params(rule, rng, step)
+    tables: tuple = ()
+    if rule.lookup is not None:
+        bounds = tuple((d, rng.randint(1, 10)) for d in ("math", "code", "web")
+                       if rng.random() < 0.6)
+        tables = ((rule.lookup[0], bounds),)
+        if "tightest" in params:
+            params["tightest"] = min([params["threshold"], *(b for _, b in bounds)])
+    knobs = tuple((k, v) for k, v in params.items() if k != "step")
+    return params, rules.RuleUse(rule.name, knobs, tables)
+
+
+def _live(use: rules.RuleUse, rows: list[tuple], params: dict) -> set[str]:
+    frame = rules.with_lookups(declared.with_params(candidates.frame(rows), params), (use,))
+    hit = frame.filter(use.rule.expr.fill_null(False))
     return set(hit["uid"].to_list())
 
 
-def _lake(rule: rules.Rule, rows: list[tuple], params: dict) -> set[str]:
+def _lake(use: rules.RuleUse, rows: list[tuple], params: dict) -> set[str]:
     con = duckdb.connect()
     con.register("candidates", candidates.table(rows))
-    return set(loader.run(con, rule.name, **params).column("uid").to_pylist())
+    if use.rule.lookup is not None:
+        relation = use.rule.lookup[0]
+        con.register(relation, pa.Table.from_pylist(
+            [dict(zip(LOOKUPS[relation].names, r)) for r in use.lookup_rows()],
+            schema=LOOKUPS[relation]))
+    return set(loader.run(con, use.name, **params).column("uid").to_pylist())
 
 
 @pytest.mark.parametrize("name", sorted(rules.registry()))
@@ -71,8 +93,8 @@ def test_both_engines_give_the_same_groups(name: str, seed: int) -> None:
     rng = random.Random(seed)
     rule = rules.get(name)
     rows = _random_candidates(rng, 40)
-    params = _params(rule, rng, rng.randint(0, 40))
-    assert _live(rule, rows, params) == _lake(rule, rows, params)
+    params, use = _use(rule, rng, rng.randint(0, 40))
+    assert _live(use, rows, params) == _lake(use, rows, params)
 
 
 @pytest.mark.parametrize("name", sorted(rules.registry()))
@@ -84,10 +106,10 @@ def test_a_rule_fires_anew_only_on_groups_behind_its_horizon(name: str, seed: in
     rng = random.Random(seed)
     rule = rules.get(name)
     rows = _random_candidates(rng, 40)
-    early = _params(rule, rng, rng.randint(0, 30))
+    early, use = _use(rule, rng, rng.randint(0, 30))
     later = dict(early, step=early.get("step", 0) + rng.randint(1, 10)) if "step" in early \
         else early
-    before, after = _live(rule, rows, early), _live(rule, rows, later)
+    before, after = _live(use, rows, early), _live(use, rows, later)
     newly = after - before
     if rule.horizon(later) is None:
         assert newly == set() and before == after
@@ -113,7 +135,7 @@ def test_group_aggregates_agree_between_engines(seed: int) -> None:
     con = duckdb.connect()
     con.register("group_trajectories", meta)
     lake = pl.from_arrow(loader.run(con, "group_aggregates")).sort("uid")
-    assert live.columns == lake.columns == list(CANDIDATES.names[:2]) + list(CANDIDATES.names[5:])
+    assert live.columns == lake.columns == list(CANDIDATES.names[:2]) + list(CANDIDATES.names[5:-1])
     assert live.rows() == lake.rows()
 
 
@@ -293,7 +315,7 @@ def test_groups_without_trajectories_get_the_same_status_and_aggregates_in_both_
     by_uid = {r["uid"]: r for r in live.to_pylist()}
     assert [by_uid[u]["status"] for u in ("finished-empty", "failed-empty", "finished", "failed")] \
         == ["failure", "failure", "finished", "failure"]
-    assert tuple(by_uid["finished-empty"][c] for c in CANDIDATES.names[5:]) \
+    assert tuple(by_uid["finished-empty"][c] for c in CANDIDATES.names[5:-1]) \
         == aggregates.empty_aggregates() == (0, None, None, 0, None, None, None, None, None)
 
 
@@ -410,3 +432,28 @@ def test_the_pacing_analysis_charts_the_declared_capacity() -> None:
     policy = declared.select_items(loader.load("dispatch_capacity"), "final")["capacity"]
     chart = declared.select_items(loader.load("dispatch_pacing"), "paced")["capacity"]
     assert chart == policy
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_stale_rule_judges_each_dataset_by_its_own_bound_on_both_engines(seed: int) -> None:
+    """The mapping case held explicitly: both engines agree, and the per-dataset bounds change
+    the verdict against the default alone (a tighter math bound evicts more, a looser code bound
+    keeps more), exactly as each group's own bound says."""
+    rng = random.Random(seed)
+    rows = _random_candidates(rng, 60)
+    step, default = rng.randint(10, 30), rng.randint(3, 6)
+    bounds = (("code", default + 3), ("math", default - 2))
+    # each dataset's bound and one over it (span = step - global_steps + 1)
+    for uid, dataset, span in (("m-at", "math", default - 2), ("m-over", "math", default - 1),
+                               ("c-at", "code", default + 3), ("c-over", "code", default + 4)):
+        rows.append(("train", uid, step - span + 1, 5000 + len(rows), "finished", 1, 1.0, 1.0,
+                     0, 2, 2, 2, 0, 0, dataset))
+    use = rules.RuleUse("stale", (("threshold", default), ("tightest", default - 2)),
+                        (("stale_bounds", bounds),))
+    params = {"step": step, "threshold": default, "tightest": default - 2}
+    got = _live(use, rows, params)
+    assert got == _lake(use, rows, params)
+    own = dict(bounds)
+    assert got == {r[1] for r in rows if r[4] == "finished"
+                   and step - r[2] + 1 > own.get(r[-1], default)}
+    assert {"m-over", "c-over"} <= got and not {"m-at", "c-at"} & got

@@ -19,7 +19,7 @@ def test_a_new_lake_records_the_configuration_and_the_library_version(tmp_path):
     cfg = lake_config.current(tmp_path / "lake")
     assert (cfg["preset"], cfg["max_off_policy_threshold"], cfg["max_off_policy_strategy"]) == \
         ("async", 3, "drop")
-    assert cfg["rules"] == {"stale": {"threshold": 3}, "failure": {"evict_all": True}}
+    assert cfg["rules"] == {"stale": {"threshold": 3, "tightest": 3}, "failure": {"evict_all": True}}
 
 
 @pytest.mark.parametrize(("kw", "key"), [

@@ -22,10 +22,11 @@ def rows(uid: str, rewards: list[float], *, partition: str = "train", version: i
 
 
 def group(buf: ReplayBuffer, uid: str, gs: int, rewards: list[float] | None = None, *,
-          status: str = "finished", partition: str = "train", acc: list[float] | None = None
-          ) -> None:
-    """Register a group dispatched at ``gs``, add its trajectories, move it to ``status``."""
-    buf.register(partition=partition, uids=[uid], global_steps=gs)
+          status: str = "finished", partition: str = "train", acc: list[float] | None = None,
+          dataset: str | None = None) -> None:
+    """Register a group dispatched at ``gs`` (of ``dataset``), add its trajectories, move it to
+    ``status``."""
+    buf.register(partition=partition, uids=[uid], global_steps=gs, dataset=dataset)
     if rewards:
         buf.put(rows(uid, rewards, partition=partition, version=max(gs - 1, 0), acc=acc))
     if status != "pending":

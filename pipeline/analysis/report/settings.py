@@ -53,6 +53,10 @@ def _threshold(v: Any, preset: Any) -> str:
         return "not used: the sync preset trains on-policy"
     if v is None:
         return "no staleness bound"
+    if isinstance(v, dict):      # per-dataset bounds, "*" for every other dataset
+        named = ", ".join(f"{k} {_number(b)}" for k, b in sorted(v.items()) if k != "*")
+        return (f"a group may span at most its dataset's bound of trainer steps from dispatch "
+                f"to training ({named}; any other {_number(v.get('*'))})")
     return f"a group may span at most {_number(v)} trainer steps from dispatch to training"
 
 

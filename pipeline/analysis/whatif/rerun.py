@@ -216,7 +216,8 @@ class _Feed:
                           "uid": [e["uid"] for e in ev],
                           "global_steps": [e["global_steps"] for e in ev],
                           "n": [e["n"] for e in ev],
-                          "prompt_id": [e.get("prompt_id") for e in ev]})
+                          "prompt_id": [e.get("prompt_id") for e in ev],
+                          "dataset": [e.get("dataset") for e in ev]})
         else:
             ev = [self.events[ref] for _, _, ref in run]
             try:

@@ -14,6 +14,7 @@ from typing import Literal
 
 import polars as pl
 
+from pipeline.config.stale_bounds import StaleBounds
 from pipeline.decide import compile as declared
 
 GATE = "wait_gate_blockers"
@@ -60,6 +61,15 @@ class StalePolicy:
 
     threshold: int | None = None
     strategy: Literal["drop", "wait", "admit"] | None = None
+    by_dataset: tuple[tuple[str, int], ...] = ()   # per-dataset bounds; `threshold` the rest's
+
+    def bounds(self) -> StaleBounds:
+        """Every group's bound (the default and the per-dataset ones)."""
+        return StaleBounds(self.threshold, self.by_dataset)
+
+    def given(self) -> int | dict[str, int] | None:
+        """The threshold as the user gave it (an int, None, or a per-dataset mapping)."""
+        return self.bounds().given()
 
     def gate(self) -> WaitGate | None:
         """The wait gate these settings ask for (``wait`` with a threshold), or None."""

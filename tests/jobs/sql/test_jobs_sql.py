@@ -51,7 +51,7 @@ def test_a_map_column_prints_as_an_object() -> None:
 
 def test_sql_lists_the_named_queries() -> None:
     res = cli.invoke(app, ["sql", "--list"])
-    assert res.exit_code == 0 and "stale(step BIGINT, threshold BIGINT)" in res.output
+    assert res.exit_code == 0 and "stale(step BIGINT, threshold BIGINT, tightest BIGINT)" in res.output
 
 
 def test_sql_refuses_writes_and_reports_bad_params(tmp_path: Path) -> None:

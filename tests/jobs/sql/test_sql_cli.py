@@ -48,8 +48,8 @@ def test_named_queries_are_table_macros_inside_ad_hoc_sql() -> None:
     assert res.exit_code == 0, res.output
     assert json.loads(res.output) == [{"stage": "verdict"}]
     by_name = json.loads(sql("--name", "stale", "--param", "step=3", "--param", "threshold=1",
-                             "--format", "json").output)
-    inline = json.loads(sql("select * from stale(3, 1)", "--format", "json").output)
+                             "--param", "tightest=1", "--format", "json").output)
+    inline = json.loads(sql("select * from stale(3, 1, 1)", "--format", "json").output)
     assert inline == by_name
 
 
