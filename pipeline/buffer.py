@@ -30,7 +30,7 @@ from pipeline.decide import Batch, Ready, aggregates, run_call
 from pipeline.decide import evaluate as decide
 from pipeline.decide.policies import PollContext, capacity
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
-from pipeline.ingest import validate_groups, validate_status, validate_trajectories
+from pipeline.ingest import PutResult, validate_groups, validate_status, validate_trajectories
 from pipeline.lake import LakeWriter
 from pipeline.state import (
     BufferState,
@@ -146,8 +146,16 @@ class ReplayBuffer:
                 "n": pa.nulls(rows.num_rows, pa.int32()),
                 "prompt_id": pa.nulls(rows.num_rows, pa.int64())}))
 
-    def put(self, trajectories: Any, timeout: float = 0.0) -> int:
-        """Accept trajectories for in-flight groups; returns how many. All-or-nothing.
+    def put(self, trajectories: Any, timeout: float = 0.0) -> PutResult:
+        """Accept trajectories for in-flight groups; returns how many were stored, as an int
+        whose ``already_stored`` counts the rows that were stored identically before.
+        All-or-nothing.
+
+        Retries are idempotent: a row whose (uid, session_id, index) is already stored with the
+        very same content (a producer sending again a put whose reply it never saw) is a no-op,
+        counted in ``already_stored``; one stored with different content is refused as a
+        duplicate naming the key (nothing of the call accepted). A call mixing new and identical
+        rows stores the new ones. The comparison runs only for rows whose key is stored.
 
         Back-pressure: with ``max_live_bytes`` set, a put that would take the payload held in
         memory past it waits up to ``timeout`` seconds for the trainer to release batches, then
@@ -156,10 +164,13 @@ class ReplayBuffer:
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._state.locked():
             while True:   # validated again after every wait: a group may have settled meanwhile
-                rows = validate_trajectories(trajectories, self._state.lookup,
-                                             self.config.filter_metric)
+                rows, repeated = validate_trajectories(trajectories, self._state.lookup,
+                                                       self.config.filter_metric,
+                                                       self._state.stored_rows)
+                if repeated and not rows.num_rows:          # all a retry's: nothing to write
+                    return PutResult(0, repeated)
                 if self.max_live_bytes is None or self._has_room(rows.nbytes, deadline):
-                    return self._state.commit("trajectories", rows).num_rows
+                    return PutResult(self._state.commit("trajectories", rows).num_rows, repeated)
 
     def _has_room(self, nbytes: int, deadline: float) -> bool:
         """True when the payload fits the budget; else wait for a change (False) or raise."""

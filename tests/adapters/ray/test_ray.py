@@ -131,6 +131,28 @@ def test_a_producer_task_finds_the_actor_by_name(actor, ray_cluster):
     assert actor.counts("train")["pending"] == 1
 
 
+def test_a_remote_put_retried_after_its_reply_was_lost_is_a_no_op(actor, ray_cluster, tmp_path):
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    def producer(name: str) -> tuple[int, int]:
+        client = RayReplayBuffer.connect(name)
+        client.register(partition="train", uids=["r0"], global_steps=1, n=GROUP)
+        client.put(group_rows("r0", 1)[:2])              # the reply this producer never saw
+        again = client.put(group_rows("r0", 1))          # its retry, with the rest
+        return int(again), again.already_stored
+
+    stored, already = ray.get(producer.remote(actor.name))
+    assert (stored, already) == (GROUP - 2, 2)
+    retry = actor.put(group_rows("r0", 1))
+    assert (retry, retry.already_stored) == (0, GROUP)
+    with pytest.raises(IngestError, match=r"\('r0', 1, 0\) differs in reward") as err:
+        actor.put([traj("r0", 1, reward=7.0)])
+    assert any("Ray actor" in note for note in err.value.__notes__)
+    trajectories = read_table(tmp_path / "lake", "trajectories")
+    assert sorted(trajectories["session_id"].to_pylist()) == list(range(GROUP))
+
+
 def test_pull_refill_records_what_the_buffer_asks_for_until_a_producer_takes_it(tmp_path,
                                                                                 ray_cluster):
     client = RayReplayBuffer.start(lake=tmp_path / "lake", preset="async", name=_name(),
