@@ -43,6 +43,13 @@ from pipeline.state import (
 )
 
 log = logging.getLogger("replaylake")
+
+
+def _missing(group: Any) -> list[int] | None:
+    """The session ids a resumed group still needs (None: its ``n`` is unknown)."""
+    return None if group.n is None else sorted(set(range(group.n)) - group.sessions)
+
+
 _STATUSES = ("pending", "running", "finished", "failure", "sampled")
 
 
@@ -200,28 +207,57 @@ class ReplayBuffer:
                 ) -> dict[str, list[str]]:
         """After a restart: every pending/running group (of ``partition``, or of all) goes back to
         `pending` at the resume step and loses its partial trajectories; returns
-        {partition: uids} for the caller to re-dispatch (their rollout workers died with the old
-        process).
+        {partition: uids} for the caller to re-dispatch whole (their rollout workers died with
+        the old process). `resume` keeps the completed sessions instead.
 
         Batches the trainer held when the process died are restored as `sampled` (their rows stay
         in memory, `held_batches` lists them). A trainer that resumes from a checkpoint taken
         before those steps will not train on them: ``release_held=True`` releases them here (their
         rows stay in the lake; `replaylake export` can still read them). Keep them (the default)
         to hand them to the trainer again."""
-        step_arg("reissue", global_steps)
+        return self._reissue("reissue", global_steps, partition, partition_id, release_held,
+                             keep=False)
+
+    def resume(self, global_steps: int, partition: str | None = None, *,
+               partition_id: str | None = None, release_held: bool = False
+               ) -> dict[str, list[tuple[str, list[int] | None]]]:
+        """`reissue` with sibling reuse: every pending/running group goes back to `pending` at
+        the resume step *keeping* its completed sessions; returns {partition: [(uid, missing
+        session ids), ...]} for the caller to dispatch only those (None: the group was
+        registered without ``n``, so which are missing is the rollout side's to say; its stored
+        sessions are `lookup(...).sessions`). The group finishes when they arrive; the kept
+        siblings keep their own min/max versions (older weights), so the group's versions and
+        spans count them honestly. A session counts as complete once one of its trajectories
+        is stored (a session's outputs come in one put).
+
+        In the lake, the kept rows are written again after the group's `reissued` event (the
+        rows before it read as dropped, as for `reissue`): every reader then sees the group as
+        the live buffer does. A crash between the two writes leaves the group as `reissue`
+        would (nothing kept); resuming again reports every session missing."""
+        return self._reissue("resume", global_steps, partition, partition_id, release_held,
+                             keep=True)
+
+    def _reissue(self, where: str, global_steps: int, partition: str | None,
+                 partition_id: str | None, release_held: bool, *, keep: bool) -> dict:
+        step_arg(where, global_steps)
         only = None if partition is None and partition_id is None else \
-            partition_arg(partition, partition_id, "reissue")
-        out: dict[str, list[str]] = {}
+            partition_arg(partition, partition_id, where)
+        out: dict[str, list] = {}
         with self._state.locked(), interrupts.held():
             for pid, part in self._state.partitions():
                 if only is not None and pid != only:
                     continue
                 uids = sorted(part.inflight)
                 if uids:
+                    kept = [self._state.stored_rows(pid, u) for u in uids if part.groups[u].keys] \
+                        if keep else []
                     self._state.commit("group_events", [
                         {"partition": pid, "uid": u, "event": "reissued",
                          "global_steps": global_steps} for u in uids])
-                    out[pid] = uids
+                    if kept:
+                        self._state.commit("trajectories", pa.concat_tables(kept).drop_columns(
+                            ["seq", "ts"]))
+                    out[pid] = [(u, _missing(part.groups[u])) for u in uids] if keep else uids
                 if release_held:
                     for batch_id in sorted(part.batches):
                         self.release(batch_id)

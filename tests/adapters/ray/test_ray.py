@@ -242,3 +242,15 @@ def test_the_actor_answers_the_dispatch_capacity_the_in_process_buffer_answers(t
             client.dispatch_capacity(1, "train", batch_size=0)
     finally:
         client.kill()
+
+
+def test_the_actor_resumes_in_flight_groups_keeping_their_completed_sessions(actor):
+    actor.register(partition="train", uids=["a", "b"], global_steps=1, n=GROUP)
+    actor.put(group_rows("a", 1)[:3])
+    assert actor.resume(4, "train") == {"train": [("a", [3]), ("b", [0, 1, 2, 3])]}
+    actor.put(group_rows("a", 1)[3:])
+    actor.update_status(partition="train", uids=["a"], status="running")
+    actor.update_status(partition="train", uids=["a"], status="finished")
+    batch = actor.sample(4, "train", 1)
+    assert batch.table["session_id"].to_pylist() == [0, 1, 2, 3]
+    assert set(batch.table["global_steps"].to_pylist()) == {4}
