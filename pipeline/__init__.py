@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         UnknownGroupError,
         UnknownMetricError,
     )
+    from pipeline.ingest import PutResult
     from pipeline.state import GroupView
     from pipeline.to_torch import TensorPool
 
@@ -40,6 +41,7 @@ _HOMES: dict[str, str] = {
     "async_config": "config.buffer_config", "sync_config": "config.buffer_config",
     "METRICS": "decide.metrics", "StepAggregator": "decide.metrics", "Ready": "decide.poll",
     "GroupView": "state.partition", "TensorPool": "to_torch.pool",
+    "PutResult": "ingest.retries",
     **dict.fromkeys([
         "BufferFullError", "ConfigError", "EmptyBatchError", "IngestError", "InvariantError",
         "LakeDamageError", "LakeError", "MissingMetricError", "PoolError", "PresetKeywordError",
@@ -50,9 +52,10 @@ _HOMES: dict[str, str] = {
 __all__ = [
     "METRICS", "Batch", "BufferConfig", "BufferFullError", "ConfigError", "EmptyBatchError",
     "GroupView", "IngestError", "InvariantError", "LakeDamageError", "LakeError",
-    "MissingMetricError", "PoolError", "PresetKeywordError", "Ready", "RefillLimitError",
-    "ReplayBuffer", "ReplayLakeError", "SampleTimeout", "StepAggregator", "TensorPool",
-    "UnknownBatchError", "UnknownGroupError", "UnknownMetricError", "async_config", "sync_config",
+    "MissingMetricError", "PoolError", "PresetKeywordError", "PutResult", "Ready",
+    "RefillLimitError", "ReplayBuffer", "ReplayLakeError", "SampleTimeout", "StepAggregator",
+    "TensorPool", "UnknownBatchError", "UnknownGroupError", "UnknownMetricError", "async_config",
+    "sync_config",
 ]
 
 

@@ -31,7 +31,7 @@ from pipeline.decide import Batch, Ready, aggregates, run_call
 from pipeline.decide import evaluate as decide
 from pipeline.decide.policies import PollContext, capacity
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
-from pipeline.ingest import validate_groups, validate_status, validate_trajectories
+from pipeline.ingest import PutResult, validate_groups, validate_status, validate_trajectories
 from pipeline.lake import LakeWriter
 from pipeline.state import (
     BufferState,
@@ -44,6 +44,13 @@ from pipeline.state import (
 )
 
 log = logging.getLogger("replaylake")
+
+
+def _missing(group: Any) -> list[int] | None:
+    """The session ids a resumed group still needs (None: its ``n`` is unknown)."""
+    return None if group.n is None else sorted(set(range(group.n)) - group.sessions)
+
+
 _STATUSES = ("pending", "running", "finished", "failure", "sampled")
 
 
@@ -154,8 +161,16 @@ class ReplayBuffer:
                 "prompt_id": pa.nulls(rows.num_rows, pa.int64()),
                 "dataset": pa.nulls(rows.num_rows, pa.string())}))
 
-    def put(self, trajectories: Any, timeout: float = 0.0) -> int:
-        """Accept trajectories for in-flight groups; returns how many. All-or-nothing.
+    def put(self, trajectories: Any, timeout: float = 0.0) -> PutResult:
+        """Accept trajectories for in-flight groups; returns how many were stored, as an int
+        whose ``already_stored`` counts the rows that were stored identically before.
+        All-or-nothing.
+
+        Retries are idempotent: a row whose (uid, session_id, index) is already stored with the
+        very same content (a producer sending again a put whose reply it never saw) is a no-op,
+        counted in ``already_stored``; one stored with different content is refused as a
+        duplicate naming the key (nothing of the call accepted). A call mixing new and identical
+        rows stores the new ones. The comparison runs only for rows whose key is stored.
 
         Back-pressure: with ``max_live_bytes`` set, a put that would take the payload held in
         memory past it waits up to ``timeout`` seconds for the trainer to release batches, then
@@ -164,10 +179,13 @@ class ReplayBuffer:
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._state.locked():
             while True:   # validated again after every wait: a group may have settled meanwhile
-                rows = validate_trajectories(trajectories, self._state.lookup,
-                                             self.config.filter_metric)
+                rows, repeated = validate_trajectories(trajectories, self._state.lookup,
+                                                       self.config.filter_metric,
+                                                       self._state.stored_rows)
+                if repeated and not rows.num_rows:          # all a retry's: nothing to write
+                    return PutResult(0, repeated)
                 if self.max_live_bytes is None or self._has_room(rows.nbytes, deadline):
-                    return self._state.commit("trajectories", rows).num_rows
+                    return PutResult(self._state.commit("trajectories", rows).num_rows, repeated)
 
     def _has_room(self, nbytes: int, deadline: float) -> bool:
         """True when the payload fits the budget; else wait for a change (False) or raise."""
@@ -197,28 +215,57 @@ class ReplayBuffer:
                 ) -> dict[str, list[str]]:
         """After a restart: every pending/running group (of ``partition``, or of all) goes back to
         `pending` at the resume step and loses its partial trajectories; returns
-        {partition: uids} for the caller to re-dispatch (their rollout workers died with the old
-        process).
+        {partition: uids} for the caller to re-dispatch whole (their rollout workers died with
+        the old process). `resume` keeps the completed sessions instead.
 
         Batches the trainer held when the process died are restored as `sampled` (their rows stay
         in memory, `held_batches` lists them). A trainer that resumes from a checkpoint taken
         before those steps will not train on them: ``release_held=True`` releases them here (their
         rows stay in the lake; `replaylake export` can still read them). Keep them (the default)
         to hand them to the trainer again."""
-        step_arg("reissue", global_steps)
+        return self._reissue("reissue", global_steps, partition, partition_id, release_held,
+                             keep=False)
+
+    def resume(self, global_steps: int, partition: str | None = None, *,
+               partition_id: str | None = None, release_held: bool = False
+               ) -> dict[str, list[tuple[str, list[int] | None]]]:
+        """`reissue` with sibling reuse: every pending/running group goes back to `pending` at
+        the resume step *keeping* its completed sessions; returns {partition: [(uid, missing
+        session ids), ...]} for the caller to dispatch only those (None: the group was
+        registered without ``n``, so which are missing is the rollout side's to say; its stored
+        sessions are `lookup(...).sessions`). The group finishes when they arrive; the kept
+        siblings keep their own min/max versions (older weights), so the group's versions and
+        spans count them honestly. A session counts as complete once one of its trajectories
+        is stored (a session's outputs come in one put).
+
+        In the lake, the kept rows are written again after the group's `reissued` event (the
+        rows before it read as dropped, as for `reissue`): every reader then sees the group as
+        the live buffer does. A crash between the two writes leaves the group as `reissue`
+        would (nothing kept); resuming again reports every session missing."""
+        return self._reissue("resume", global_steps, partition, partition_id, release_held,
+                             keep=True)
+
+    def _reissue(self, where: str, global_steps: int, partition: str | None,
+                 partition_id: str | None, release_held: bool, *, keep: bool) -> dict:
+        step_arg(where, global_steps)
         only = None if partition is None and partition_id is None else \
-            partition_arg(partition, partition_id, "reissue")
-        out: dict[str, list[str]] = {}
+            partition_arg(partition, partition_id, where)
+        out: dict[str, list] = {}
         with self._state.locked(), interrupts.held():
             for pid, part in self._state.partitions():
                 if only is not None and pid != only:
                     continue
                 uids = sorted(part.inflight)
                 if uids:
+                    kept = [self._state.stored_rows(pid, u) for u in uids if part.groups[u].keys] \
+                        if keep else []
                     self._state.commit("group_events", [
                         {"partition": pid, "uid": u, "event": "reissued",
                          "global_steps": global_steps} for u in uids])
-                    out[pid] = uids
+                    if kept:
+                        self._state.commit("trajectories", pa.concat_tables(kept).drop_columns(
+                            ["seq", "ts"]))
+                    out[pid] = [(u, _missing(part.groups[u])) for u in uids] if keep else uids
                 if release_held:
                     for batch_id in sorted(part.batches):
                         self.release(batch_id)

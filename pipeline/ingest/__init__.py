@@ -4,6 +4,7 @@ from __future__ import annotations
 from pipeline._face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
+    'PutResult': 'retries',
     'STEP_LIMIT': 'conform',
     'STEP_RULE': 'conform',
     'check_partition': 'conform',

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from pipeline.errors import IngestError, UnknownGroupError
 from pipeline.ingest.groups import UNKNOWN_GROUP, group_problems
+from pipeline.ingest.retries import split_repeats
 from schemas import GROUPS_INPUT, STATUS_INPUT, TRAJECTORIES_INPUT, Problem, conform
 from schemas.conform import rows_where
 from schemas.tables import N_RESPONSE_TOKENS
@@ -158,8 +159,11 @@ def metric_values(table: pa.Table, metric: str | None) -> pa.Array | None:
 
 
 def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
-                          filter_metric: str | None) -> pa.Table:
-    """Trajectories for groups that are registered and still in flight (pending or running).
+                          filter_metric: str | None,
+                          stored: Callable[[str, str], pa.Table]) -> tuple[pa.Table, int]:
+    """Trajectories for groups that are registered and still in flight (pending or running):
+    the rows to store, and how many rows of the call were stored identically before (a retry's,
+    taken out; see pipeline/ingest/retries.py). ``stored(partition, uid)``: a group's stored rows.
 
     Runs on every `put`, so it reads each column once: the four key columns as python lists
     (the group checks walk them anyway, and the partition and empty-uid checks reuse them), the
@@ -192,10 +196,20 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
                                     "filter needs a number)"))
     n_resp = _list_lengths(table, "response_ids")
     problems += _length_problems(table, n_resp)
-    problems += group_problems(keys, lookup)
+    group, repeats = group_problems(keys, lookup)
+    problems += group
+    identical: list[int] = []
+    if repeats:                     # only on a key collision: the usual put compares nothing
+        identical, conflicts = split_repeats(table, repeats, stored)
+        problems += conflicts
     _raise("trajectories", problems)
     # the response length, stored so lake queries never read the token payload for it
-    return table.append_column(N_RESPONSE_TOKENS, [pa.array(n_resp.astype(np.int64))])
+    table = table.append_column(N_RESPONSE_TOKENS, [pa.array(n_resp.astype(np.int64))])
+    if identical:
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[identical] = False
+        table = table.filter(pa.array(keep))
+    return table, len(identical)
 
 
 def _numbers_may_be_bad(table: pa.Table, keys: list[list]) -> bool:

@@ -1,7 +1,8 @@
 """A put's checks against the live groups: every trajectory names a group that is in flight, no
-(partition, uid, session_id, index) comes twice (in the call or already stored), and no session
-reaches the group's expected count ``n``. Problems name the rows, as pipeline/ingest/conform.py reports
-them.
+(partition, uid, session_id, index) comes twice in the call, and no session reaches the group's
+expected count ``n``. Problems name the rows, as pipeline/ingest/conform.py reports them. Rows whose
+key is already stored (in flight, or terminal with its rows still in memory) are *repeats*: a
+retry's, identical or not, which pipeline/ingest/retries.py tells apart.
 """
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ def _fresh_groups_only(cols: list[list], lookup: Callable[[str, str], Any]) -> b
     return least_n is None or max(cols[2], default=0) < least_n
 
 
-def group_problems(cols: list[list], lookup: Callable[[str, str], Any]) -> list[Problem]:
-    """Checks against the live groups, over the (partition, uid, session_id, index) lists."""
+def group_problems(cols: list[list], lookup: Callable[[str, str], Any]
+                   ) -> tuple[list[Problem], list[int]]:
+    """Checks against the live groups, over the (partition, uid, session_id, index) lists: the
+    problems, and the rows whose key is already stored (repeats, to compare)."""
     if _fresh_groups_only(cols, lookup):
-        return []
+        return [], []
     out: list[Problem] = []
-    unknown, closed, dup, dup_store, out_of_n = [], [], [], [], []
+    unknown, closed, dup, repeats, out_of_n = [], [], [], [], []
     seen: set = set()
     groups: dict[tuple[str, str], Any] = {}   # a put sends a group's sessions together
     for i, (p, u, s, x) in enumerate(zip(*cols)):
@@ -43,16 +46,18 @@ def group_problems(cols: list[list], lookup: Callable[[str, str], Any]) -> list[
         if g is None:
             unknown.append(i)
             continue
-        if g.removed or g.status not in ("pending", "running"):
+        open_ = not g.removed and g.status in ("pending", "running")
+        stored = (s, x) in g.keys and g.removed in (None, "sampled")   # its rows in memory
+        if not open_ and not stored:
             closed.append(i)
             continue
         key = (p, u, s, x)
         if key in seen:
             dup.append(i)
         seen.add(key)
-        if (s, x) in g.keys:
-            dup_store.append(i)
-        if g.n is not None and s >= g.n:
+        if stored:
+            repeats.append(i)
+        elif g.n is not None and s >= g.n:
             out_of_n.append(i)
     if unknown:
         out.append(Problem("uid", tuple(unknown), "unknown group: register it before sending "
@@ -63,9 +68,6 @@ def group_problems(cols: list[list], lookup: Callable[[str, str], Any]) -> list[
     if dup:
         out.append(Problem("session_id", tuple(dup),
                            "duplicate (uid, session_id, index) within this call"))
-    if dup_store:
-        out.append(Problem("session_id", tuple(dup_store),
-                           "duplicate (uid, session_id, index): already in the buffer"))
     if out_of_n:
         out.append(Problem("session_id", tuple(out_of_n), "session_id >= the group's n"))
-    return out
+    return out, repeats

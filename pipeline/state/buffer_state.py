@@ -89,6 +89,10 @@ class BufferState:
         g = p.groups.get(uid)       # a live group: `PartitionState.lookup` without its call
         return g if g is not None else p.lookup(uid)
 
+    def stored_rows(self, partition: str, uid: str) -> pa.Table:
+        """The rows stored for a live group (in memory), in arrival order."""
+        return self._parts[partition].payload([uid])
+
     def dispatch_steps(self, partitions: list[str], uids: list[str]) -> list[int]:
         """The dispatch step of each live group named (validated input: every one exists)."""
         parts = self._parts

@@ -202,6 +202,9 @@ class BufferActor:
     def reissue(self, global_steps: int, partition_id: str | None) -> Envelope:
         return _guard(lambda: self.buf.reissue(global_steps, partition_id))
 
+    def resume(self, global_steps: int, partition_id: str | None) -> Envelope:
+        return _guard(lambda: self.buf.resume(global_steps, partition_id))
+
     def counts(self, partition_id: str) -> Envelope:
         return _guard(lambda: self.buf.counts(partition_id))
 

@@ -125,6 +125,12 @@ class RayReplayBuffer:
     def reissue(self, global_steps: int, partition_id: str | None = None) -> dict[str, list[str]]:
         return self._call("reissue", global_steps, partition_id)
 
+    def resume(self, global_steps: int, partition_id: str | None = None
+               ) -> dict[str, list[tuple[str, list[int] | None]]]:
+        """`ReplayBuffer.resume` in the actor: in-flight groups keep their completed sessions;
+        per group, the session ids still to generate."""
+        return self._call("resume", global_steps, partition_id)
+
     def take_refills(self) -> int:
         """With ``refill="pull"``: how many new prompts the buffer asked for since the last call
         (the count is handed out once); register that many to let a waiting `sample` go on."""

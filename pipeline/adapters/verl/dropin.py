@@ -75,7 +75,12 @@ class VerlBuffer:
     token payload), `auto` (= `rewards` with a lake, `decisions` without). ``mirror_max_lag``
     (seconds; None = off, the default): a background thread mirrors TransferQueue every
     ``mirror_max_lag / 2`` seconds, and a call's first poll uses that view instead of listing
-    when it is at most ``mirror_max_lag`` seconds old (verl_background.py). Every option except
+    when it is at most ``mirror_max_lag`` seconds old (verl_background.py).
+    ``reuse_siblings`` (default False: verl clears partial trajectories when it resumes): when
+    verl re-issues in-flight prompts after a restart, keep their completed sessions (the core's
+    `resume`) instead of dropping them; for a rollout side that leaves those sessions' keys in
+    TransferQueue and generates only the missing ones (`missing_sessions(partition_id)` lists
+    them per uid). Every option except
     ``refill_fn`` may also come in ``sampler_kwargs`` (verl's custom-sampler hook passes nothing
     else)."""
 
@@ -90,7 +95,7 @@ class VerlBuffer:
                  lake_dir: str | os.PathLike | None = None, max_num_gen_batches: int = 0,
                  mirror_fields: str = "auto", fsync: bool = False,
                  max_response_length: int | None = None, rules: Any = None,
-                 mirror_max_lag: float | None = None) -> None:
+                 mirror_max_lag: float | None = None, reuse_siblings: bool = False) -> None:
         opts = vo.merge({
             "poll_interval": poll_interval, "refill_fn": refill_fn,
             "filter_groups_metric": filter_groups_metric, "train_batch_size": train_batch_size,
@@ -98,7 +103,7 @@ class VerlBuffer:
             "sync_refill_failed_groups": sync_refill_failed_groups, "lake_dir": lake_dir,
             "fsync": fsync, "max_response_length": max_response_length, "rules": rules,
             "max_num_gen_batches": max_num_gen_batches, "mirror_fields": mirror_fields,
-            "mirror_max_lag": mirror_max_lag,
+            "mirror_max_lag": mirror_max_lag, "reuse_siblings": reuse_siblings,
         }, sampler_kwargs)
         opts["mirror_max_lag"] = check_max_lag(opts["mirror_max_lag"])
         config = vo.core_config(self._preset, opts, max_off_policy_threshold,
@@ -135,7 +140,8 @@ class VerlBuffer:
         if m is None:
             mode = vo.mirror_mode(self.mirror_fields, self.lake_dir, self.core.config)
             m = self._mirrors[partition_id] = PartitionMirror(
-                self.core, self.tq, partition_id, mode, self.filter_groups_metric)
+                self.core, self.tq, partition_id, mode, self.filter_groups_metric,
+                reuse=bool(self.reuse_siblings))
             if self.mirror_max_lag is not None and self._background is None:
                 self._background = BackgroundMirror(self, self._lock, self.mirror_max_lag)
         return m
@@ -163,6 +169,12 @@ class VerlBuffer:
             if m is None or not usable(m, self.mirror_max_lag):
                 return None
             return time.monotonic() - m.listed_at
+
+    def missing_sessions(self, partition_id: str) -> dict[str, list[int] | None]:
+        """With ``reuse_siblings``: per uid re-issued by verl after a restart, the session ids
+        still to generate (its completed ones were kept); empty otherwise."""
+        m = self._mirrors.get(partition_id)
+        return dict(m.missing) if m is not None else {}
 
     def partition_mirrors(self) -> list[PartitionMirror]:
         """The partitions mirrored so far, as a snapshot (the background mirror walks it)."""

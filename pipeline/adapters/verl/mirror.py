@@ -63,8 +63,10 @@ class PartitionMirror:
     `full` also the token payload."""
 
     def __init__(self, core: Any, tq: Any, partition: str, fields: str,
-                 filter_metric: str | None):
+                 filter_metric: str | None, reuse: bool = False):
         self.core, self.tq, self.partition, self.fields = core, tq, partition, fields
+        self.reuse = reuse        # verl re-issued prompts keep their completed sessions
+        self.missing: dict[str, list[int] | None] = {}   # ... and these are still to generate
         self.filter_metric = None if is_validation(partition) else filter_metric
         self.kind: dict[str, str] = {}              # every listed key -> PROMPT | TRAJ | ...
         self.by_uid: dict[str, list[str]] = {}      # uid -> its listed trajectory keys
@@ -130,7 +132,13 @@ class PartitionMirror:
             new = ready + new          # listed before the new tail: listing order is kept
         registers, reissue = self._classify(new, listing)
         if reissue is not None:       # verl re-issued in-flight prompts after a resume
-            for u in self.core.reissue(reissue, self.partition).get(self.partition, []):
+            if self.reuse:
+                again = self.core.resume(reissue, self.partition).get(self.partition, [])
+                self.missing.update(again)
+                uids = [u for u, _ in again]
+            else:
+                uids = self.core.reissue(reissue, self.partition).get(self.partition, [])
+            for u in uids:
                 if u in self.watch:
                     self.watch[u] = "pending"
         if registers:

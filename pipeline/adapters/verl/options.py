@@ -25,7 +25,7 @@ VERL_DEFAULTS: dict[str, Any] = {
 # `rules` mapping, and `max_response_length` as shorthand for its overlong entry)
 EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto",
                                   "max_response_length": None, "rules": None, "fsync": False,
-                                  "mirror_max_lag": None}
+                                  "mirror_max_lag": None, "reuse_siblings": False}
 SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
 MIRROR_FIELDS = ("auto", "decisions", "rewards", "full")
 

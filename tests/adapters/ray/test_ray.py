@@ -131,6 +131,28 @@ def test_a_producer_task_finds_the_actor_by_name(actor, ray_cluster):
     assert actor.counts("train")["pending"] == 1
 
 
+def test_a_remote_put_retried_after_its_reply_was_lost_is_a_no_op(actor, ray_cluster, tmp_path):
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    def producer(name: str) -> tuple[int, int]:
+        client = RayReplayBuffer.connect(name)
+        client.register(partition="train", uids=["r0"], global_steps=1, n=GROUP)
+        client.put(group_rows("r0", 1)[:2])              # the reply this producer never saw
+        again = client.put(group_rows("r0", 1))          # its retry, with the rest
+        return int(again), again.already_stored
+
+    stored, already = ray.get(producer.remote(actor.name))
+    assert (stored, already) == (GROUP - 2, 2)
+    retry = actor.put(group_rows("r0", 1))
+    assert (retry, retry.already_stored) == (0, GROUP)
+    with pytest.raises(IngestError, match=r"\('r0', 1, 0\) differs in reward") as err:
+        actor.put([traj("r0", 1, reward=7.0)])
+    assert any("Ray actor" in note for note in err.value.__notes__)
+    trajectories = read_table(tmp_path / "lake", "trajectories")
+    assert sorted(trajectories["session_id"].to_pylist()) == list(range(GROUP))
+
+
 def test_pull_refill_records_what_the_buffer_asks_for_until_a_producer_takes_it(tmp_path,
                                                                                 ray_cluster):
     client = RayReplayBuffer.start(lake=tmp_path / "lake", preset="async", name=_name(),
@@ -220,3 +242,15 @@ def test_the_actor_answers_the_dispatch_capacity_the_in_process_buffer_answers(t
             client.dispatch_capacity(1, "train", batch_size=0)
     finally:
         client.kill()
+
+
+def test_the_actor_resumes_in_flight_groups_keeping_their_completed_sessions(actor):
+    actor.register(partition="train", uids=["a", "b"], global_steps=1, n=GROUP)
+    actor.put(group_rows("a", 1)[:3])
+    assert actor.resume(4, "train") == {"train": [("a", [3]), ("b", [0, 1, 2, 3])]}
+    actor.put(group_rows("a", 1)[3:])
+    actor.update_status(partition="train", uids=["a"], status="running")
+    actor.update_status(partition="train", uids=["a"], status="finished")
+    batch = actor.sample(4, "train", 1)
+    assert batch.table["session_id"].to_pylist() == [0, 1, 2, 3]
+    assert set(batch.table["global_steps"].to_pylist()) == {4}

@@ -1,6 +1,6 @@
 """A rollout worker's process killed (SIGKILL) in the middle of a `put` to the buffer's Ray actor:
 the actor stays up, every put is whole or absent (a retry of the whole put is then accepted once
-or refused as a duplicate of all its rows, never half), and the trainer's `sample`, waiting in
+or found stored identically, all its rows: a no-op, never half), and the trainer's `sample`, waiting in
 the actor all along, goes on once the groups are complete, each group exactly once."""
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from pipeline.adapters.ray.client import RayReplayBuffer
-from pipeline.errors import IngestError
 from pipeline.lake.writer import read_table
 from tests.support.ray_producers import GROUP, LoggedProducer, big_group
 
@@ -44,15 +43,11 @@ def _kill_mid_put(ray, client, uids: list[str], log: Path, delay: float) -> None
 
 
 def _retry(client, uid: str) -> str:
-    """Send the whole put again: `absent` (now accepted) or `whole` (every row a duplicate)."""
-    try:
-        client.put(big_group(uid, TOKENS))
-        return "absent"
-    except IngestError as exc:
-        (problem,) = exc.problems
-        assert "already in the buffer" in problem.message, exc
-        assert problem.rows == tuple(range(GROUP)), f"{uid}: half a put landed: {exc}"
-        return "whole"
+    """Send the whole put again: `absent` (now accepted) or `whole` (every row already stored
+    identically: the retry is a no-op)."""
+    got = client.put(big_group(uid, TOKENS))
+    assert sorted((got, got.already_stored)) == [0, GROUP], f"{uid}: half a put landed: {got!r}"
+    return "absent" if got == GROUP else "whole"
 
 
 def test_a_producer_killed_mid_put_leaves_each_put_whole_or_absent(tmp_path, ray_cluster):

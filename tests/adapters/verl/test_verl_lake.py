@@ -102,6 +102,39 @@ def test_prompts_reissued_by_verl_after_a_restart_are_reissued_in_the_core(tq, r
     second.close()
 
 
+def test_with_reuse_siblings_a_reissued_prompt_keeps_its_completed_sessions(tq, rollout,
+                                                                           tmp_path):
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from tests.adapters.verl._harness import traj_record
+    lake = tmp_path / "lake"
+    rollout.groups([G("done", 1)])
+    rollout.prompts(["inflight"], 1, "running")
+    rollout.trajectories([G("inflight", 1, rewards=[1.0])])          # session 0, weights 0
+    first = make(lake, [], threshold=None, reuse_siblings=True)
+    assert first.get_sampleable_count(2, "train") == 1
+    first.close()
+    # a reuse-aware rollout side resumes at 5: keeps inflight_0_0, re-tags the prompt pending
+    rollout.tq.kv_put(key="inflight", partition_id="train",
+                      tag={"status": "pending", "global_steps": 5})
+    second = make(lake, [], threshold=None, reuse_siblings=True)
+    assert second.get_sampleable_count(5, "train") == 1
+    group = second.core.lookup("train", "inflight")
+    assert (group.status, group.global_steps, group.keys) == ("pending", 5, frozenset({(0, 0)}))
+    assert second.missing_sessions("train") == {"inflight": None}   # registered without n
+    rollout.status(["inflight"], "running")
+    key, fields, tag = traj_record("inflight", 1, 5, 0.0)            # only the missing session
+    rollout.tq.kv_batch_put(keys=[key], partition_id="train",
+                            fields=list_of_dict_to_tensordict([fields]), tags=[tag])
+    rollout.status(["inflight"], "finished")
+    meta, _ = second.sample(global_steps=5, partition_id="train", batch_size=2)
+    assert sorted(meta.keys) == ["done_0_0", "done_1_0", "inflight_0_0", "inflight_1_0"]
+    rows = second.last_batch.table.filter(pc.equal(second.last_batch.table["uid"], "inflight"))
+    assert sorted(zip(rows["session_id"].to_pylist(), rows["max_global_steps"].to_pylist())) == [
+        (0, 0), (1, 4)]                                  # the kept sibling's older weights
+    second.close()
+
+
 def test_unusable_prompt_keys_are_rejected_and_nothing_else_is_lost(tq, rollout, tmp_path):
     from pipeline.errors import IngestError
     rollout.groups([G("good", 1)])
