@@ -18,6 +18,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'RefillPolicy': 'refill',
     'ReplaceEvicted': 'refill',
     'policy_name': 'refill',
+    'StaleMask': 'stale',
     'StalePolicy': 'stale',
     'WaitGate': 'stale',
 })
