@@ -42,8 +42,7 @@ def main(
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
     """
-    from pipeline.analysis.whatif import recorded, recorded_settings, replay
-    from pipeline.analysis.whatif.headline import approximations, figures, table
+    from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
     from pipeline.config import rules_from_options
     settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                 "filter_groups_metric": filter_metric, "max_response_length":

@@ -105,7 +105,8 @@ DECISIONS = schema(
           "(refill_failed: the refill of the same call and poll raised; it served nothing)"),
     field("uid", pa.string(), "group concerned; null for refill rows", nullable=True),
     field("reason", pa.string(),
-          "evict: stale | zero_variance | failure; refill: the policy that asked; "
+          "evict: stale | zero_variance | failure; select: stale when the group was trained "
+          "masked (max_off_policy_strategy='mask'), else null; refill: the policy that asked; "
           "refill_failed: the type of the exception refill_fn raised",
           nullable=True),
     field("group_span", pa.int64(), "group span g - global_steps + 1 at the decision",
@@ -120,10 +121,12 @@ DECISIONS = schema(
           "kinds", nullable=True),
     field("bound", pa.int64(),
           "select: the staleness bound in force for the group, the largest group span it may be "
-          "trained at (the `drop` rule's threshold or the `wait` gate's); null = unbounded, on "
+          "trained at (the `drop` rule's threshold, the `wait` gate's, or the `mask` threshold "
+          "a masked group is over); null = unbounded, on "
           "other kinds, or a lake written before this column", nullable=True),
     field("strategy", pa.string(),
-          "select: the max_off_policy_strategy that set `bound` (drop | wait); null when "
+          "select: the max_off_policy_strategy that set `bound` (drop | wait | admit | mask); "
+          "null when "
           "`bound` is", nullable=True),
     _SEQ, _TS,
 )
@@ -149,6 +152,9 @@ BATCH_PROVENANCE = schema(
     field("staleness_worst", pa.int64(), "(g - 1) - min_global_steps"),
     field("group_span", pa.int64(), "g - global_steps + 1"),
     field("times_sampled", pa.int32(), "how often the group was handed out (always 1)"),
+    field("is_stale", pa.bool_(), "max_off_policy_strategy='mask': the group was over the "
+          "staleness bound and is trained with its loss switched off (`to_torch`'s loss_mask "
+          "zeroes the row); always false under the other strategies"),
 )
 
 # --- what the rules read (declared once; the live buffer and the lake build the same rows) -------

@@ -25,6 +25,7 @@ from pipeline.decide.policies import (
     RefillFailedWhileShort,
     RefillPolicy,
     ReplaceEvicted,
+    StaleMask,
     StalePolicy,
     Starvation,
     Unpaced,
@@ -35,7 +36,7 @@ from pipeline.errors import ConfigError
 DEFAULT_THRESHOLD = 8
 DEFAULT_POLL_INTERVAL = 2.0
 # every valid max_off_policy_strategy, in the order the error message lists them
-STRATEGIES = ("drop", "wait", "admit")
+STRATEGIES = ("drop", "wait", "admit", "mask")
 
 
 class StrategyError(ConfigError):
@@ -57,6 +58,7 @@ class BufferConfig:
     admission: Admit | Unpaced = field(default_factory=Unpaced)   # caps what refills ask
     starvation: Starvation = field(default_factory=Starvation)   # the starved-dataset signal
     train_batch_size: int | None = None   # groups trained per step (what admission counts)
+    mask: StaleMask | None = None   # mask: stale chosen groups are marked, not evicted
     poll_interval: float = DEFAULT_POLL_INTERVAL
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
     preset: str = "custom"
@@ -69,10 +71,11 @@ class BufferConfig:
     def for_partition(self, partition: str) -> BufferConfig:
         """What a call on ``partition`` decides with. A validation partition evaluates its model
         on every group it is given: no rule evicts there (so no staleness bound is checked), no
-        refill is asked, and an empty batch is no error; the wait gate still applies (as verl)."""
+        refill is asked, no group is masked, and an empty batch is no error; the wait gate still
+        applies (as verl)."""
         if not is_validation(partition):
             return self
-        return replace(self, rules=(), refill=NoRefill(), empty_batch_is_error=False)
+        return replace(self, rules=(), refill=NoRefill(), mask=None, empty_batch_is_error=False)
 
     @property
     def gate(self) -> WaitGate | None:
@@ -174,7 +177,7 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
 
 
 def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
-                 max_off_policy_strategy: Literal["drop", "wait", "admit"] = "drop",
+                 max_off_policy_strategy: Literal["drop", "wait", "admit", "mask"] = "drop",
                  filter_groups_metric: str | None = None,
                  refill_fn: Callable[[int], Any] | None = None,
                  train_batch_size: int | None = None, gen_batch_size: int | None = None,
@@ -192,17 +195,24 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     ``max_off_policy_strategy="admit"`` (not in verl) keeps the `stale` rule as a safety net and
     paces the buffer's own refills: an owed refill is asked only up to the dispatch capacity
     (`ReplayBuffer.dispatch_capacity`), the rest when places open; it needs
-    ``train_batch_size`` (the groups trained per step) and a threshold."""
+    ``train_batch_size`` (the groups trained per step) and a threshold.
+
+    ``max_off_policy_strategy="mask"`` (not in verl) evicts nothing for staleness: a chosen group
+    the `stale` rule would evict is trained with its loss switched off (``is_stale`` rows,
+    `to_torch`'s ``loss_mask``), so the batch stays full and nothing is re-generated."""
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
                   refill_fn, sync_refill_failed_groups, poll_interval)
     _non_negative_int("max_num_gen_batches", max_num_gen_batches)
     bounds = parse(max_off_policy_threshold)
-    if bounds.by_dataset and max_off_policy_strategy == "wait":
+    if bounds.by_dataset and max_off_policy_strategy in ("wait", "mask"):
+        why = ("the wait gate holds every sample on the oldest group in flight, whatever its "
+               "dataset" if max_off_policy_strategy == "wait" else
+               "the mask marks chosen groups by one bound")
         raise ConfigError(
-            f"max_off_policy_threshold={bounds.given()!r} with max_off_policy_strategy='wait': "
-            "per-dataset bounds apply to 'drop' and 'admit' (the stale rule judges each group "
-            "by its dataset); the wait gate holds every sample on the oldest group in flight, "
-            "whatever its dataset: give one int bound, or use 'drop'")
+            f"max_off_policy_threshold={bounds.given()!r} with max_off_policy_strategy="
+            f"{max_off_policy_strategy!r}: per-dataset bounds apply to 'drop' and 'admit' (the "
+            f"stale rule judges each group by its dataset); {why}: give one int bound, or use "
+            "'drop'")
     admission = _admission(max_off_policy_strategy, bounds.tightest(), train_batch_size)
     stale = StalePolicy(bounds.default, max_off_policy_strategy, bounds.by_dataset)
     uses: tuple[RuleUse, ...] = ()
@@ -215,7 +225,7 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         refill=ReplaceEvicted(max_num_gen_batches if filter_groups_metric else 0,
                               train_batch_size) if refill_fn is not None else NoRefill(),
         refill_fn=refill_fn, admission=admission, train_batch_size=train_batch_size,
-        poll_interval=float(poll_interval), preset="async",
+        mask=stale.mask(), poll_interval=float(poll_interval), preset="async",
         starvation=_starvation(starvation_steps))
 
 

@@ -67,13 +67,15 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
                               declared.compiled_predicate("off_policy").alias(KEPT))
 
 
-def with_provenance(payload: pa.Table, rows: pl.DataFrame, group_status: dict[str, str]
-                    ) -> pa.Table:
-    """Append the BATCH_PROVENANCE columns to the payload (``rows`` from `batch_rows`)."""
+def with_provenance(payload: pa.Table, rows: pl.DataFrame, group_status: dict[str, str],
+                    stale: set[str] = frozenset()) -> pa.Table:
+    """Append the BATCH_PROVENANCE columns to the payload (``rows`` from `batch_rows`);
+    ``stale``: the groups masked stale (`StaleMask`), whose rows get ``is_stale``."""
     n = payload.num_rows
     uids = rows.get_column("uid").to_list()
     made = {"status": pa.array([group_status[u] for u in uids], pa.string()),
-            "times_sampled": pa.array(np.ones(n, dtype=np.int32))}
+            "times_sampled": pa.array(np.ones(n, dtype=np.int32)),
+            "is_stale": pa.array([u in stale for u in uids] if stale else np.zeros(n, bool))}
     extra = [made[f.name] if f.name in made else _as(rows.get_column(f.name).to_arrow(), f.type)
              for f in BATCH_PROVENANCE]
     return pa.Table.from_arrays([*payload.columns, *extra],
@@ -108,7 +110,8 @@ class Batch:
     metric_weights: dict[str, float] = field(default_factory=dict)
     filtered_reward_counts: dict[float, int] = field(default_factory=dict)
     bound: int | None = None          # the staleness bound it was chosen under (group span)
-    strategy: str | None = None       # what set the bound: drop | wait (None: unbounded)
+    strategy: str | None = None       # what set the bound: drop | wait | admit | mask
+    masked: list[str] = field(default_factory=list)   # mask: the groups trained loss-masked
 
     @property
     def certificate(self) -> Any:

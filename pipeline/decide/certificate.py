@@ -39,10 +39,14 @@ def bound_in_force(cfg: BufferConfig) -> tuple[int | None, str | None]:
 
     ``drop(T)``: the `stale` rule evicts every group over group span T before it can be chosen.
     ``wait(T)``: `sample` returns only once no in-flight group has group span >= T, so a group
-    still generating is at most T when it trains. Neither on the partition: (None, None)."""
+    still generating is at most T when it trains. ``mask(T)``: a group over T is trained with its
+    loss switched off, so it is over the bound by design and exactly its rows break it (the
+    audit lists the masked rows). None on the partition: (None, None)."""
     bound = cfg.bound()
     if bound is not None:
         return bound, cfg.stale.strategy
+    if cfg.mask is not None:
+        return cfg.mask.threshold, cfg.stale.strategy
     gate = cfg.gate
     if gate is not None:
         return gate.threshold, cfg.stale.strategy
@@ -54,7 +58,8 @@ class Certificate:
     """One batch's staleness certificate.
 
     ``bound``: the largest group span (trainer step - dispatch step + 1) a group of the batch may
-    be trained at, None when unbounded; ``strategy``: what set it (``drop`` | ``wait``).
+    be trained at, None when unbounded; ``strategy``: what set it (``drop`` | ``wait`` | ``admit``
+    | ``mask``; under ``mask`` the violations are the masked rows).
     ``rows``: one row per trajectory (`COLUMNS`: versions, staleness, group span, tokens covered
     by version spans, ``over_bound``), as the lake's `certificates` view serves them."""
 

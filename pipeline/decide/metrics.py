@@ -13,6 +13,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.config import PREFIXES
 from pipeline.decide import compile as declared
@@ -37,6 +38,14 @@ class Metric:
 
 # the smallest staleness of a batch's non-padding rows (below 0: a version from the future)
 STALENESS_MIN = "off_policy/trajectory_staleness/min"
+# max_off_policy_strategy='mask': the non-padding rows trained with their loss switched off
+MASKED_SAMPLES = "off_policy/masked_samples"
+
+
+def masked_rows(table: pa.Table) -> int:
+    """The non-padding rows of a batch table marked ``is_stale`` (what `MASKED_SAMPLES` counts)."""
+    stale = pc.and_(table.column("is_stale"), pc.invert(table.column("is_padding")))
+    return int(pc.sum(stale).as_py() or 0)
 
 
 def declared_weights(q: Query) -> dict[str, str]:
@@ -98,6 +107,7 @@ def _declare() -> dict[str, Metric]:
                 out[f"{p}/{rule.spread}/min"] = Metric("min")
         out[f"{p}/{DISCARDED}"] = Metric("sum", type=int)
         out[f"{p}/{STARVED}"] = Metric("max", type=int)     # datasets starved at the step
+        out[f"{p}/{MASKED_SAMPLES}"] = Metric("sum", type=int)
         for key, m in OFF_POLICY_KEYS.items():
             out[f"{p}/{key}"] = m
     out["global_steps"] = Metric("last", type=int)

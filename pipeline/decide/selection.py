@@ -18,8 +18,15 @@ from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
 from pipeline.decide.batch import Batch, batch_rows, with_provenance
 from pipeline.decide.certificate import bound_in_force
-from pipeline.decide.metrics import STALENESS_MIN, EvictionMetrics, off_policy_metrics
+from pipeline.decide.metrics import (
+    MASKED_SAMPLES,
+    STALENESS_MIN,
+    EvictionMetrics,
+    masked_rows,
+    off_policy_metrics,
+)
 from pipeline.decide.policies import PollContext
+from pipeline.decide.policies.stale import MASKED
 from pipeline.errors import EmptyBatchError, InvariantError
 from pipeline.state import BufferState, PartitionState, decision_rows
 
@@ -86,25 +93,32 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "
                               f"{ctx.partition!r} hold no trajectory at all{hint}")
     status = {u: part.candidates.status(u) for u in chosen}
+    # mask: the groups the stale rule would have evicted are kept, marked (None: no mask)
+    stale = set() if cfg.mask is None else cfg.mask.stale(
+        ctx.step, {u: (steps[u], status[u]) for u in chosen})
     # the batch is built whole before its selection is written: once that write is in the lake
     # the batch is the caller's, and `part.undelivered` keeps it (with its metric rows, until
     # they are written too) for a retry, should this call raise before returning it
-    table = with_provenance(payload, rows, status)
+    table = with_provenance(payload, rows, status, stale)
     prefix = metric_prefix(ctx.partition)
     evm = acc.scalars(prefix)     # empty on a validation partition: nothing is evicted there
     trained = {part.groups[u].dataset for u in set(table.column("uid").to_pylist())}
     evm.update({f"{prefix}/{k}": v for k, v in cfg.starvation.observe(part, ctx.step,
                                                                        trained).items()})
     opm, weights = off_policy_metrics(rows, prefix=prefix)
+    if cfg.mask is not None:
+        opm[f"{prefix}/{MASKED_SAMPLES}"] = masked_rows(table)
     _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
     in_force, strategy = bound_in_force(cfg)
     batch = Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
-                  dict(acc.reward_counts), bound=in_force, strategy=strategy)
+                  dict(acc.reward_counts), bound=in_force, strategy=strategy,
+                  masked=[u for u in chosen if u in stale])
     metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
                     "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
     state.commit("decisions", decision_rows(
         "select", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
         uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id,
+        reason=[MASKED if u in stale else None for u in chosen] if stale else None,
         bound=in_force, strategy=strategy))
     part.undelivered = (batch, metric_rows, call_id)
     deliver(state, part)

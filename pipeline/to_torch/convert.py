@@ -32,11 +32,14 @@ T = total tokens; per-row tensors are shared by both layouts):
                                        `response_mask`), 0 on padding
     responses_log_probs [B, R] float32 rollout_log_probs in the responses layout (verl's
                                        `rollout_log_probs`), 0.0 on padding
+    loss_mask          [B, L] int64    response_mask with the rows marked `is_stale` zeroed
+                                       (max_off_policy_strategy="mask"; else equal to it)
+    responses_loss_mask [B, R] int64   the same in the responses layout
 ``packed`` -- the rows concatenated without padding, as varlen attention kernels (and HF's
 flattening collator) take them; ``[1, T]`` so a model sees one sequence of T tokens, and
 ``.squeeze(0)`` gives the ``[T]`` view flash-attention's varlen functions take:
     input_ids [1, T] int64, position_ids [1, T] int64 (restart at 0 for every row),
-    response_mask [1, T] int64, rollout_log_probs [1, T] float32,
+    response_mask [1, T] int64, loss_mask [1, T] int64, rollout_log_probs [1, T] float32,
     cu_seqlens [B + 1] int32 (row i is tokens cu_seqlens[i]:cu_seqlens[i+1]).
     No attention_mask: an all-ones mask would make a model attend across rows.
 per row (both layouts):
@@ -69,6 +72,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from pipeline.to_torch import loss_mask as to_torch_loss_mask
 from pipeline.to_torch import masks as to_torch_masks
 from pipeline.to_torch import packed as to_torch_packed
 from pipeline.to_torch import rows as to_torch_rows
@@ -288,6 +292,7 @@ def _finish(table: pa.Table, pin: bool, device: Any, pool: TensorPool | None, p:
     ``versions_layout``, if given), lent from ``pool``, copied to ``device``."""
     try:
         out = build()
+        out.update(to_torch_loss_mask.build(table, out, pin, pool))
         per_row = _per_row(table, pin, p, r)        # checks the per-row columns first
         if versions_layout is not None:
             out.update(_token_versions(table, versions_layout, pin, pool, p, r))

@@ -53,10 +53,12 @@ def test_a_bad_mapping_is_refused_naming_the_entry(value: object, message: str) 
             make(max_off_policy_threshold=value)
 
 
-def test_per_dataset_bounds_with_wait_are_refused() -> None:
-    with pytest.raises(ConfigError, match="per-dataset bounds apply to 'drop' and 'admit'"):
-        async_config(max_off_policy_threshold=BOUNDS, max_off_policy_strategy="wait")
-    async_config(max_off_policy_threshold={"*": 3}, max_off_policy_strategy="wait")  # one bound
+@pytest.mark.parametrize("strategy", ["wait", "mask"])
+def test_per_dataset_bounds_with_wait_or_mask_are_refused(strategy: str) -> None:
+    with pytest.raises(ConfigError, match=f"strategy='{strategy}': per-dataset bounds apply to "
+                                          "'drop' and 'admit'"):
+        async_config(max_off_policy_threshold=BOUNDS, max_off_policy_strategy=strategy)
+    async_config(max_off_policy_threshold={"*": 3}, max_off_policy_strategy=strategy)  # one bound
 
 
 def test_admission_counts_places_under_the_tightest_bound() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline import METRICS, StepAggregator
 from pipeline.decide.evaluate import Eviction
-from pipeline.decide.metrics import EvictionMetrics, declared_weights, off_policy_metrics
+from pipeline.decide.metrics import EvictionMetrics, Metric, declared_weights, off_policy_metrics
 from sql.loader import SqlError, load
 
 P = "training/off_policy"
@@ -130,8 +130,10 @@ def test_every_off_policy_metric_has_the_weight_its_header_declares():
     for prefix in ("training", "validation"):
         got = {k[len(f"{prefix}/off_policy/"):]: (m.reduction, m.weight) for k, m in METRICS.items()
                if k.startswith(f"{prefix}/off_policy/") and not k.startswith(
-                   f"{prefix}/off_policy/evicted")}
+                   (f"{prefix}/off_policy/evicted", f"{prefix}/off_policy/masked"))}
         assert got == {k: (k.rpartition("/")[2], w) for k, w in OFF_POLICY_DECLARED.items()}
+        # mask's count is no aggregate of off_policy.sql: a sum of rows, like an eviction count
+        assert METRICS[f"{prefix}/off_policy/masked_samples"] == Metric("sum", type=int)
         for key, weight in OFF_POLICY_DECLARED.items():
             if weight is not None:
                 assert weights[key.rpartition("/")[0]] == weight

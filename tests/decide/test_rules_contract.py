@@ -388,6 +388,31 @@ def test_the_live_gate_opens_exactly_when_the_declaration_lists_no_blocker(seed:
             (not any(p == partition for p, _ in lake))
 
 
+# --- mask: the stale rule's text as a mark, both engines --------------------------------------
+# `max_off_policy_strategy="mask"` marks, among the chosen groups, exactly those the `stale` rule
+# would evict (`StaleMask`, compiled from sql/rules/stale.sql); the lake runs that file.
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_live_mask_marks_exactly_the_groups_the_stale_rule_lists(seed: int) -> None:
+    from pipeline.decide.policies.stale import StaleMask
+    rng = random.Random(seed)
+    rows = _random_candidates(rng, 40)
+    step, threshold = rng.randint(0, 40), rng.randint(1, 10)
+    marked = StaleMask(threshold).stale(step, {r[1]: (r[2], r[4]) for r in rows})
+    assert marked == _lake(rules.get("stale"), rows, {"step": step, "threshold": threshold})
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_the_mask_marks_one_step_over_the_threshold_in_both_engines(offset: int) -> None:
+    from pipeline.decide.policies.stale import StaleMask
+    step, threshold = 10, 3
+    gs = step - (threshold + offset) + 1              # group span threshold + offset
+    row = ("train", "g", gs, 1, "finished", 1, None, None, 0, 2, 2, 2, 0, 0)
+    lake = _lake(rules.get("stale"), [row], {"step": step, "threshold": threshold})
+    assert StaleMask(threshold).stale(step, {"g": (gs, "finished")}) == lake == (
+        {"g"} if offset > 0 else set())
+
+
 # --- admission: one capacity, both engines ----------------------------------------------------
 # `sql/policies/dispatch_capacity.sql` counts, per partition, the places taken and queued; the
 # live buffer keeps those counts itself and evaluates the compiled `capacity` item over them

@@ -35,17 +35,19 @@ BATCH_SCHEMA = pa.schema([
     ("max_global_steps", pa.int64()),
     ("staleness", pa.int64()),
     ("is_padding", pa.bool_()),
+    ("is_stale", pa.bool_()),
 ])
 
 
 def row(prompt: Sequence[int], response: Sequence[int], mask: Sequence[int] | None = None,
         logp: Sequence[float] | None = None, *, reward: float = 0.0, gs: int = 1, mn: int = 0,
-        mx: int = 0, staleness: int = 0, is_padding: bool = False) -> dict[str, Any]:
+        mx: int = 0, staleness: int = 0, is_padding: bool = False, is_stale: bool = False
+        ) -> dict[str, Any]:
     return {"prompt_ids": list(prompt), "response_ids": list(response),
             "response_mask": None if mask is None else list(mask),
             "rollout_log_probs": None if logp is None else list(logp), "reward": reward,
             "global_steps": gs, "min_global_steps": mn, "max_global_steps": mx,
-            "staleness": staleness, "is_padding": is_padding}
+            "staleness": staleness, "is_padding": is_padding, "is_stale": is_stale}
 
 
 def batch_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -129,6 +131,16 @@ def naive_to_torch(table: pa.Table, layout: str = "padded", pad_token_id: int = 
     for c in ("global_steps", "min_global_steps", "max_global_steps", "staleness"):
         out[c] = torch.tensor(table.column(c).to_pylist(), dtype=torch.int64)
     out["is_padding"] = torch.tensor(table.column("is_padding").to_pylist(), dtype=torch.bool)
+    # the loss mask: the response mask with every row marked stale zeroed
+    stale = (table.column("is_stale").to_pylist() if "is_stale" in table.column_names
+             else [False] * table.num_rows)
+    keep = torch.tensor([not s for s in stale], dtype=torch.int64)
+    if layout == "padded":
+        out["loss_mask"] = out["response_mask"] * keep[:, None]
+        out["responses_loss_mask"] = out["responses_mask"] * keep[:, None]
+    else:
+        out["loss_mask"] = out["response_mask"] * torch.repeat_interleave(
+            keep, torch.tensor(lengths, dtype=torch.int64))[None]
     return out
 
 

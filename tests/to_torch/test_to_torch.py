@@ -30,9 +30,11 @@ from tests.support.writer_paths import both_writers  # noqa: F401  (autouse: bot
 PADDED = {"input_ids": torch.int64, "attention_mask": torch.int64, "position_ids": torch.int64,
           "response_mask": torch.int64, "rollout_log_probs": torch.float32,
           "responses": torch.int64, "responses_mask": torch.int64,
-          "responses_log_probs": torch.float32}
+          "responses_log_probs": torch.float32, "loss_mask": torch.int64,
+          "responses_loss_mask": torch.int64}
 PACKED = {"input_ids": torch.int64, "position_ids": torch.int64, "response_mask": torch.int64,
-          "rollout_log_probs": torch.float32, "cu_seqlens": torch.int32}
+          "rollout_log_probs": torch.float32, "cu_seqlens": torch.int32,
+          "loss_mask": torch.int64}
 PER_ROW = {"prompt_lengths": torch.int64, "response_lengths": torch.int64,
            "rewards": torch.float32, "global_steps": torch.int64, "min_global_steps": torch.int64,
            "max_global_steps": torch.int64, "staleness": torch.int64, "is_padding": torch.bool}
@@ -60,7 +62,8 @@ def batch_rows(draw: st.DrawFn, min_rows: int = 1, max_rows: int = 10) -> list[d
                                                  max_size=r)),
                         mask, logp, reward=draw(st.floats(-1, 1)), gs=draw(st.integers(0, 9)),
                         mn=draw(st.integers(0, 4)), mx=draw(st.integers(4, 8)),
-                        staleness=draw(st.integers(-1, 5)), is_padding=draw(st.booleans())))
+                        staleness=draw(st.integers(-1, 5)), is_padding=draw(st.booleans()),
+                        is_stale=draw(st.booleans())))
     return rows
 
 

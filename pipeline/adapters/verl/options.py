@@ -93,6 +93,15 @@ def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any
     mode = opts["mirror_fields"]
     if mode not in MIRROR_FIELDS:
         raise ConfigError(f"mirror_fields={mode!r} must be one of {list(MIRROR_FIELDS)}")
+    if strategy == "mask":
+        # verl's trainer reads response_mask from the TransferQueue and has no loss mask, so a
+        # masked group would be trained with its loss on: refused rather than silently unbounded
+        raise VerlStrategyError(
+            "max_off_policy_strategy='mask' is not a verl value: verl's trainer takes its loss "
+            "mask from response_mask and never sees the buffer's is_stale rows, so the masked "
+            "groups would be trained over the bound; use 'drop', 'wait' or 'admit' with the "
+            "verl adapter, or ReplayBuffer.async_(max_off_policy_strategy='mask') with a loss "
+            "that multiplies by batch.to_torch()['loss_mask']")
     make = sync_config if preset == "sync" else async_config
     try:
         return make(max_off_policy_threshold=threshold, max_off_policy_strategy=strategy,

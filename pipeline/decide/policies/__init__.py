@@ -19,6 +19,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'ReplaceEvicted': 'refill',
     'policy_name': 'refill',
     'Starvation': 'starvation',
+    'StaleMask': 'stale',
     'StalePolicy': 'stale',
     'WaitGate': 'stale',
 })

@@ -1,10 +1,14 @@
-"""Staleness settings, split into the two values a poll uses: the `stale` rule and the wait gate.
+"""Staleness settings, split into the values a poll uses: the `stale` rule, the wait gate and the
+stale mark.
 
-`drop(T)` is the rule `sql/rules/stale.sql` (the presets switch it on with its threshold); `wait(T)`
+`drop(T)` is the rule `sql/rules/stale.sql` (the presets switch it on with its threshold); `mask(T)`
+is a `StaleMask`, the same rule's predicate applied to the chosen groups as a mark instead of an
+eviction (a marked group is trained with its loss switched off, nothing is re-generated); `wait(T)`
 is a `WaitGate`, whose comparison is the predicate of `sql/policies/wait_gate_blockers.sql`,
 compiled for polars like a rule: the lake's engine lists the groups that block, the polars engine
 asks whether the oldest in-flight group does, and both read the one text. The strategy string is
-read here, once, when the settings are made; the poll loop only sees a gate or None.
+read here, once, when the settings are made; the poll loop only sees a gate or None, and the
+selection a mask or None.
 """
 from __future__ import annotations
 
@@ -16,8 +20,10 @@ import polars as pl
 
 from pipeline.config.stale_bounds import StaleBounds
 from pipeline.decide import compile as declared
+from pipeline.decide import rules
 
 GATE = "wait_gate_blockers"
+MASKED = "stale"   # the rule whose predicate marks a group (and the reason its `select` row records)
 
 
 @cache
@@ -54,13 +60,38 @@ class WaitGate:
         return not blocks(step, oldest_inflight_gs, self.threshold)
 
 
+@lru_cache(maxsize=4096)
+def marked(step: int, global_steps: int, status: str, threshold: int) -> bool:
+    """Whether the `stale` rule would evict this group at ``step``: what `mask` marks instead.
+    Cached like `blocks` (a batch asks for a handful of dispatch steps)."""
+    frame = declared.with_params(
+        pl.DataFrame({"global_steps": [global_steps], "status": [status]},
+                     schema={"global_steps": pl.Int64, "status": pl.String}),
+        {"step": step, "threshold": threshold})
+    return bool(frame.select(rules.get(MASKED).expr.fill_null(False)).item())
+
+
+@dataclass(frozen=True)
+class StaleMask:
+    """`mask(T)`: a chosen group the `stale` rule would evict (group span > T, finished) stays in
+    the batch, marked: its rows carry ``is_stale``, `to_torch`'s ``loss_mask`` zeroes them, and its
+    `select` row records reason ``stale``. Not applied on validation partitions (no rule is)."""
+
+    threshold: int
+
+    def stale(self, step: int, groups: dict[str, tuple[int, str]]) -> set[str]:
+        """The uids of ``groups`` (uid -> (dispatch step, terminal status)) marked stale."""
+        return {u for u, (gs, status) in groups.items()
+                if marked(step, gs, status, self.threshold)}
+
+
 @dataclass(frozen=True)
 class StalePolicy:
     """The user's staleness settings as given (threshold, strategy), recorded with the lake.
     ``strategy=None`` (the sync preset) ignores staleness."""
 
     threshold: int | None = None
-    strategy: Literal["drop", "wait", "admit"] | None = None
+    strategy: Literal["drop", "wait", "admit", "mask"] | None = None
     by_dataset: tuple[tuple[str, int], ...] = ()   # per-dataset bounds; `threshold` the rest's
 
     def bounds(self) -> StaleBounds:
@@ -75,6 +106,12 @@ class StalePolicy:
         """The wait gate these settings ask for (``wait`` with a threshold), or None."""
         if self.strategy == "wait" and self.threshold is not None:
             return WaitGate(self.threshold)
+        return None
+
+    def mask(self) -> StaleMask | None:
+        """The stale mark these settings ask for (``mask`` with a threshold), or None."""
+        if self.strategy == "mask" and self.threshold is not None:
+            return StaleMask(self.threshold)
         return None
 
     def bound(self) -> int | None:

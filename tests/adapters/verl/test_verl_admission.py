@@ -47,3 +47,14 @@ def test_admit_paces_the_refills_verl_would_ask_at_once(tq, rollout):
     assert metrics["training/off_policy/evicted_samples"] == 2
     assert refills == [1]
     buf.close()
+
+
+@pytest.mark.parametrize("cls", ["ReplaylakeSampler", "ReplayBufferAsync"])
+def test_mask_is_refused_by_the_adapter_naming_what_to_use_instead(cls):
+    """verl's trainer never reads `loss_mask`: a masked group would train with its loss on."""
+    from pipeline.adapters.verl import dropin
+    mode = "colocate_async"
+    with pytest.raises(AssertionError, match="'mask' is not a verl value.*loss_mask"):
+        getattr(dropin, cls)(mode, {}, 2, "mask", {}, poll_interval=0.05)
+    with pytest.raises(ValueError, match="use 'drop', 'wait' or 'admit'"):
+        getattr(dropin, cls)(mode, {}, 2, "mask", {}, poll_interval=0.05)
