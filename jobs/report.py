@@ -50,11 +50,11 @@ def main(
     from pipeline.analysis.report import FIGURES, png_base64, render
 
     start = time.perf_counter()
-    # one total from the start: a tick per query, per figure (drawn for every partition at
-    # once, so the count of partitions, known only after the queries, does not change it) and
-    # one for writing the page
-    with tqdm(total=len(QUERIES) + len(FIGURES) + 1, unit="step", desc="report",
-              disable=not progress) as bar:
+    # one total from the start: a tick per query (and one for the Prompts section's), per
+    # figure (drawn for every partition at once, so the count of partitions, known only after
+    # the queries, does not change it) and one for writing the page
+    ticks = len(QUERIES) + 1 + len(FIGURES) + 1
+    with tqdm(total=ticks, unit="step", desc="report", disable=not progress) as bar:
         data = gather(root, steps=parse_steps(steps), partitions=partition,
                       progress=lambda name: (bar.set_postfix_str(name), bar.update()))
         drawn: dict[str, list[tuple[str, str, str, str]]] = {p.name: [] for p in data.partitions}

@@ -56,7 +56,7 @@ BASE_TABLES = tuple(LAKE_TABLES)
 # Derived views, in dependency order; each is the query file of that name under sql/.
 DERIVED_VIEWS = ("group_fates", "groups", "group_trajectories", "group_aggregates", "candidates",
                  "batch_rows", "provenance", "off_policy", "trajectory_fates", "inflight", "batches",
-                 "certificates", "starved_stretches")
+                 "certificates", "starved_stretches", "prompt_history")
 DEFAULT_FILTER_METRIC = "reward"
 
 INFLIGHT = pa.schema([

@@ -204,3 +204,31 @@ def test_the_shared_views_are_computed_once_into_temporary_tables_with_the_same_
     for name in QUERIES:
         want = loader.run(plain, name, **params.get(name, {})).to_pylist()
         assert want and loader.run(shared, name, **params.get(name, {})).to_pylist() == want
+
+
+def test_the_prompts_section_ranks_the_wasteful_and_the_solved_prompts(tmp_path: Path) -> None:
+    from pipeline.analysis.report.data import PROMPTS_TOP
+    from sql import loader
+    from tests.support.prompt_runs import prompt_run
+    lake = prompt_run(tmp_path / "lake")
+    (p,) = gather(lake, steps=(4, 4)).partitions        # the window does not cut the history
+    assert p.prompts == loader.run(connect(lake), "prompt_leaders",
+                                   top=PROMPTS_TOP).to_pylist()
+    assert [(r["board"], r["rank"], r["prompt_id"], r["tokens_wasted"]) for r in p.prompts] == [
+        ("wasteful", 1, 1, 14), ("wasteful", 2, 4, 12), ("wasteful", 3, 2, 7),
+        ("solved", 1, 1, 14)]
+    page = _report(lake, tmp_path / "p.html")
+    section = page[page.index("id='train-prompts'"):]
+    wasteful, solved = section.split("<h4>")[1:3]
+    cells = re.compile(r"<tr><td class='num'>(\d+)</td><td class='num'>(\d+)</td>"
+                       r"<td class='num'>([\d,.]+)</td>")
+    assert wasteful.startswith("Prompts that waste the most generation")
+    assert cells.findall(wasteful) == [("1", "1", "14"), ("2", "4", "12"), ("3", "2", "7")]
+    assert solved.startswith("Solved prompts")
+    assert cells.findall(solved) == [("1", "1", "6")]           # 6 responses
+
+
+def test_a_lake_without_prompt_ids_says_so_in_its_prompts_section(async_page: str) -> None:
+    for part in ("train", "val"):
+        section = async_page.split(f"id='{part}-prompts'")[1].split("<h2>")[0]
+        assert "carry no prompt id" in section and "<table>" not in section

@@ -21,6 +21,9 @@ QUERIES = ("report_headline", "staleness_by_step", "trained_distribution", "evic
            "filtered_rewards", "occupancy_by_step", "selection_bias")
 # where each query's step column lives (selection_bias is per dispatch step)
 _STEP_COLUMN = {"selection_bias": "dispatch_step"}
+# the Prompts section: its query (one more progress tick) and how many prompts per board
+PROMPTS_QUERY = "prompt_leaders"
+PROMPTS_TOP = 10
 _LAST_STEP = 2**62
 SMOOTH_FROM = 60        # from this many steps on, figure lines are smoothed and heatmaps binned
 HEATMAP_COLUMNS = 60
@@ -42,6 +45,7 @@ class PartitionData:
     name: str
     headline: dict[str, Any]
     tables: dict[str, Rows] = field(default_factory=dict)
+    prompts: Rows = field(default_factory=list)     # prompt_leaders rows (whole lake)
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,10 @@ def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (N
         results[name] = rows
         if progress is not None:
             progress(name)
+    # prompt histories span the whole run: the step window does not cut them
+    prompts = loader.run(con, PROMPTS_QUERY, top=PROMPTS_TOP).to_pylist()
+    if progress is not None:
+        progress(PROMPTS_QUERY)
     con.close()
 
     headlines = {r["partition"]: r for r in results["report_headline"]}
@@ -144,6 +152,7 @@ def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (N
                           "describes trained batches; run it once the trainer has sampled.")
     parts = [PartitionData(p, headlines[p],
                            {n: [r for r in results[n] if r["partition"] == p]
-                            for n in QUERIES if n != "report_headline"})
+                            for n in QUERIES if n != "report_headline"},
+                           [r for r in prompts if r["partition"] == p])
              for p in sorted(trained)]
     return ReportData(root, steps, config, len((recorded or {}).get("versions", [])), parts)

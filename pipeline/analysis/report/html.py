@@ -11,7 +11,13 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.analysis.report.data import HEATMAP_COLUMNS, SMOOTH_FROM, ReportData
+from pipeline.analysis.report.data import (
+    HEATMAP_COLUMNS,
+    PROMPTS_TOP,
+    SMOOTH_FROM,
+    PartitionData,
+    ReportData,
+)
 from pipeline.analysis.report.settings import settings
 
 # headline rows: (column of report_headline, label, how to read it)
@@ -32,6 +38,22 @@ HEADLINE = (
     ("groups_filtered", "of which by the zero-variance filter", ""),
     ("groups_discarded", "groups discarded as surplus", "sync DAPO"),
     ("groups_live", "dispatched groups still live", "at the end of the lake"),
+)
+
+# the Prompts section's boards: (board of prompt_leaders, title, what it ranks, columns shown as
+# (column, header))
+PROMPT_BOARDS = (
+    ("wasteful", "Prompts that waste the most generation",
+     "response tokens spent on groups never trained (evicted, discarded, or partial answers a "
+     "re-issue dropped)",
+     (("tokens_wasted", "tokens wasted"), ("wasted_share", "share of its tokens"),
+      ("n_groups", "groups"), ("trained", "trained"), ("evicted", "evicted"),
+      ("reward_mean", "mean reward"))),
+    ("solved", "Solved prompts",
+     "every response got the best reward seen in the partition; most responses generated first",
+     (("n_responses", "responses"), ("tokens_generated", "tokens generated"),
+      ("n_groups", "groups"), ("trained", "trained"), ("evicted", "evicted"),
+      ("last_trained_step", "last trained step"))),
 )
 
 CSS = """
@@ -90,9 +112,39 @@ def _headline(data: ReportData) -> str:
     return f"<table><tr><th>partition</th>{head}</tr>{''.join(body)}</table>"
 
 
+def _board(rows: list[dict[str, Any]], columns: tuple[tuple[str, str], ...]) -> str:
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in columns)
+    body = "".join(
+        f"<tr><td class='num'>{r['rank']}</td><td class='num'>{r['prompt_id']}</td>"
+        + "".join(f"<td class='num'>{html.escape(_fmt(r[c]))}</td>" for c, _ in columns)
+        + "</tr>" for r in rows)
+    return f"<table><tr><th>rank</th><th>prompt id</th>{head}</tr>{body}</table>"
+
+
+def _prompts(p: PartitionData) -> str:
+    """The partition's Prompts section: the top prompts of each board of `prompt_leaders`."""
+    out = [f"<h3 id='{html.escape(p.name)}-prompts'>Prompts</h3>"]
+    if not p.prompts:
+        out.append("<p class='note'>No prompt of this partition wasted generation or was solved, "
+                   "or its groups carry no prompt id (register them with "
+                   "<code>prompt_ids=</code>).</p>")
+        return "".join(out)
+    out.append("<div class='columns'>")
+    for board, title, what, columns in PROMPT_BOARDS:
+        rows = [r for r in p.prompts if r["board"] == board]
+        out.append(f"<div><h4>{html.escape(title)}</h4><p class='note'>{html.escape(what)}; top "
+                   f"{PROMPTS_TOP}.</p>")
+        out.append(_board(rows, columns) if rows else "<p class='note'>none</p>")
+        out.append("</div>")
+    out.append("</div><p class='note'>Over the whole lake, whatever the step window (the "
+               "<code>prompt_history</code> view has every prompt's history).</p>")
+    return "".join(out)
+
+
 def render(data: ReportData, figures: Callable[[str], list[tuple[str, str, str, str]]],
            *, took_s: float | None = None) -> str:
-    """The page: header, configuration, headline numbers, then one section per partition.
+    """The page: header, configuration, headline numbers, then one section per partition (its
+    figures and its Prompts tables).
 
     ``figures(partition)`` returns that partition's ``(key, title, caption, png_base64)``."""
     lo, hi = data.steps
@@ -123,6 +175,7 @@ def render(data: ReportData, figures: Callable[[str], list[tuple[str, str, str, 
                          f"<figure><img alt='{html.escape(title)}' "
                          f"src='data:image/png;base64,{png}'>"
                          f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        parts.append(_prompts(p))
     if took_s is not None:
         parts.append(f"<p class='note'>Made by <code>replaylake report</code> in {took_s:.1f} s."
                      "</p>")
