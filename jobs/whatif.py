@@ -23,8 +23,8 @@ def main(
     threshold: Annotated[int | None, typer.Option(
         "--threshold", metavar="N", help="max_off_policy_threshold")] = None,
     strategy: Annotated[str | None, typer.Option(
-        "--strategy", metavar="drop|wait", help="max_off_policy_strategy: drop | wait "
-        "(admit is refused: a replay cannot pace the recorded dispatches)")] = None,
+        "--strategy", metavar="drop|wait|mask", help="max_off_policy_strategy: drop | wait | "
+        "mask (admit is refused: a replay cannot pace the recorded dispatches)")] = None,
     filter_metric: Annotated[str | None, typer.Option(
         "--filter-metric", metavar="NAME", help="filter_groups_metric ('none': no filter)")]
     = None,

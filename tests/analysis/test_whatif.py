@@ -137,6 +137,20 @@ def test_figures_a_replay_cannot_stand_behind_are_floors_and_each_approximation_
         "span > 1)" in said[1]
 
 
+def test_a_replay_under_mask_names_the_masked_rows_the_audit_lists(tmp_path: Path) -> None:
+    from pipeline.analysis import connect
+    from sql import loader
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(shared_run("async").lake),
+                                   "--strategy", "mask", "--threshold", "1", "--out",
+                                   str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    masked = loader.run(connect(tmp_path / "lake"), "certificate_holds").num_rows
+    assert masked > 0
+    assert cells(res.output)["over_bound_rows"][1] == str(masked)
+    assert cells(res.output)["evicted: stale"][1] == "0"
+    assert any(n.startswith(f"mask: {masked} of ") for n in notes(res.output))
+
+
 def test_the_recorded_settings_print_no_approximation(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["whatif", "--lake", str(shared_run("async").lake),
                                    "--out", str(tmp_path)])

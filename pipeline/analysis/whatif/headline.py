@@ -12,8 +12,8 @@ figure real, and the table says so in the cell itself rather than in a footnote 
   ``>= x``.
 * Every approximation the replay made for the settings asked for is one line under the table
   (`approximations`): recorded arrival times, rows that `wait` trained above the bound because
-  the recorded rollout side ran ahead, refills the record could not serve, and (last) the rows
-  from the future behind the floors.
+  the recorded rollout side ran ahead, rows that `mask` trained with their loss off, refills
+  the record could not serve, and (last) the rows from the future behind the floors.
 """
 from __future__ import annotations
 
@@ -76,6 +76,11 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
                    "staleness, and in the recorded timing the rollout side ran ahead of the "
                    "trainer, so finished groups waited in the buffer. A live `wait` run trains "
                    "above the bound as much only if its rollout side runs as far ahead")
+    if chosen.get("max_off_policy_strategy") == "mask" and after["over_bound_rows"]:
+        out.append(f"mask: {after['over_bound_rows']:,} of {after['trained_rows']:,} trained "
+                   f"rows are masked (group span > {chosen.get('max_off_policy_threshold')}, "
+                   "trained with their loss off, counted in the staleness figures); how many "
+                   "go stale depends on the recorded arrival timing above")
     if outcome.refill_shortfall:
         out.append(f"refills: {outcome.refill_shortfall:,} refilled group(s) the replay asked "
                    "for were never generated in the recorded run, so its batches trained other "

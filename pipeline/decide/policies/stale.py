@@ -63,11 +63,14 @@ class WaitGate:
 @lru_cache(maxsize=4096)
 def marked(step: int, global_steps: int, status: str, threshold: int) -> bool:
     """Whether the `stale` rule would evict this group at ``step``: what `mask` marks instead.
-    Cached like `blocks` (a batch asks for a handful of dispatch steps)."""
+    Cached like `blocks` (a batch asks for a handful of dispatch steps). `mask` takes one bound
+    (a per-dataset mapping is refused with it), so the group's own `bound` from the rule's
+    `stale_bounds` lookup is null and the threshold decides."""
     frame = declared.with_params(
-        pl.DataFrame({"global_steps": [global_steps], "status": [status]},
-                     schema={"global_steps": pl.Int64, "status": pl.String}),
-        {"step": step, "threshold": threshold})
+        pl.DataFrame({"global_steps": [global_steps], "status": [status], "bound": [None]},
+                     schema={"global_steps": pl.Int64, "status": pl.String,
+                             "bound": pl.Int64}),
+        {"step": step, "threshold": threshold, "tightest": threshold})
     return bool(frame.select(rules.get(MASKED).expr.fill_null(False)).item())
 
 
