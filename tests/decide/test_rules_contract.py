@@ -392,6 +392,12 @@ def test_the_live_gate_opens_exactly_when_the_declaration_lists_no_blocker(seed:
 # `max_off_policy_strategy="mask"` marks, among the chosen groups, exactly those the `stale` rule
 # would evict (`StaleMask`, compiled from sql/rules/stale.sql); the lake runs that file.
 
+def _one_bound(threshold: int) -> rules.RuleUse:
+    """The `stale` rule as mask uses it: one bound, no per-dataset rows."""
+    return rules.RuleUse("stale", (("threshold", threshold), ("tightest", threshold)),
+                         tables=(("stale_bounds", ()),))
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_live_mask_marks_exactly_the_groups_the_stale_rule_lists(seed: int) -> None:
     from pipeline.decide.policies.stale import StaleMask
@@ -399,7 +405,8 @@ def test_the_live_mask_marks_exactly_the_groups_the_stale_rule_lists(seed: int) 
     rows = _random_candidates(rng, 40)
     step, threshold = rng.randint(0, 40), rng.randint(1, 10)
     marked = StaleMask(threshold).stale(step, {r[1]: (r[2], r[4]) for r in rows})
-    assert marked == _lake(rules.get("stale"), rows, {"step": step, "threshold": threshold})
+    assert marked == _lake(_one_bound(threshold), rows,
+                           {"step": step, "threshold": threshold, "tightest": threshold})
 
 
 @pytest.mark.parametrize("offset", [-1, 0, 1])
@@ -408,7 +415,8 @@ def test_the_mask_marks_one_step_over_the_threshold_in_both_engines(offset: int)
     step, threshold = 10, 3
     gs = step - (threshold + offset) + 1              # group span threshold + offset
     row = ("train", "g", gs, 1, "finished", 1, None, None, 0, 2, 2, 2, 0, 0)
-    lake = _lake(rules.get("stale"), [row], {"step": step, "threshold": threshold})
+    lake = _lake(_one_bound(threshold), [row],
+                 {"step": step, "threshold": threshold, "tightest": threshold})
     assert StaleMask(threshold).stale(step, {"g": (gs, "finished")}) == lake == (
         {"g"} if offset > 0 else set())
 
