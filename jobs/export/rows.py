@@ -20,13 +20,16 @@ from schemas import BATCH_PROVENANCE
 
 
 def trained_groups(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
-    """One row per selected group: uid, step, batch_id, sel_seq (its select), gs and start_seq
-    (its last (re)registration before the select) and status (its terminal event, if any)."""
+    """One row per selected group: uid, step, batch_id, sel_seq (its select), is_stale (handed
+    out masked), gs and start_seq (its last (re)registration before the select) and status (its
+    terminal event, if any)."""
     import polars as pl
 
-    sel = (pl.from_arrow(selects.select(["uid", "step", "batch_id", "seq"]))
+    # a `select` recorded with reason 'stale' handed the group out masked (strategy mask)
+    sel = (pl.from_arrow(selects.select(["uid", "step", "batch_id", "seq", "reason"]))
            .sort("seq").unique("uid", keep="first", maintain_order=True)
-           .rename({"seq": "sel_seq"}))
+           .with_columns(is_stale=pl.col("reason").eq("stale").fill_null(False))
+           .drop("reason").rename({"seq": "sel_seq"}))
     ev = pl.from_arrow(read_table(lake, "group_events", [partition])
                        .select(["uid", "event", "global_steps", "seq"]))
     starts = (sel.join(ev.filter(pl.col("event").is_in(["registered", "reissued"])), on="uid")
@@ -57,7 +60,8 @@ def attach_provenance(traj: pa.Table, groups: pa.Table) -> pa.Table:
     cols = {"batch_id": rows["batch_id"].to_numpy(), "step": step, "global_steps": gs,
             "status": rows["status"].fill_null("finished").to_list(),
             "span": mx - mn + 1, "staleness": (step - 1) - mx, "staleness_worst": (step - 1) - mn,
-            "group_span": step - gs + 1, "times_sampled": np.ones(len(step), np.int32)}
+            "group_span": step - gs + 1, "times_sampled": np.ones(len(step), np.int32),
+            "is_stale": rows["is_stale"].to_numpy().astype(bool)}
     for f in BATCH_PROVENANCE:
         out = out.append_column(f, pa.array(cols[f.name], type=f.type))
     return out

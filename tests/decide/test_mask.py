@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
+from jobs.export.main import ExportConfig, export
 from pipeline import ReplayBuffer
 from pipeline.analysis.views import connect
 from pipeline.config import STRATEGIES
@@ -148,3 +150,16 @@ def test_mask_without_a_threshold_is_unbounded_and_the_strategy_is_listed() -> N
     assert "mask" in STRATEGIES
     with pytest.raises(ConfigError, match="'mask'"):
         make("async", max_off_policy_strategy="masked")
+
+
+def test_an_export_of_a_masked_run_marks_the_rows_the_batch_marked(tmp_path: Path) -> None:
+    buf, _, batch = _at_the_bound(tmp_path / "lake", "mask")
+    buf.close()
+    export(ExportConfig(lake=tmp_path / "lake", out=tmp_path / "out", progress=False,
+                        partitions=("train",)))
+    rows = pq.read_table(sorted((tmp_path / "out" / "train").glob("shard-*.parquet")))
+    got = sorted(zip(rows["uid"].to_pylist(), rows["session_id"].to_pylist(),
+                     rows["is_stale"].to_pylist()))
+    want = sorted(zip(batch.table["uid"].to_pylist(), batch.table["session_id"].to_pylist(),
+                      batch.table["is_stale"].to_pylist()))
+    assert got == want and sum(s for *_, s in got) == 2
