@@ -115,7 +115,9 @@ def _compare(lake: Path, policies: list[str], out: Path | None, single: list[str
     if out is not None:
         from pipeline.analysis.whatif import write_page
         paths = [*write_compare(cmp, out), write_page(cmp, out)]
-        typer.echo(f"wrote {', '.join(str(p) for p in paths)}")
+        typer.echo("wrote:")
+        for path in paths:
+            typer.echo(f"  {path}")
 
 
 def _item(flag: str) -> str:

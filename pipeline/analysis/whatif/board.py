@@ -55,7 +55,7 @@ def cell(row: Row, key: str) -> str:
     """A figure of a row; a staleness figure that rows from the future make impossible is
     shown as its floor, marked ``>=``."""
     f = row.figures
-    if key in FLOORS and f["future_rows"]:
+    if key in FLOORS and f["future_rows"] and f[FLOORS[key]] is not None:
         return ">=" + fmt(f[FLOORS[key]])
     if key == "identical":
         return fmt(row.identical)
@@ -64,8 +64,14 @@ def cell(row: Row, key: str) -> str:
     return fmt(f[key], key)
 
 
-def _label(text: str) -> str:
-    return text if len(text) <= LABEL_MAX else text[:LABEL_MAX - 1] + "~"
+def label(cmp: Comparison, i: int) -> str:
+    """Row ``i``'s policy as the tables show it: as given, or numbered and cut to LABEL_MAX
+    characters (the notes under the tables give it whole)."""
+    text = cmp.rows[i].label
+    if len(text) <= LABEL_MAX:
+        return text
+    head = f"#{i} "
+    return head + text[:LABEL_MAX - len(head) - 1] + "~"
 
 
 def _tables(title: str, header: list[str], body: list[list[str]], first: int) -> list[str]:
@@ -117,13 +123,13 @@ def lines(cmp: Comparison) -> list[str]:
         cols = list(columns)
         if title.startswith("trained"):
             cols += [(f"evicted {r}", f"evicted {r}") for r in reasons(cmp)]
-        body = [[_label(r.label), *(cell(r, k) for k, _ in cols)] for r in cmp.rows]
+        body = [[label(cmp, i), *(cell(r, k) for k, _ in cols)] for i, r in enumerate(cmp.rows)]
         out += _tables(title, ["policy", *(h for _, h in cols)], body, 1)
     if any(r.datasets for r in cmp.rows):
         body = []
-        for r in cmp.rows:
-            body += [[_label(r.label) if i == 0 else "", *(fmt(d[k], k) for k, _ in
-                                                            DATASET_COLUMNS)]
+        for n, r in enumerate(cmp.rows):
+            body += [[label(cmp, n) if i == 0 else "", *(fmt(d[k], k) for k, _ in
+                                                           DATASET_COLUMNS)]
                      for i, d in enumerate(r.datasets)]
         out += _tables("datasets: share of the trained and generated trajectories, starvation "
                        "(steps with groups in flight, none trained)",
@@ -131,11 +137,11 @@ def lines(cmp: Comparison) -> list[str]:
     if any(r.figures["future_rows"] for r in cmp.rows):
         out += textwrap.wrap("'>=': a floor (rows from the future counted at staleness 0; see "
                              "the notes)", WIDTH) + [""]
-    noted = [r for r in cmp.rows if r.notes]
+    noted = [(i, r) for i, r in enumerate(cmp.rows) if r.notes]
     if noted:
         out.append("what the replay approximates, per policy:")
-    for r in noted:
-        out.append(f"  {r.label}:")
+    for i, r in noted:
+        out.append(f"  {f'#{i} ' if label(cmp, i) != r.label else ''}{r.label}:")
         for note in r.notes:
             out += textwrap.wrap(note, WIDTH, initial_indent="    - ",
                                  subsequent_indent="      ")
