@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 
 from pipeline.analysis.report import plot
 from pipeline.analysis.report.html import CSS
-from pipeline.analysis.whatif.board import SECTIONS, cell, reasons
+from pipeline.analysis.whatif.board import DATASET_COLUMNS, SECTIONS, cell, fmt, reasons
 from pipeline.analysis.whatif.compare import Comparison, Row
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -30,10 +30,20 @@ def colors(cmp: Comparison) -> list[str]:
     return [RECORDED] + [PALETTE[i % len(PALETTE)] for i in range(len(cmp.rows) - 1)]
 
 
+def widths(cmp: Comparison) -> list[float]:
+    """Line widths, widest for the recorded run and narrower for each next policy, so that
+    policies that train alike show as nested lines instead of hiding one another."""
+    n = len(cmp.rows)
+    return [4.0 - 2.8 * i / max(n - 1, 1) for i in range(n)]
+
+
 def _legend(fig: Figure, cmp: Comparison) -> None:
-    handles = [Line2D([], [], color=c, lw=6) for c in colors(cmp)]
-    fig.legend(handles, [r.label for r in cmp.rows], loc="outside upper center",
-               ncol=min(len(cmp.rows), 5), fontsize=9, frameon=False)
+    """One legend above the axes, read row by row in the rows' order."""
+    ncol = min(len(cmp.rows), 4)
+    order = [i for c in range(ncol) for i in range(c, len(cmp.rows), ncol)]  # column-major fill
+    handles = [Line2D([], [], color=colors(cmp)[i], lw=6) for i in order]
+    names = [f"{'rec' if i == 0 else i}: {cmp.rows[i].label}" for i in order]
+    fig.legend(handles, names, loc="outside upper center", ncol=ncol, fontsize=9, frameon=False)
 
 
 def _bars(ax, cmp: Comparison, values: list[float], label: str, hatched: list[float] | None = None,
@@ -47,7 +57,7 @@ def _bars(ax, cmp: Comparison, values: list[float], label: str, hatched: list[fl
         if floor:
             ax.annotate(">=", (x[i], values[i]), ha="center", va="bottom", fontsize=9)
     ax.set_xticks(x, [str(i) if i else "rec" for i in x], fontsize=9)
-    ax.set_xlabel("policy (rec = recorded, 1.. = in the legend's order)", fontsize=8)
+    ax.set_xlabel("policy (see the legend)", fontsize=9)
     ax.set_ylabel(label)
     ax.grid(True, axis="y", alpha=0.3)
 
@@ -75,11 +85,11 @@ def staleness(cmp: Comparison) -> Figure:
     fig, axes = plot.figure(2)
     for ax, key, label in ((axes[0], "staleness_mean", "mean staleness"),
                            (axes[1], "staleness_max", "max staleness")):
-        for r, c in zip(cmp.rows, colors(cmp)):
+        for r, c, w in zip(cmp.rows, colors(cmp), widths(cmp)):
             rows = [s for s in r.staleness_by_step if s["partition"] == _train(cmp)]
             x, y = plot.series(rows, key)
             if len(x):
-                plot.line(ax, x, y, "max" if key.endswith("_max") else "mean", color=c)
+                ax.plot(x, y, color=c, lw=w, marker="o" if len(x) <= 30 else None, ms=w + 1)
         ax.set_ylabel(f"{label} of trained rows")
         plot.steps_axis(ax)
     _legend(fig, cmp)
@@ -101,11 +111,11 @@ def distributions(cmp: Comparison) -> Figure:
         gen = [d for d in cmp.rows[0].distributions if d["measure"] == measure]
         ax.step([d["value"] for d in gen], [d["cdf_generated"] for d in gen], where="post",
                 color="#999999", lw=3, ls="--", label="generated (recorded run)")
-        for r, c in zip(cmp.rows, colors(cmp)):
+        for r, c, w in zip(cmp.rows, colors(cmp), widths(cmp)):
             rows = [d for d in r.distributions if d["measure"] == measure
                     and d["cdf_trained"] is not None]
             ax.step([d["value"] for d in rows], [d["cdf_trained"] for d in rows], where="post",
-                    color=c, lw=1.4)
+                    color=c, lw=w)
         ax.set_xlabel(label)
         ax.set_ylabel("share of trained trajectories <= x")
         ax.set_ylim(0, 1.02)
@@ -147,7 +157,9 @@ FIGURES = (
      "and the generated response lengths.", overview),
     ("staleness", "Staleness per step",
      "Mean and max staleness ((step − 1) − newest weight version) of the trained rows at each "
-     "trainer step of the partition that trained most, one line per policy.", staleness),
+     "trainer step of the partition that trained most, one line per policy (narrower for each "
+     "next one, so policies that train alike show as nested lines). A value below 0 is a row "
+     "from the future, which only a replay reaches (see the notes).", staleness),
     ("distributions", "Trained against generated: response length and reward",
      "Cumulative share of the trained trajectories at or below each value, one line per "
      "policy; the dashed grey line is every trajectory the recorded run generated. A policy "
@@ -161,25 +173,46 @@ FIGURES = (
 )
 
 
-def _table(cmp: Comparison) -> str:
-    cols = [k for _, columns in SECTIONS for k, _ in columns]
-    cols += [f"evicted {r}" for r in reasons(cmp)]
-    head = "".join(f"<th>{html.escape(k.replace('_', ' '))}</th>" for k in cols)
-    body = []
-    for r, c in zip(cmp.rows, colors(cmp)):
-        cells = "".join(f"<td class='num'>{html.escape(cell(r, k))}</td>" for k in cols)
-        body.append(f"<tr><th><span style='color:{c}'>&#9632;</span> "
-                    f"{html.escape(r.label)}</th>{cells}</tr>")
-    return f"<div style='overflow-x:auto'><table><tr><th>policy</th>{head}</tr>" \
-           f"{''.join(body)}</table></div>"
+def _tables(cmp: Comparison) -> str:
+    """The text's sections as HTML tables, each row led by its policy's colour."""
+    out = []
+    for title, columns in SECTIONS:
+        cols = list(columns)
+        if title.startswith("trained"):
+            cols += [(f"evicted {r}", f"evicted {r}") for r in reasons(cmp)]
+        out.append(_table(cmp, title, [h for _, h in cols],
+                          [[cell(r, k) for k, _ in cols] for r in cmp.rows]))
+    if any(r.datasets for r in cmp.rows):
+        body, who = [], []
+        for i, r in enumerate(cmp.rows):
+            body += [[fmt(d[k], k) for k, _ in DATASET_COLUMNS] for d in r.datasets]
+            who += [i] * len(r.datasets)
+        out.append(_table(cmp, "datasets: share of the trained and generated trajectories, "
+                          "starvation (steps with groups in flight, none trained)",
+                          [h for _, h in DATASET_COLUMNS], body, who))
+    return "".join(out)
+
+
+def _table(cmp: Comparison, title: str, header: list[str], body: list[list[str]],
+           who: list[int] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    rows = []
+    for n, cells in enumerate(body):
+        i = n if who is None else who[n]
+        tds = "".join(f"<td class='num'>{html.escape(c)}</td>" for c in cells)
+        rows.append(f"<tr><th style='white-space:nowrap'><span style='color:"
+                    f"{colors(cmp)[i]}'>&#9632;</span> {'rec' if i == 0 else i}: "
+                    f"{html.escape(cmp.rows[i].label)}</th>{tds}</tr>")
+    return (f"<h3>{html.escape(title[0].upper() + title[1:])}</h3><div style='overflow-x:auto'>"
+            f"<table><tr><th>policy</th>{head}</tr>{''.join(rows)}</table></div>")
 
 
 def _notes(rows: list[Row]) -> str:
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
         if r.notes:
             items = "".join(f"<li>{html.escape(n)}</li>" for n in r.notes)
-            out.append(f"<h4>{html.escape(r.label)}</h4><ul class='note'>{items}</ul>")
+            out.append(f"<h4>{i}: {html.escape(r.label)}</h4><ul class='note'>{items}</ul>")
     return "".join(out) or "<p class='note'>Every replay reproduced the recorded batches.</p>"
 
 
@@ -191,7 +224,7 @@ def render(cmp: Comparison) -> str:
              "<h1>replaylake what-if: policies compared</h1>",
              f"<p class='meta'>lake <code>{html.escape(str(cmp.lake))}</code> · "
              f"{cmp.calls} sample calls replayed per policy</p>",
-             "<h2 id='whatif-table'>Figures per policy</h2>", _table(cmp),
+             "<h2 id='whatif-table'>Figures per policy</h2>", _tables(cmp),
              "<h3>What the replay approximates</h3>", _notes(cmp.rows)]
     has_datasets = any(r.datasets for r in cmp.rows)
     for key, title, caption, draw in FIGURES:
