@@ -56,8 +56,7 @@ def main(
     Examples:
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
-        replaylake whatif --lake runs/demo/latest/lake --compare threshold=1 strategy=admit \
-            'strategy=wait,threshold=4' rule=overlong=off --out whatif/
+        replaylake whatif --lake runs/demo/latest/lake --compare threshold=1 strategy=admit
     """
     from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
     from pipeline.config import rules_from_options
