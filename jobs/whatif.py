@@ -56,7 +56,7 @@ def main(
     Examples:
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
-        replaylake whatif --lake runs/demo/latest/lake --compare threshold=1 strategy=admit
+        replaylake whatif --lake runs/demo/latest/lake --compare threshold=1
     """
     from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
     from pipeline.config import rules_from_options

@@ -204,7 +204,7 @@ def test_the_parquet_table_holds_the_printed_rows(compared: tuple[Path, Path, st
     assert table[0]["notes"] == [] and any("admit:" in n for n in table[5]["notes"])
     page = (out / "whatif.html").read_text()
     assert page.count("<img ") == 3        # no dataset figure: the run names no dataset
-    assert all(f">{p}</th>" in page.replace("&#9632;</span> ", ">") for p in POLICIES)
+    assert all(f"</span> {i}: {p}</th>" in page for i, p in enumerate(POLICIES, 1))
 
 
 # --- datasets ------------------------------------------------------------------------------
