@@ -166,7 +166,7 @@ def compare(lake: str | Path, texts: list[str], out: str | Path | None = None,
     base = recorded_settings(lake)
     rec = recorded(lake)
     root = Path(out) / "replays" if out is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
-    rows = [_row("recorded", _label(base), lake, base["filter_groups_metric"], False,
+    rows = [_row("recorded", _shown(base), lake, base["filter_groups_metric"], False,
                  identical=len(rec.batches))]
     for i, p in enumerate(policies, 1):
         progress(p.label)
@@ -184,7 +184,8 @@ def compare(lake: str | Path, texts: list[str], out: str | Path | None = None,
     return Comparison(lake=lake, calls=len(rec.batches), rows=rows)
 
 
-def _label(base: dict[str, Any]) -> dict[str, Any]:
+def _shown(base: dict[str, Any]) -> dict[str, Any]:
+    """The recorded settings as the legend shows them (no empty rules mapping)."""
     return {k: v for k, v in base.items() if k != "rules" or v}
 
 
