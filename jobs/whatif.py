@@ -5,8 +5,14 @@
     replaylake whatif --lake runs/demo/latest/lake --rule short_response.min_response_length=4
     replaylake whatif --lake runs/demo/latest/lake --rule overlong=off
 
+    replaylake whatif --lake runs/demo/latest/lake --compare threshold=1 threshold=4 \
+        strategy=wait strategy=admit strategy=mask --out whatif/
+
 Settings not given are the lake's recorded ones, so `replaylake whatif --lake L` alone replays
 the run as it was and must reproduce every batch (it says so, or names the first difference).
+`--compare` replays once per KEY=VALUE[,KEY=VALUE...] item and prints one table, one row per
+policy (pipeline.analysis.whatif.compare); with `--out` it also writes the table as Parquet and
+an HTML page with plots.
 """
 from __future__ import annotations
 
@@ -34,28 +40,43 @@ def main(
         "--rule", metavar="RULE.PARAM=VALUE", help="set an opt-in rule's parameter, or RULE=off "
         "(repeatable; the recorded rules stay as they were unless named)")] = None,
     out: Annotated[Path | None, typer.Option(
-        "--out", metavar="DIR", help="keep the replay's lake here (default: a temp dir)")] = None,
+        "--out", metavar="DIR", help="keep the replay's lake here (default: a temp dir); with "
+        "--compare: write compare.parquet, datasets.parquet, whatif.html and the replays' lakes "
+        "(replays/) here")] = None,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="replay once per POLICY given after the options and print one table, "
+        "one row per policy plus the recorded run")] = False,
+    policies: Annotated[list[str] | None, typer.Argument(
+        metavar="[POLICY]...", help="with --compare: KEY=VALUE[,KEY=VALUE...], KEY a buffer "
+        "keyword or threshold | strategy | filter_metric | rule (RULE.PARAM=VALUE or RULE=off); "
+        "VALUE read as JSON, else as a string, 'none' for None", show_default=False)] = None,
 ) -> None:
     """Replay a recorded run with other settings; print batches, evictions and staleness.
 
     Examples:
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
+        replaylake whatif --lake runs/demo/latest/lake --compare threshold=1
     """
     from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
     from pipeline.config import rules_from_options
+    single = {"--threshold": threshold, "--strategy": strategy, "--filter-metric": filter_metric,
+              "--max-response-length": max_response_length, "--rule": rule}
+    if compare or policies:
+        _compare(lake, policies or [], out, [k for k, v in single.items() if v], compare)
+        return
     settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                 "filter_groups_metric": filter_metric, "max_response_length":
                 max_response_length, "rules": rules_from_options(rule or ()) or None}
     base = recorded_settings(lake)
+    given = {k: v for k, v in settings.items() if v is not None}
     if filter_metric == "none":
-        settings["filter_groups_metric"] = None
-        base["filter_groups_metric"] = None
+        given["filter_groups_metric"] = settings["filter_groups_metric"] = None
     t0 = time.perf_counter()
-    result = replay(lake, out, **{k: v for k, v in settings.items() if v is not None})
+    result = replay(lake, out, **given)
     took = time.perf_counter() - t0
     rec = recorded(lake)
-    metric_new = settings["filter_groups_metric"] or base["filter_groups_metric"]
+    metric_new = given.get("filter_groups_metric", base["filter_groups_metric"])
     before, after = figures(lake, base["filter_groups_metric"]), figures(result.lake, metric_new)
     same = sum(a == b for a, b in zip(rec.batches, result.batches))
     typer.echo(f"replayed {len(rec.batches)} sample calls in {took:.1f} s")
@@ -65,12 +86,42 @@ def main(
         f"identical batches: {same} of {len(rec.batches)}; unfilled steps: "
         f"{result.unfilled or 'none'}; refills the record could not serve: "
         f"{result.refill_shortfall}", 80, subsequent_indent="  "))
-    chosen = {**base, **{k: v for k, v in settings.items() if v is not None}}
+    chosen = {**base, **given}
     notes = approximations(after, result, len(rec.batches), same, chosen)
     if notes:
         typer.echo("what the replay approximates:")
         for note in notes:
             typer.echo(textwrap.fill(note, 80, initial_indent="  - ", subsequent_indent="    "))
+
+
+def _compare(lake: Path, policies: list[str], out: Path | None, single: list[str],
+             flag: bool) -> None:
+    from pipeline.analysis.whatif import compare_lines, compare_policies, write_compare
+    from pipeline.errors import ConfigError
+    if not flag:
+        raise ConfigError(f"whatif got {policies[0]!r} without --compare: give --compare to "
+                          "replay several policies, or the single-policy options alone")
+    if not policies:
+        raise ConfigError("--compare needs at least one POLICY after the options, e.g. "
+                          "`whatif --lake L --compare threshold=1 strategy=wait`")
+    if single:
+        raise ConfigError(f"--compare takes the settings as POLICY items, not {', '.join(single)}"
+                          f": write them as items (e.g. {_item(single[0])})")
+    cmp = compare_policies(lake, policies, out, progress=lambda label: typer.echo(
+        f"replaying {label} ...", err=True))
+    for line in compare_lines(cmp):
+        typer.echo(line)
+    if out is not None:
+        from pipeline.analysis.whatif import write_page
+        paths = [*write_compare(cmp, out), write_page(cmp, out)]
+        typer.echo("wrote:")
+        for path in paths:
+            typer.echo(f"  {path}")
+
+
+def _item(flag: str) -> str:
+    return {"--rule": "rule=overlong=off", "--filter-metric": "filter_metric=none"}.get(
+        flag, f"{flag.removeprefix('--').replace('-', '_')}=1")
 
 
 if __name__ == "__main__":

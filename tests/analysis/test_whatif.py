@@ -197,3 +197,11 @@ def test_a_replay_under_admit_is_refused_naming_the_strategies_it_can_replay(tmp
     res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--strategy", "admit",
                                    "--out", str(tmp_path / "cli")])
     assert res.exit_code != 0 and "--strategy drop or wait" in res.output
+
+
+def test_filter_metric_none_switches_the_filter_off_in_the_replay(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(shared_run("async").lake),
+                                   "--filter-metric", "none", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    recorded_n, whatif_n = cells(res.output)["evicted: zero_variance"]
+    assert int(recorded_n) > 0 and whatif_n == "0"

@@ -5,6 +5,11 @@ from pipeline._face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
     'approximations': 'headline',
+    'compare_policies': 'compare:compare',
+    'compare_lines': 'board:lines',
+    'parse_policies': 'compare',
+    'write_compare': 'board:write',
+    'write_page': 'page',
     'figures': 'headline',
     'table': 'headline',
     'future_summary': 'outcome',

@@ -233,19 +233,18 @@ class _Feed:
                         pass   # a status for a group this replay evicted already (what-if)
 
 
-def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
-           **settings: Any) -> Outcome:
-    """Replay ``lake`` with ``settings`` (the recorded ones where not given); the replay writes
-    its own lake (``out_lake`` or a temporary directory) so both can be compared with SQL.
+# settings whose None is a value of its own (no filter, no bound), kept when given as None
+NULLABLE = ("filter_groups_metric", "max_off_policy_threshold")
 
-    ``rules`` changes the recorded opt-in rules one by one (``{"overlong": None}`` switches one
-    off, a rule not named keeps its recorded parameters); ``max_response_length`` is shorthand
-    for the overlong entry, as for the presets."""
-    from pipeline import ReplayBuffer
-    from pipeline.analysis.views import read_lake
-    from pipeline.config.rule_knobs import SUGAR, with_sugar
-    lake = Path(lake)
-    given = {k: v for k, v in settings.items() if v is not None}
+
+def chosen_settings(lake: Path, settings: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The preset and buffer keywords a replay of ``lake`` with ``settings`` runs under: the
+    recorded settings with the given ones on top (``rules`` entry by entry, see `replay`).
+    Checked as the buffer checks them, without a lake, so a bad value is refused before any
+    replay starts."""
+    from pipeline.config import async_config, preset_kwargs, sync_config, with_sugar
+    from pipeline.config.rule_knobs import SUGAR
+    given = {k: v for k, v in settings.items() if v is not None or k in NULLABLE}
     changed = with_sugar(given.pop("rules", None), **{k: given.pop(k) for k in SUGAR if k in given})
     chosen = recorded_settings(lake)
     chosen = {**chosen, **given, "rules": {**chosen["rules"], **changed}}
@@ -255,16 +254,35 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
             "what-if cannot replay max_off_policy_strategy='admit': admission paces the "
             "rollout side's dispatches, and a replay feeds the recorded groups as they were "
             "dispatched; replay with --strategy drop or wait, or compare real runs (chart each "
-            "with the dispatch_pacing query)")
+            "with the dispatch_pacing query); `--compare strategy=admit` approximates it")
     if preset not in ("async", "sync"):
         raise ConfigError(f"what-if replays the async and sync presets; the lake's is {preset!r}")
+    kwargs = {k: v for k, v in chosen.items() if v is not None or k in NULLABLE}
+    make = async_config if preset == "async" else sync_config
+    preset_kwargs(f"ReplayBuffer.{'async_' if preset == 'async' else 'sync'}", make, kwargs)
+    make(**kwargs, refill_fn=lambda n: None)     # the replay's refill_fn stands in
+    return preset, kwargs
+
+
+def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
+           **settings: Any) -> Outcome:
+    """Replay ``lake`` with ``settings`` (the recorded ones where not given); the replay writes
+    its own lake (``out_lake`` or a temporary directory) so both can be compared with SQL.
+
+    ``rules`` changes the recorded opt-in rules one by one (``{"overlong": None}`` switches one
+    off, a rule not named keeps its recorded parameters); ``max_response_length`` is shorthand
+    for the overlong entry, as for the presets. A setting given as None is not given, except
+    ``filter_groups_metric=None`` (no filter) and ``max_off_policy_threshold=None`` (no
+    bound)."""
+    from pipeline import ReplayBuffer
+    from pipeline.analysis.views import read_lake
+    lake = Path(lake)
+    preset, kwargs = chosen_settings(lake, settings)
     tables = read_lake(lake)
     calls = _calls(tables["decisions"])
     out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
     holder: dict[str, _Feed] = {}
     make = ReplayBuffer.async_ if preset == "async" else ReplayBuffer.sync
-    kwargs = {k: v for k, v in chosen.items() if v is not None or k in
-              ("max_off_policy_threshold", "filter_groups_metric")}
     buf = make(lake=out / "lake", refill_fn=lambda n: holder["feed"].refill(n),
                poll_interval=0.001, **kwargs)
     result = Outcome(lake=out / "lake")
