@@ -4,6 +4,7 @@
     replaylake whatif --lake runs/demo/latest/lake --filter-metric none --max-response-length 12
     replaylake whatif --lake runs/demo/latest/lake --rule short_response.min_response_length=4
     replaylake whatif --lake runs/demo/latest/lake --rule overlong=off
+    replaylake whatif --lake runs/demo/latest/lake --selection-order spread_first
 
 Settings not given are the lake's recorded ones, so `replaylake whatif --lake L` alone replays
 the run as it was and must reproduce every batch (it says so, or names the first difference).
@@ -33,6 +34,10 @@ def main(
     rule: Annotated[list[str] | None, typer.Option(
         "--rule", metavar="RULE.PARAM=VALUE", help="set an opt-in rule's parameter, or RULE=off "
         "(repeatable; the recorded rules stay as they were unless named)")] = None,
+    selection_order: Annotated[str | None, typer.Option(
+        "--selection-order", metavar="oldest|spread_first|oldest_version",
+        help="which candidates a sample takes first: oldest dispatch (verl's order), widest "
+        "metric spread, or oldest weight version")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="DIR", help="keep the replay's lake here (default: a temp dir)")] = None,
 ) -> None:
@@ -41,12 +46,14 @@ def main(
     Examples:
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
+        replaylake whatif --lake runs/demo/latest/lake --selection-order spread_first
     """
     from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
     from pipeline.config import rules_from_options
     settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                 "filter_groups_metric": filter_metric, "max_response_length":
-                max_response_length, "rules": rules_from_options(rule or ()) or None}
+                max_response_length, "rules": rules_from_options(rule or ()) or None,
+                "selection_order": selection_order}
     base = recorded_settings(lake)
     if filter_metric == "none":
         settings["filter_groups_metric"] = None

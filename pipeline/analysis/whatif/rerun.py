@@ -71,8 +71,10 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
     if missing:
         raise LakeError(f"{Path(lake) / lake_config.FILE} records no {', '.join(missing)}: the replay needs "
                         "the settings the run was made with; restore the file from a backup")
-    # the opt-in rules as a `rules=` mapping; the others follow from the keywords above
-    return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules"))}
+    # the opt-in rules as a `rules=` mapping; the others follow from the keywords above; a lake
+    # recorded before the selection order was a setting chose oldest first
+    return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules")),
+            "selection_order": cfg.get("selection_order", "oldest")}
 
 
 def _calls(decisions: pa.Table) -> list[dict]:
