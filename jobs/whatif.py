@@ -46,7 +46,6 @@ def main(
     Examples:
         replaylake whatif --lake runs/demo/latest/lake --threshold 1
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
-        replaylake whatif --lake runs/demo/latest/lake --selection-order spread_first
     """
     from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
     from pipeline.config import rules_from_options

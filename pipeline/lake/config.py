@@ -5,10 +5,10 @@ lake with settings that would change how its recorded groups are classified, evi
 (the preset, the filter metric, the staleness threshold and strategy, the rules and their
 parameters, the selection order) is refused with a `LakeError` naming the differing keys: a
 restored buffer would otherwise decide differently from the run it continues, and analysis
-would read the wrong threshold. Settings that
-only shape refills or waiting (batch sizes, in-flight limit, `max_num_gen_batches`, the poll
-interval) may change freely; a decision setting may change only when the caller names it in
-``allow_changes``, and the lake then keeps every configuration with the seq from which it holds.
+would read the wrong threshold. Settings that only shape refills or waiting (batch sizes,
+in-flight limit, `max_num_gen_batches`, the poll interval) may change freely; a decision setting
+may change only when the caller names it in ``allow_changes``, and the lake then keeps every
+configuration with the seq from which it holds.
 """
 from __future__ import annotations
 

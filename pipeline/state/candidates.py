@@ -106,8 +106,17 @@ class CandidateIndex:
             del self.unaggregated[uid]
             self.alive[uid] = r
         if self.order is not None and rows:
-            for key, r in zip(self.order.keys(frame(rows)), rows):
+            for key, r in zip(self._keys(rows), rows):
                 heapq.heappush(self._ranked, (key, r[_TERM_SEQ], r[1]))
+
+    def _keys(self, rows: list[tuple]) -> list:
+        """The declared order's key of each row: one evaluation over a frame of only the columns
+        it reads (a third of what the whole candidate frame costs to build)."""
+        reads = self.order.reads
+        at = [COLUMNS.index(c) for c in reads]
+        narrow = pl.DataFrame({c: [r[i] for r in rows] for c, i in zip(reads, at)},
+                              schema={c: POLARS_SCHEMA[c] for c in reads})
+        return narrow.select(self.order.key).to_series().to_list()
 
     def remove(self, uids: list[str]) -> None:
         for u in uids:

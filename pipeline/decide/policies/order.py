@@ -64,9 +64,19 @@ class SelectionOrder:
         _compiled(self.name)     # a broken declaration fails at construction, not at a poll
 
     @property
+    def key(self) -> pl.Expr:
+        """The declared key, compiled: an expression over candidate columns (`reads`)."""
+        return _compiled(self.name)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The candidate columns the key reads."""
+        return tuple(sorted(set(self.key.meta.root_names())))
+
+    @property
     def reads_metric(self) -> bool:
         """Whether the key reads the aggregated metric (`metric_*` columns)."""
-        return any(c.startswith("metric_") for c in _compiled(self.name).meta.root_names())
+        return any(c.startswith("metric_") for c in self.reads)
 
     def metric(self, filter_metric: str | None) -> str | None:
         """The metric the group aggregates read under this order: the filter metric, or the
@@ -75,9 +85,6 @@ class SelectionOrder:
             return DEFAULT_METRIC
         return filter_metric
 
-    def keys(self, frame: pl.DataFrame) -> list:
-        """The key of each candidate row of ``frame`` (schemas.CANDIDATES columns), in order."""
-        return frame.select(_compiled(self.name)).to_series().to_list()
 
 
 @cache
