@@ -289,3 +289,11 @@ def test_the_report_says_which_order_the_run_trained_in() -> None:
             settings(lake_config.describe(async_config(selection_order="oldest_version")))}
     assert rows["selection_order"] == (
         "oldest_version", f"a sample takes first the group with {ORDERS['oldest_version']}")
+
+
+def test_the_verl_adapter_keeps_verls_order() -> None:
+    from pipeline.adapters.verl.options import core_config, merge
+    for preset in ("sync", "async"):
+        assert core_config(preset, merge({}, None), 8, "drop").order is None
+    with pytest.raises(ConfigError, match="selection_order"):
+        merge({}, {"selection_order": "spread_first"})     # not a verl option: refused, not used
