@@ -16,7 +16,9 @@ from pipeline import ReplayBuffer
 from pipeline.analysis.views import connect
 from pipeline.analysis.whatif.rerun import recorded, recorded_settings, replay
 from pipeline.config import async_config, sync_config
+from pipeline.decide import compile as declared
 from pipeline.decide.policies import ORDERS, SelectionOrder, selection_order
+from pipeline.decide.policies.order import check_ranking
 from pipeline.errors import ConfigError, LakeError
 from pipeline.state import candidates
 from sql import loader
@@ -297,3 +299,24 @@ def test_the_verl_adapter_keeps_verls_order() -> None:
         assert core_config(preset, merge({}, None), 8, "drop").order is None
     with pytest.raises(ConfigError, match="selection_order"):
         merge({}, {"selection_order": "spread_first"})     # not a verl option: refused, not used
+
+
+@pytest.mark.parametrize("order", DECLARED)
+def test_the_live_key_and_ranking_are_the_ones_the_file_declares(order: str) -> None:
+    q = loader.load(f"select_{order}")
+    assert declared.window_order(q) == ("order_key", "term_seq", "uid")
+    assert str(SelectionOrder(order).key) == \
+        str(declared.to_polars(declared.select_items(q, "keyed")["order_key"]))
+    assert SelectionOrder(order).reads_metric == (order == "spread_first")
+
+
+@pytest.mark.parametrize("ranking", ["order_key, uid, term_seq", "global_steps, term_seq, uid",
+                                     "order_key, term_seq"])
+def test_a_declared_order_ranking_by_anything_else_is_refused(tmp_path: Path,
+                                                              ranking: str) -> None:
+    (tmp_path / "q.sql").write_text(
+        "-- name: q\n-- description: d\n-- params: none\n-- reads: candidates\n-- returns: uid\n"
+        f"select uid, row_number() over (partition by partition order by {ranking}) as rank "
+        "from candidates\n")
+    with pytest.raises(loader.SqlError, match="ranks by order_key, term_seq, uid"):
+        check_ranking(loader.load("q", tmp_path))

@@ -71,7 +71,7 @@ class SelectionOrder:
     @property
     def reads(self) -> tuple[str, ...]:
         """The candidate columns the key reads."""
-        return tuple(sorted(set(self.key.meta.root_names())))
+        return _reads(self.name)
 
     @property
     def reads_metric(self) -> bool:
@@ -86,18 +86,28 @@ class SelectionOrder:
         return filter_metric
 
 
-
-@cache
-def _compiled(name: str) -> pl.Expr:
-    q = loader.load(query(name))
+def check_ranking(q: loader.Query) -> None:
+    """Refuse a selection file whose window does not rank by `RANKING`: the candidate index's
+    heap entry is that tuple, so any other ranking would make the engines disagree."""
     ranking = declared.window_order(q)
     if ranking != RANKING:
         raise SqlError(f"{q.path}: a declared order ranks by {', '.join(RANKING)} (the candidate "
                        f"index's heap entry), not {', '.join(ranking)}")
+
+
+@cache
+def _compiled(name: str) -> pl.Expr:
+    q = loader.load(query(name))
+    check_ranking(q)
     items = declared.compiled_items(query(name), KEY_STEP)
     if KEY not in items:
         raise SqlError(f"{q.path}: step {KEY_STEP!r} needs an `<expression> as {KEY}` item")
     return items[KEY]
+
+
+@cache
+def _reads(name: str) -> tuple[str, ...]:
+    return tuple(sorted(set(_compiled(name).meta.root_names())))
 
 
 def selection_order(value: object) -> SelectionOrder | None:
