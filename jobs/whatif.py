@@ -4,6 +4,7 @@
     replaylake whatif --lake runs/demo/latest/lake --filter-metric none --max-response-length 12
     replaylake whatif --lake runs/demo/latest/lake --rule short_response.min_response_length=4
     replaylake whatif --lake runs/demo/latest/lake --rule overlong=off
+    replaylake whatif --lake runs/demo/latest/lake --selection-order spread_first
 
     replaylake whatif --lake runs/demo/latest/lake --compare threshold=1 threshold=4 \
         strategy=wait strategy=admit strategy=mask --out whatif/
@@ -39,6 +40,10 @@ def main(
     rule: Annotated[list[str] | None, typer.Option(
         "--rule", metavar="RULE.PARAM=VALUE", help="set an opt-in rule's parameter, or RULE=off "
         "(repeatable; the recorded rules stay as they were unless named)")] = None,
+    selection_order: Annotated[str | None, typer.Option(
+        "--selection-order", metavar="oldest|spread_first|oldest_version",
+        help="which candidates a sample takes first: oldest dispatch (verl's order), widest "
+        "metric spread, or oldest weight version")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="DIR", help="keep the replay's lake here (default: a temp dir); with "
         "--compare: write compare.parquet, datasets.parquet, whatif.html and the replays' lakes "
@@ -67,7 +72,8 @@ def main(
         return
     settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                 "filter_groups_metric": filter_metric, "max_response_length":
-                max_response_length, "rules": rules_from_options(rule or ()) or None}
+                max_response_length, "rules": rules_from_options(rule or ()) or None,
+                "selection_order": selection_order}
     base = recorded_settings(lake)
     given = {k: v for k, v in settings.items() if v is not None}
     if filter_metric == "none":

@@ -77,7 +77,8 @@ class ReplayBuffer:
                               "of trajectory payload held in memory), or None for no budget")
         self.max_live_bytes = max_live_bytes
         writer = LakeWriter(lake, fsync=fsync) if lake is not None else None
-        self._state = BufferState(Journal(writer), self.config.filter_metric)
+        self._state = BufferState(Journal(writer), self.config.aggregated_metric,
+                                  self.config.order)
         self._warned: set[str] = set()
         if lake is not None:
             from pipeline.lake import config as lake_config
@@ -431,10 +432,15 @@ class ReplayBuffer:
                     for b, uids in part.batches.items()}
 
     def sampleable_uids(self, partition: str) -> list[str]:
-        """Every group the last poll left sampleable, oldest first (evicts nothing)."""
+        """Every group the last poll left sampleable, in the selection order (oldest first
+        unless one is declared; evicts nothing)."""
         with self._state.locked():
             part = self._state.find(partition)
-            return part.candidates.oldest(None) if part is not None else []
+            if part is None:
+                return []
+            if part.candidates.order is not None:   # keyed once their aggregates are known
+                aggregates.complete(part)
+            return part.candidates.first(None)
 
     def prepare(self, partition: str) -> None:
         """Compute now the aggregates of the groups that turned terminal since the last poll,

@@ -13,6 +13,10 @@ After each `sample` the buffer is topped up with as many in-window groups as it 
 aggregates computed untimed), so every timed call sees the stated buffer size and 16 new groups.
 The first rounds of each size warm the process up and are not counted (a training run calls
 `sample` thousands of times; its first calls are not what it spends its time on).
+
+Each size runs once per selection order asked (`--orders`): the declared orders keep a second
+heap keyed by the group's aggregates, and their rows show what that costs. The reference stays
+verl's oldest-first (the naive way of any order is the same full sort).
 """
 from __future__ import annotations
 
@@ -65,10 +69,10 @@ def _fill(buf, ref: ReferenceBuffer, uids: list[str], gs_values: np.ndarray, rng
             ref.groups[u] = {"status": "finished", "global_steps": int(gs)}
 
 
-def run_size(n_traj: int, repeats: int, rng) -> dict:
+def run_size(n_traj: int, repeats: int, rng, order: str = "oldest") -> dict:
     from pipeline import ReplayBuffer
     n_groups = n_traj // PER_GROUP
-    buf = ReplayBuffer.async_(max_off_policy_threshold=THRESHOLD)
+    buf = ReplayBuffer.async_(max_off_policy_threshold=THRESHOLD, selection_order=order)
     ref = ReferenceBuffer()
     t0 = time.perf_counter()
     uids = [f"g{i}" for i in range(n_groups)]
@@ -107,7 +111,8 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
     capacity = capacity[WARMUP:]
     theirs = theirs[2 * WARMUP:]
     med = statistics.median
-    return {"trajectories": n_traj, "groups": n_groups, "build_s": round(build_s, 2),
+    return {"trajectories": n_traj, "groups": n_groups, "order": order,
+            "build_s": round(build_s, 2),
             "ours_decision_ms": med(ours_decide) * 1e3, "ours_sample_ms": med(ours) * 1e3,
             "ours_capacity_ms": med(capacity) * 1e3,
             "ours_sample_alone_ms": med(alone) * 1e3,
@@ -121,6 +126,8 @@ def run_size(n_traj: int, repeats: int, rng) -> dict:
 def main(sizes: str = typer.Option("10000,40000,100000,1000000",
                                    help="buffered trajectories (4 per group), comma-separated"),
          repeats: int = typer.Option(15, help="timed sample calls per size and way of calling"),
+         orders: str = typer.Option("oldest,spread_first", help="selection orders to time, "
+                                    "comma-separated (oldest, spread_first, oldest_version)"),
          out: Path = typer.Option(Path("runs/bench/decide.json"),
                                   help="where to write results (a directory: decide.json in it)"),
          seed: int = 0) -> None:
@@ -129,23 +136,25 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
     Examples:
         replaylake dev bench decide
         replaylake dev bench decide --sizes 10000,100000 --repeats 5
+        replaylake dev bench decide --sizes 10000 --orders oldest,oldest_version
     """
     out = result_path(out, "decide.json")
     rng = np.random.default_rng(seed)
     console = Console()
     results = []
     for n in [int(s) for s in sizes.split(",")]:
-        with console.status(f"building a buffer of {n:,} trajectories ..."):
-            results.append(run_size(n, repeats, rng))
+        for order in orders.split(","):
+            with console.status(f"building a buffer of {n:,} trajectories ({order}) ..."):
+                results.append(run_size(n, repeats, rng, order.strip()))
     table = Table(title=f"sample, batch {BATCH}, {STALE_PER_CALL} stale evictions per call (ms; "
                         "x: times faster than the naive reference)", caption=(
                         "count: get_sampleable_count alone; capacity: dispatch_capacity after it; "
                         "after count: sample after both; alone: sample with nothing before it"))
-    for col in ("buffered", "count", "capacity", "after count", "alone", "naive", "x count",
+    for col in ("buffered", "order", "count", "capacity", "after count", "alone", "naive", "x count",
                 "x after", "x alone"):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(f"{r['trajectories']:,}", f"{r['ours_decision_ms']:.2f}",
+        table.add_row(f"{r['trajectories']:,}", r["order"], f"{r['ours_decision_ms']:.2f}",
                       f"{r['ours_capacity_ms']:.2f}",
                       f"{r['ours_sample_ms']:.2f}", f"{r['ours_sample_alone_ms']:.2f}",
                       f"{r['reference_ms']:.2f}", f"{r['speedup_decision']:.1f}x",

@@ -5,7 +5,7 @@ staleness settings and a refill policy. Opt-in rules come as data, ``rules={name
 checked against each rule's declaration (pipeline/config/rule_knobs.py). Validation runs at
 construction and names the parameter, the value and what to do, in this order: threshold,
 strategy, a filter metric without refill_fn, sync_refill_failed_groups without refill_fn, the
-sync-only checks, then the rules. Presets map verl 0.9.1's
+sync-only checks, the rules, then the selection order. Presets map verl 0.9.1's
 constructor keywords 1:1, so a verl config carries over unchanged.
 """
 from __future__ import annotations
@@ -25,12 +25,14 @@ from pipeline.decide.policies import (
     RefillFailedWhileShort,
     RefillPolicy,
     ReplaceEvicted,
+    SelectionOrder,
     StaleMask,
     StalePolicy,
     Starvation,
     Unpaced,
     WaitGate,
 )
+from pipeline.decide.policies import selection_order as selection_order_of
 from pipeline.errors import ConfigError
 
 DEFAULT_THRESHOLD = 8
@@ -48,7 +50,8 @@ class BufferConfig:
     """Everything a buffer decides with. Build it with `sync_config` / `async_config`.
 
     ``rules``: the eviction rules switched on, with their parameters; ``filter_metric``: the
-    metric the group aggregates read (`reward`, a named reward metric, or None)."""
+    metric the group aggregates read (`reward`, a named reward metric, or None); ``order``: the
+    declared selection order (None: oldest first)."""
 
     rules: tuple[RuleUse, ...] = ()
     stale: StalePolicy = field(default_factory=StalePolicy)
@@ -62,6 +65,18 @@ class BufferConfig:
     poll_interval: float = DEFAULT_POLL_INTERVAL
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
     preset: str = "custom"
+    order: SelectionOrder | None = None
+
+    @property
+    def selection_order(self) -> str:
+        """The name of the selection order (`oldest` unless one is declared)."""
+        return "oldest" if self.order is None else self.order.name
+
+    @property
+    def aggregated_metric(self) -> str | None:
+        """The metric the group aggregates read: the filter metric, or the reward sum when
+        none is set and the selection order reads the metric (a spread needs values)."""
+        return self.filter_metric if self.order is None else self.order.metric(self.filter_metric)
 
     def rules_for(self, partition: str) -> tuple[RuleUse, ...]:
         """The rules a poll of ``partition`` runs (none on a validation partition)."""
@@ -144,9 +159,12 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                 max_num_gen_batches: int = 0, max_response_length: int | None = None,
                 poll_interval: float = DEFAULT_POLL_INTERVAL,
                 rules: Mapping[str, Mapping[str, Any] | None] | None = None,
-                starvation_steps: int | None = None) -> BufferConfig:
+                starvation_steps: int | None = None,
+                selection_order: str = "oldest") -> BufferConfig:
     """verl's `ReplayBuffer`: on-policy; staleness settings are validated but ignored. ``rules``
-    switches opt-in rules on by name (``{"overlong": {"max_response_length": 12}}``)."""
+    switches opt-in rules on by name (``{"overlong": {"max_response_length": 12}}``).
+    ``selection_order`` (not in verl): which candidates a sample takes first, `oldest` (verl's
+    order), `spread_first` or `oldest_version` (pipeline/decide/policies/order.py)."""
     _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
                   refill_fn, sync_refill_failed_groups, poll_interval)
     _non_negative_int("max_num_gen_batches", max_num_gen_batches)
@@ -173,7 +191,7 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         rules=uses, stale=StalePolicy(), filter_metric=filter_groups_metric,
         refill=refill, refill_fn=refill_fn, train_batch_size=train_batch_size,
         poll_interval=float(poll_interval), empty_batch_is_error=True, preset="sync",
-        starvation=_starvation(starvation_steps))
+        starvation=_starvation(starvation_steps), order=selection_order_of(selection_order))
 
 
 def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
@@ -185,9 +203,10 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                  max_num_gen_batches: int = 0, max_response_length: int | None = None,
                  poll_interval: float = DEFAULT_POLL_INTERVAL,
                  rules: Mapping[str, Mapping[str, Any] | None] | None = None,
-                 starvation_steps: int | None = None) -> BufferConfig:
+                 starvation_steps: int | None = None,
+                 selection_order: str = "oldest") -> BufferConfig:
     """verl's `ReplayBufferAsync`: bounded staleness, every failure evicted, refill k at once;
-    ``rules`` as for `sync_config`.
+    ``rules`` and ``selection_order`` as for `sync_config`.
 
     gen_batch_size / max_inflight_gen_batches / sync_refill_failed_groups are sync-only knobs;
     they are accepted (verl's configs pass them) and have no effect here.
@@ -226,7 +245,7 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
                               train_batch_size) if refill_fn is not None else NoRefill(),
         refill_fn=refill_fn, admission=admission, train_batch_size=train_batch_size,
         mask=stale.mask(), poll_interval=float(poll_interval), preset="async",
-        starvation=_starvation(starvation_steps))
+        starvation=_starvation(starvation_steps), order=selection_order_of(selection_order))
 
 
 def _starvation(steps: Any) -> Starvation:

@@ -19,6 +19,7 @@ from functools import partial
 
 from pipeline import interrupts
 from pipeline.config import BufferConfig, metric_prefix
+from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
 from pipeline.decide.batch import Batch
 from pipeline.decide.metrics import CallMetrics, EvictionMetrics
@@ -179,7 +180,9 @@ class _Call:
             self.asked = (poll, dispatch)
         elif _ready(cfg, part, ctx, outcome, st):
             if not self.consume:
-                uids = part.candidates.oldest(ctx.batch_size)
+                if part.candidates.order is not None:   # a declared order keys groups
+                    aggregates.complete(part)           # when their aggregates are known
+                uids = part.candidates.first(ctx.batch_size)
                 scalars = acc.scalars(metric_prefix(ctx.partition))
                 return Ready(uids, CallMetrics(scalars, acc.reward_counts)), 0, None
             return select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None

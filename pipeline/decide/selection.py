@@ -68,7 +68,7 @@ def _spans(rows: pl.DataFrame, chosen: list[str], steps: dict[str, int], step: i
 def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: PollContext,
             call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
     aggregates.complete(part)
-    chosen = part.candidates.oldest(ctx.batch_size)
+    chosen = part.candidates.first(ctx.batch_size)   # in the selection order
     steps = {u: part.groups[u].dispatch_step for u in chosen}
     payload = part.payload(chosen)
     batch_id = state.next_batch_id()
@@ -79,7 +79,7 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         if over:
             raise InvariantError(f"selected groups exceed their staleness bound "
                                  f"({cfg.stale.given()!r}): {over[:5]}")
-    surplus = cfg.refill.surplus(chosen, lambda: part.candidates.oldest(None))
+    surplus = cfg.refill.surplus(chosen, lambda: part.candidates.first(None))
     if surplus:
         surplus_spans = decide.group_spans(ctx.step, [part.groups[u].dispatch_step for u in surplus])
         state.commit("decisions", decision_rows(

@@ -1,13 +1,14 @@
 """The configuration a lake was written with: recorded at first open, checked at every reopen.
 
 `<lake>/_config.json` holds the library version and every setting of the buffer. Reopening a
-lake with settings that would change how its recorded groups are classified or evicted (the
-preset, the filter metric, the staleness threshold and strategy, the rules and their parameters)
-is refused with a `LakeError` naming the differing keys: a restored buffer would otherwise decide
-differently from the run it continues, and analysis would read the wrong threshold. Settings that
-only shape refills or waiting (batch sizes, in-flight limit, `max_num_gen_batches`, the poll
-interval) may change freely; a decision setting may change only when the caller names it in
-``allow_changes``, and the lake then keeps every configuration with the seq from which it holds.
+lake with settings that would change how its recorded groups are classified, evicted or chosen
+(the preset, the filter metric, the staleness threshold and strategy, the rules and their
+parameters, the selection order) is refused with a `LakeError` naming the differing keys: a
+restored buffer would otherwise decide differently from the run it continues, and analysis
+would read the wrong threshold. Settings that only shape refills or waiting (batch sizes,
+in-flight limit, `max_num_gen_batches`, the poll interval) may change freely; a decision setting
+may change only when the caller names it in ``allow_changes``, and the lake then keeps every
+configuration with the seq from which it holds.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from pipeline.lake.identity import CONFIG_NAME
 
 FILE = CONFIG_NAME
 DECISION_KEYS = ("preset", "filter_groups_metric", "max_off_policy_threshold",
-                 "max_off_policy_strategy", "rules")
+                 "max_off_policy_strategy", "rules", "selection_order")
+# what a record written before a key existed meant by it (then the behaviour had no choice)
+_BEFORE_RECORDED = {"selection_order": "oldest"}
 
 
 def library_version() -> str:
@@ -46,6 +49,7 @@ def describe(cfg: BufferConfig) -> dict[str, Any]:
         "max_off_policy_threshold": cfg.stale.given(),
         "max_off_policy_strategy": cfg.stale.strategy,
         "rules": {u.name: dict(u.params) for u in cfg.rules},
+        "selection_order": cfg.selection_order,
         "refill": refill,
         "refill_fn": None if cfg.refill_fn is None else getattr(
             cfg.refill_fn, "__qualname__", type(cfg.refill_fn).__name__),
@@ -118,7 +122,7 @@ _DERIVED_RULES = ("stale", "zero_variance")
 def _comparable(cfg: dict[str, Any], key: str) -> Any:
     if key == "rules":
         return {k: v for k, v in (cfg.get(key) or {}).items() if k not in _DERIVED_RULES}
-    return cfg.get(key)
+    return cfg.get(key, _BEFORE_RECORDED.get(key))
 
 
 def check_and_record(lake: str | os.PathLike, cfg: BufferConfig, next_seq: int,

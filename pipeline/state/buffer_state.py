@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from itertools import groupby
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,6 +23,9 @@ from pipeline.errors import InvariantError
 from pipeline.state.decisions import decision_rows
 from pipeline.state.journal import Journal
 from pipeline.state.partition import PartitionState
+
+if TYPE_CHECKING:
+    from pipeline.decide.policies import SelectionOrder
 
 _DECISION_RUN = itemgetter(0, 1, 3, 4)   # rows of one effect: partition, kind, batch_id, step
 
@@ -37,10 +40,12 @@ def _pylist(col: pa.ChunkedArray) -> list:
 class BufferState:
     """Lock, partitions and journal of one buffer (see the module docstring)."""
 
-    def __init__(self, journal: Journal, filter_metric: str | None):
+    def __init__(self, journal: Journal, filter_metric: str | None,
+                 order: SelectionOrder | None = None):
         self._cond = threading.Condition(threading.RLock())
         self.journal = journal
         self.filter_metric = filter_metric
+        self.order = order         # the declared selection order of every partition (None: oldest)
         self._parts: dict[str, PartitionState] = {}
         self._version = 0          # bumps on every change: a waiting sample re-polls
         self._next_batch = 0
@@ -71,7 +76,8 @@ class BufferState:
         """The partition's state, made empty on first use (a call may wait for its groups)."""
         p = self._parts.get(partition)
         if p is None:
-            p = self._parts[partition] = PartitionState(partition, self.filter_metric)
+            p = self._parts[partition] = PartitionState(partition, self.filter_metric,
+                                                          self.order)
         return p
 
     def find(self, partition: str) -> PartitionState | None:

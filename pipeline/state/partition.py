@@ -10,13 +10,16 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline.state.candidates import CandidateIndex
 from pipeline.state.payload import TrajectoryRows
+
+if TYPE_CHECKING:
+    from pipeline.decide.policies import SelectionOrder
 
 _SMALL = 32                 # a group keeps up to this many (session, index) keys in a tuple
 _PAIRS: dict[tuple[int, int], tuple[int, int]] = {}   # one shared tuple per common key
@@ -120,13 +123,14 @@ def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
 class PartitionState:
     """Groups, in-flight set, candidate index and trajectory payload of one partition."""
 
-    def __init__(self, partition: str, filter_metric: str | None):
+    def __init__(self, partition: str, filter_metric: str | None,
+                 order: SelectionOrder | None = None):
         self.partition = partition
         self.filter_metric = filter_metric   # aggregated everywhere; rules skip validation
         self.groups: dict[str, Group] = {}
         self.inflight: dict[str, int] = {}       # uid -> global_steps of pending/running groups
         self._inflight_heap: list[tuple[int, str]] = []
-        self.candidates = CandidateIndex()
+        self.candidates = CandidateIndex(order)   # order: the declared selection order
         self.rows = TrajectoryRows()
         self.batches: dict[int, list[str]] = {}  # selected, not yet released
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at

@@ -146,6 +146,9 @@ def settings(config: dict[str, Any]) -> list[Setting]:
         rows.append(Setting("max_off_policy_strategy", str(config["max_off_policy_strategy"]),
                             _strategy(config["max_off_policy_strategy"])))
     rows += _rules(config.get("rules") or {})
+    if "selection_order" in config:
+        rows.append(Setting("selection_order", str(config["selection_order"]),
+                            _order(config["selection_order"])))
     rows += _refill(config.get("refill") or {})
     rows.append(Setting("refill_fn", *_refill_fn(config.get("refill_fn"))))
     if "poll_interval" in config:
@@ -157,9 +160,15 @@ def settings(config: dict[str, Any]) -> list[Setting]:
                             else "a call that ends with no group returns an empty batch"))
     known = {"preset", "filter_groups_metric", "max_off_policy_threshold",
              "max_off_policy_strategy", "rules", "refill", "refill_fn", "poll_interval",
-             "empty_batch_is_error"}
+             "empty_batch_is_error", "selection_order"}
     rows += [Setting(k, _opt(config[k]), "") for k in sorted(config) if k not in known]
     return rows
+
+
+def _order(name: Any) -> str:
+    from pipeline.decide.policies import ORDERS
+    meaning = ORDERS.get(name)
+    return "" if meaning is None else f"a sample takes first the group with {meaning}"
 
 
 def _opt(v: Any) -> str:

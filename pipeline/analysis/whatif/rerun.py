@@ -14,7 +14,8 @@ How the replay follows the recorded run:
 * Groups that a refill registered in the recorded run (the `count` registrations that follow each
   refill decision) form a pool: the replay's `refill_fn(n)` hands out the next `n` of them, and
   their events are fed from then on. A refill group the replay never asks for never appears; a
-  refill the pool cannot serve is counted as `refill_shortfall`.
+  refill the pool cannot serve is counted as `refill_shortfall`. A run recorded without a
+  `refill_fn` is replayed without one (unless the settings filter groups, which needs one).
 
 With the recorded settings this reproduces every recorded batch (tests/analysis/test_whatif.py checks it
 on a scripted run and on a demo lake), which also shows the decision log holds every input the
@@ -71,8 +72,10 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
     if missing:
         raise LakeError(f"{Path(lake) / lake_config.FILE} records no {', '.join(missing)}: the replay needs "
                         "the settings the run was made with; restore the file from a backup")
-    # the opt-in rules as a `rules=` mapping; the others follow from the keywords above
-    return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules"))}
+    # the opt-in rules as a `rules=` mapping; the others follow from the keywords above; a lake
+    # recorded before the selection order was a setting chose oldest first
+    return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules")),
+            "selection_order": cfg.get("selection_order", "oldest")}
 
 
 def _calls(decisions: pa.Table) -> list[dict]:
@@ -283,8 +286,11 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
     holder: dict[str, _Feed] = {}
     make = ReplayBuffer.async_ if preset == "async" else ReplayBuffer.sync
-    buf = make(lake=out / "lake", refill_fn=lambda n: holder["feed"].refill(n),
-               poll_interval=0.001, **kwargs)
+    # a run recorded without refill_fn is replayed without one (unless the settings need it): a
+    # refill the record cannot serve would end the poll, and the next one sees later rows, which
+    # changes the batch of any order that does not rank new groups last
+    refill_fn = (lambda n: holder["feed"].refill(n)) if _refills(lake, kwargs) else None
+    buf = make(lake=out / "lake", refill_fn=refill_fn, poll_interval=0.001, **kwargs)
     result = Outcome(lake=out / "lake")
     with buf, future_warnings_held():
         feed = holder["feed"] = _Feed(buf, tables)
@@ -330,6 +336,15 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     # the batches as the replay's own decision log orders them (as `recorded` reads a lake)
     result.batches = recorded(result.lake).batches
     return result
+
+
+def _refills(lake: Path, settings: dict[str, Any]) -> bool:
+    """Whether the replay needs a refill_fn: the recorded run had one (a lake that does not
+    record it is assumed to), or the settings filter groups, which needs one."""
+    from pipeline.lake import config as lake_config
+    cfg = lake_config.current(lake) or {}
+    return cfg.get("refill_fn", "unrecorded") is not None or \
+        settings.get("filter_groups_metric") is not None
 
 
 def feed_seq(feed: _Feed) -> int:

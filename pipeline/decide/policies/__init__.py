@@ -1,4 +1,5 @@
-"""Policies as values: staleness settings (the `wait` gate), admission and refill."""
+"""Policies as values: staleness settings (the `wait` gate), admission, refill and the selection
+order."""
 from __future__ import annotations
 
 from pipeline._face import face
@@ -18,6 +19,9 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'RefillPolicy': 'refill',
     'ReplaceEvicted': 'refill',
     'policy_name': 'refill',
+    'ORDERS': 'order',
+    'SelectionOrder': 'order',
+    'selection_order': 'order',
     'Starvation': 'starvation',
     'StaleMask': 'stale',
     'StalePolicy': 'stale',
