@@ -40,9 +40,10 @@ def _ci_run(tmp_path: Path, make_body: str, tests: str | None) -> subprocess.Com
                           capture_output=True, text=True, timeout=300)
 
 
-# like the real Makefile: pytest's own status is lost, make exits 2 on any failure
+# like the real Makefile (two xdist workers): pytest's own status is lost, make exits 2 on any
+# failure
 PYTEST_THROUGH_MAKE = ('"$PYTEST" -m pytest -q -p tests.support.ci_skips -p no:cacheprovider '
-                       '--rootdir suite suite || exit 2')
+                       '-n 2 --dist loadgroup --rootdir suite suite || exit 2')
 
 
 def test_no_tests_collected_fails_though_make_says_2(tmp_path: Path) -> None:

@@ -47,7 +47,12 @@ def test_gpu():
 '''
 
 
-def _session(tmp_path: Path, body: str, ci: bool) -> subprocess.CompletedProcess:
+# `make test` runs the suite on pytest-xdist workers: the plugin must count the workers' skips
+WORKERS = {"one process": [], "two xdist workers": ["-n", "2", "--dist", "loadgroup"]}
+
+
+def _session(tmp_path: Path, body: str, ci: bool,
+             workers: str = "one process") -> subprocess.CompletedProcess:
     test = tmp_path / "test_case.py"
     test.write_text(body)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
@@ -55,7 +60,8 @@ def _session(tmp_path: Path, body: str, ci: bool) -> subprocess.CompletedProcess
     if ci:
         env["CI"] = "true"
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.support.ci_skips",
-                           "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(test)],
+                           "-p", "no:cacheprovider", *WORKERS[workers], "--rootdir", str(tmp_path),
+                           str(test)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -74,17 +80,20 @@ def test_a_missing_extra_fails_in_ci_naming_it(tmp_path: Path) -> None:
         in res.stdout
 
 
-def test_in_ci_any_skip_but_a_gpus_fails_the_session_and_is_named(tmp_path: Path) -> None:
-    res = _session(tmp_path, PLAIN_SKIP, ci=True)
+@pytest.mark.parametrize("workers", WORKERS)
+def test_in_ci_any_skip_but_a_gpus_fails_the_session_and_is_named(tmp_path: Path,
+                                                                  workers: str) -> None:
+    res = _session(tmp_path, PLAIN_SKIP, ci=True, workers=workers)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "skipped: 2 test(s), 1 for a reason CI does not allow" in res.stdout
     assert "test_case.py::test_skips_for_a_reason_ci_does_not_allow: no network here" in res.stdout
-    local = _session(tmp_path, PLAIN_SKIP, ci=False)          # outside CI: only reported
+    local = _session(tmp_path, PLAIN_SKIP, ci=False, workers=workers)  # outside CI: reported
     assert local.returncode == 0 and "skipped: 2 test(s)" in local.stdout
 
 
-def test_in_ci_a_gpu_skip_passes_and_is_counted(tmp_path: Path) -> None:
-    res = _session(tmp_path, GPU_ONLY, ci=True)
+@pytest.mark.parametrize("workers", WORKERS)
+def test_in_ci_a_gpu_skip_passes_and_is_counted(tmp_path: Path, workers: str) -> None:
+    res = _session(tmp_path, GPU_ONLY, ci=True, workers=workers)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "skipped: 1 test(s)" in res.stdout and "1 x needs a CUDA device" in res.stdout
 
@@ -116,10 +125,15 @@ def test_never_collected():
 '''
 
 
-def test_a_module_skipped_at_import_is_counted_and_fails_in_ci(tmp_path: Path) -> None:
-    local = _session(tmp_path, MODULE_SKIP, ci=False)   # pytest's own "no tests ran" (5)
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_module_skipped_at_import_is_counted_and_fails_in_ci(tmp_path: Path,
+                                                               workers: str) -> None:
+    local = _session(tmp_path, MODULE_SKIP, ci=False, workers=workers)  # "no tests ran" (5)
     assert local.returncode == 5, local.stdout + local.stderr
     assert "skipped: 1 test(s), 1 for a reason CI does not allow" in local.stdout
-    res = _session(tmp_path, MODULE_SKIP, ci=True)      # in CI: a collection error, named
-    assert res.returncode == pytest.ExitCode.INTERRUPTED, res.stdout + res.stderr
+    res = _session(tmp_path, MODULE_SKIP, ci=True, workers=workers)  # in CI: an error, named
+    # a collection error stops a one-process session (2); xdist's controller reports it failed (1)
+    failed = {"one process": pytest.ExitCode.INTERRUPTED,
+              "two xdist workers": pytest.ExitCode.TESTS_FAILED}[workers]
+    assert res.returncode == failed, res.stdout + res.stderr
     assert "CI installs every extra, but: replaylake_no_such_extra_module" in res.stdout

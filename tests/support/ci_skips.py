@@ -70,7 +70,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     # `.ci/run` reads pytest's own exit status here: `make` turns every failure into its own 2,
     # so "no tests ran" (5) could not be told apart from a failed test through make
+    # under pytest-xdist only the controller, which sees every worker's reports, writes it
     status_file = os.environ.get(STATUS_ENV)
-    if status_file:
+    if status_file and not hasattr(session.config, "workerinput"):
         with open(status_file, "w") as f:
             f.write(f"{int(session.exitstatus)}\n")
