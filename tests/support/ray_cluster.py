@@ -14,6 +14,7 @@ free.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -45,9 +46,10 @@ def auth_env() -> dict[str, str]:
     imported, so the test session calls this before anything imports ray."""
     key = "RAY_AUTH_TOKEN_PATH"
     if os.environ.get("RAY_AUTH_MODE") == "token" and os.environ.get(key, "").startswith(
-            tempfile.gettempdir() + "/rlray-auth-"):
+            "/tmp/rlray-auth-"):
         return {"RAY_AUTH_MODE": "token", key: os.environ[key]}
     token = Path(tempfile.mkdtemp(prefix="rlray-auth-", dir="/tmp")) / "auth_token"
+    atexit.register(shutil.rmtree, token.parent, True)
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     env = {"RAY_AUTH_MODE": "token", key: str(token)}
@@ -164,4 +166,3 @@ class LocalCluster:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-        shutil.rmtree(Path(self.env["RAY_AUTH_TOKEN_PATH"]).parent, ignore_errors=True)
