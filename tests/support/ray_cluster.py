@@ -102,14 +102,14 @@ class LocalCluster:
         log.close()
 
     def start(self, timeout: float = 120.0) -> LocalCluster:
-        """Start the head and, once it has written its address, the other nodes (which join it
-        on their own: `wait_for_nodes` tells when they have)."""
+        """Start every node at once (the head's address is known before it runs: the others
+        keep trying to join it until it is up), and return once the head has written its
+        address; `wait_for_nodes` tells when the others have joined."""
         self.started_at = t0 = time.monotonic()
-        self._launch(self.head)
+        for node in (self.head, *self.others):
+            self._launch(node)
         self._wait(lambda: (self.temp_dir / "ray_current_cluster").exists(), timeout,
                    "the head node")
-        for node in self.others:
-            self._launch(node)
         self.start_s = time.monotonic() - t0
         return self
 
