@@ -84,6 +84,11 @@ class UnknownBatchError(ReplayLakeError, _KeyErrorMessage):
     """`release` of a batch this buffer does not hold (never sampled, or already released)."""
 
 
+class BufferUnavailableError(ReplayLakeError, ConnectionError):
+    """The buffer's Ray actor did not answer within the client's retry wait: it died and was not
+    restarted (no restarts left, or its node is gone), or its restart is still restoring."""
+
+
 class UnknownMetricError(ReplayLakeError, _KeyErrorMessage):
     """A metric key that is not declared, or a mean merged without its weight."""
 

@@ -12,6 +12,7 @@ on 2 cores), ``dev`` (fewer) and ``thorough`` (many); pick one with HYPOTHESIS_P
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ from hypothesis import HealthCheck, settings
 
 from pipeline import ReplayBuffer
 from tests.support.extras import need
+from tests.support.ray_cluster import LocalCluster, NodeSpec, auth_env
+
+auth_env()            # before anything imports ray: Ray reads its auth settings once
 
 # in CI, a skip for anything but a GPU or a vLLM install fails the run (tests/support/ci_skips.py)
 pytest_plugins = ["tests.support.ci_skips"]
@@ -59,15 +63,41 @@ def buf(lake: Path):
     b.close()
 
 
+# The session's Ray cluster: a head holding the lake and one rollout node, each a raylet of its
+# own on a loopback address. CPUs: the head's 2 serve the driver's tasks and TransferQueue's
+# actors (each asks for one), the rollout node's 4 the producers; on 2-core machines more
+# CPUs than cores is what keeps actors that each ask for one from waiting forever.
+LAKE_NODE = NodeSpec("127.0.0.2", num_cpus=2, resources={"lake": 1})
+ROLLOUT_NODE = NodeSpec("127.0.0.3", num_cpus=4, resources={"rollout": 4})
+
+
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """The one local Ray cluster of the test session (the verl tests' TransferQueue runs on it
-    too). `num_cpus=4` on these 2-core machines: actors that each ask for a CPU otherwise hang."""
+def ray_local_cluster():
+    """The session's multi-node Ray cluster (`tests.support.ray_cluster.LocalCluster`), started
+    with `ray start` and joined by the test process as its driver; stopped at the session's end,
+    and a test session that leaves any of its processes running fails."""
     ray = need("ray", "ray (or verl)")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
+    cluster = LocalCluster(LAKE_NODE, [ROLLOUT_NODE])
+    try:
+        cluster.start()
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes(ray)
+        cluster.start_s = time.monotonic() - cluster.started_at
+        yield cluster
+    finally:
         ray.shutdown()
+        cluster.stop()
+        left = cluster.survivors()
+        cluster.cleanup()
+        print(f"\nray cluster: {1 + len(cluster.others)} nodes, up in {cluster.start_s:.1f}s, "
+              f"stopped in {cluster.stop_s:.1f}s")
+    assert not left, f"processes of the session's Ray cluster outlived it: pids {left}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(ray_local_cluster):
+    """The `ray` module, connected to the session's one Ray cluster (the verl tests'
+    TransferQueue runs on it too)."""
+    import ray
+    yield ray

@@ -67,3 +67,26 @@ class LoggedProducer:
             client.put(table)
             with open(log, "a") as f:
                 f.write(f"done {uid}\n")
+
+
+class RolloutWorker:
+    """A rollout worker in its own process (the body of a Ray actor): registers, runs, puts one
+    session at a time and finishes each of its groups; reports where it runs and how many of its
+    calls its client had to send again."""
+
+    def where(self) -> tuple[str, int]:
+        import os
+
+        import ray
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def run(self, client: Any, uids: list[str], pause: float) -> tuple[list[str], int]:
+        import time
+        for uid in uids:
+            client.register(partition="train", uids=[uid], global_steps=1, n=GROUP)
+            client.update_status(partition="train", uids=[uid], status="running")
+            for row in group_rows(uid, 1):
+                client.put([row])
+                time.sleep(pause)
+            client.update_status(partition="train", uids=[uid], status="finished")
+        return uids, client.retries

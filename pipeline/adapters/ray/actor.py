@@ -14,6 +14,12 @@ an exception of exactly that class with the same message and attributes and rais
 exception (a bug) propagates the Ray way, as a `RayTaskError` that is also an instance of its
 cause.
 
+Why the open arguments are also given to the constructor: when the actor's process dies and Ray
+restarts it (``max_restarts``), Ray runs ``__init__`` again with the same arguments and nothing
+else. The restarted actor then opens the lake itself: it takes over the dead process's lock (the
+kernel dropped it) and restores the buffer as the last acknowledged write left it, before it
+serves any call. Calls sent again by clients are marked as retries (see `retried`).
+
 Trajectory payloads travel as Arrow IPC stream buffers (`pa.Buffer` pickles out of band, so Ray's
 object store carries the bytes without turning them into Python lists).
 
@@ -31,6 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.adapters.ray import retried
 from pipeline.buffer import ReplayBuffer
 from pipeline.decide import Batch
 from pipeline.errors import ConfigError, ReplayLakeError
@@ -145,12 +152,20 @@ def refill_function(refill: Any, pull: RefillRequests | None) -> Callable[[int],
     raise ConfigError(f"refill={refill!r}: use None, 'pull' or (actor_handle, 'method_name')")
 
 
+def _restarted() -> bool:
+    import ray
+    return ray.get_runtime_context().was_current_actor_reconstructed
+
+
 class BufferActor:
     """The body of the Ray actor (wrapped with ``ray.remote`` by the client at start time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, setup: tuple | None = None) -> None:
         self.refills = RefillRequests()
         self.buf: ReplayBuffer | None = None
+        self.setup = setup          # the arguments of `open`, for a restart to open with
+        if setup is not None and _restarted():
+            self._open(*setup)
 
     def open(self, preset: str, lake: str | None, fsync: bool, refill: Any,
              buffer_kwargs: dict[str, Any]) -> Envelope:
@@ -166,14 +181,30 @@ class BufferActor:
             os.makedirs(os.path.dirname(os.path.abspath(lake)) or ".", exist_ok=True)
         self.buf = buffer_factory(preset)(lake=lake, fsync=fsync, **kwargs)
 
+    def info(self) -> dict[str, Any]:
+        """Where this actor runs and what it took over: pid, node id, whether it is a restart,
+        and the dead writer whose lake lock it took (None: the lock was free)."""
+        import ray
+        lake = None if self.buf is None else self.buf.lake
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "restarted": _restarted(),
+                "took_over_from": None if lake is None else lake.lock.previous}
+
     def ping(self) -> str:
         return "ok"
 
-    def register(self, kwargs: dict[str, Any]) -> Envelope:
-        return _guard(lambda: self.buf.register(**kwargs))
+    def register(self, kwargs: dict[str, Any], retry: bool = False) -> Envelope:
+        return _guard(lambda: self._left(self.buf.register, retried.register_left, kwargs, retry))
 
-    def update_status(self, kwargs: dict[str, Any]) -> Envelope:
-        return _guard(lambda: self.buf.update_status(**kwargs))
+    def update_status(self, kwargs: dict[str, Any], retry: bool = False) -> Envelope:
+        return _guard(lambda: self._left(self.buf.update_status, retried.status_left, kwargs,
+                                         retry))
+
+    def _left(self, call: Callable[..., None], left: Callable[..., dict | None],
+              kwargs: dict[str, Any], retry: bool) -> None:
+        todo = left(self.buf, kwargs) if retry else kwargs
+        if todo is not None:
+            call(**todo)
 
     def put(self, payload: pa.Buffer) -> Envelope:
         return _guard(lambda: self.buf.put(ipc_to_table(payload)))
@@ -196,8 +227,13 @@ class BufferActor:
         return _guard(lambda: self.buf.dispatch_capacity(global_steps, partition_id,
                                                          batch_size=batch_size))
 
-    def release(self, batch_id: int) -> Envelope:
+    def release(self, batch_id: int, retry: bool = False) -> Envelope:
+        if retry and not retried.release_left(self.buf, batch_id):
+            return ("ok", None)
         return _guard(lambda: self.buf.release(batch_id))
+
+    def held_batches(self, partition_id: str) -> Envelope:
+        return _guard(lambda: self.buf.held_batches(partition_id))
 
     def reissue(self, global_steps: int, partition_id: str | None) -> Envelope:
         return _guard(lambda: self.buf.reissue(global_steps, partition_id))

@@ -1,9 +1,10 @@
 """One Ray cluster and one TransferQueue per test session, shared by every verl test.
 
-Ray is the session's one cluster (the `ray_cluster` fixture of tests/conftest.py, started with
-`num_cpus=4`: on these 2-core machines TransferQueue's actors each ask for a CPU and would
-otherwise wait forever), then `transfer_queue.init()` with one storage unit (each unit is
-a process that imports torch: one is enough for tests and starts several seconds sooner).
+Ray is the session's one cluster (the `ray_cluster` fixture of tests/conftest.py: two nodes
+started with `ray start`, 6 CPUs in all: on these 2-core machines TransferQueue's actors each ask
+for a CPU and would otherwise wait forever), then `transfer_queue.init()` with one storage unit
+(each unit is a process that imports torch: one is enough for tests and starts several seconds
+sooner).
 The tests are skipped only when verl 0.9.1 / TransferQueue are not importable (and fail then in
 CI: `make test` installs them).
 """

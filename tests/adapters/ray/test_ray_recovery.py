@@ -1,0 +1,102 @@
+"""The buffer actor's process killed (SIGKILL) while rollout workers on the other node put: Ray
+restarts the actor, the new process takes the lake's lock over from the dead one and restores the
+buffer, the clients send again the calls that were in flight, and the run goes on; every group
+is trained once and the lake passes every exactly-once audit."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+from jobs.audit import run_audits
+from pipeline.adapters.ray.client import RayReplayBuffer
+from pipeline.errors import BufferUnavailableError
+from pipeline.lake.writer import read_table
+from tests.support.ray_producers import GROUP, RolloutWorker
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+WORKERS, GROUPS, BATCH = 3, 8, 4        # 24 groups of 4 sessions, trained 4 groups at a time
+KILLS = (1, 3)                          # after how many trained batches each kill comes
+
+
+def _workers(ray, n: int) -> list:
+    return [ray.remote(num_cpus=0, resources={"rollout": 1}, max_restarts=0)(RolloutWorker)
+            .remote() for _ in range(n)]
+
+
+def _killer(client: RayReplayBuffer, trained: list, done: threading.Event,
+            killed: list[int]) -> None:
+    """SIGKILL the actor's process each time the trainer has trained KILLS[i] batches (the
+    actor runs on this host: its pid is a local process)."""
+    for after in KILLS:
+        while len(trained) < after * BATCH and not done.is_set():
+            time.sleep(0.01)
+        if done.is_set():
+            return
+        pid = client.info()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+
+def test_a_killed_buffer_actor_comes_back_and_the_run_loses_and_duplicates_nothing(
+        tmp_path, ray_cluster):
+    ray = ray_cluster
+    lake = tmp_path / "lake"
+    client = RayReplayBuffer.start(lake=lake, name=f"recover-{uuid.uuid4().hex[:8]}",
+                                   place_on="lake", poll_interval=0.05, retry_wait=120)
+    try:
+        first = client.info()
+        uids = [[f"w{k}-{i}" for i in range(GROUPS)] for k in range(WORKERS)]
+        runs = [w.run.remote(client, mine, 0.01) for w, mine in zip(_workers(ray, WORKERS), uids)]
+        trained: list[str] = []
+        done, killed = threading.Event(), []
+        killer = threading.Thread(target=_killer, args=(client, trained, done, killed))
+        killer.start()
+        try:
+            while len(trained) < WORKERS * GROUPS:               # the trainer
+                batch = client.sample(1, "train", BATCH, timeout=120)
+                assert batch.table.num_rows == BATCH * GROUP
+                trained.extend(batch.uids)
+                client.release(batch)
+        finally:
+            done.set()
+            killer.join()
+        results = ray.get(runs, timeout=120)
+        assert len(killed) == len(KILLS), "a kill did not land during the run"
+        after = client.info()
+        assert after["restarted"] and after["pid"] not in {first["pid"], *killed}
+        assert after["node_id"] == first["node_id"]                # restarted on the lake node
+        assert f"pid {killed[-1]} " in after["took_over_from"]      # the dead holder's lock
+        retried = client.retries + sum(r for _, r in results)
+        assert retried > 0, "no call was in flight at a kill"
+        assert sorted(trained) == sorted(u for mine in uids for u in mine)
+        client.close()
+        audits = {a.name: a for a in run_audits(lake)}
+        assert not [a.name for a in audits.values() if a.status == "FAIL"], audits
+        assert {"no_trajectory_twice", "no_group_in_two_batches",
+                "finished_groups_complete"} <= {n for n, a in audits.items() if a.status == "pass"}
+        stored = read_table(lake, "trajectories")
+        keys = list(zip(stored["uid"].to_pylist(), stored["session_id"].to_pylist()))
+        assert sorted(keys) == sorted((u, s) for mine in uids for u in mine for s in range(GROUP))
+        print(f"killed {killed}; calls sent again: {retried}")
+    finally:
+        ray.kill(client.handle)
+
+
+def test_without_restarts_a_call_gives_up_after_the_retry_wait(tmp_path, ray_cluster):
+    client = RayReplayBuffer.start(lake=tmp_path / "lake", name=f"dead-{uuid.uuid4().hex[:8]}",
+                                   place_on="lake", max_restarts=0, retry_wait=1.0)
+    try:
+        client.register(partition="train", uids=["g"], global_steps=1, n=GROUP)
+        os.kill(client.info()["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(BufferUnavailableError, match="retry_wait=1s"):
+            client.counts("train")
+        assert 1.0 <= time.monotonic() - t0 < 30
+    finally:
+        ray_cluster.kill(client.handle)
