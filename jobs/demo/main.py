@@ -75,7 +75,7 @@ class _Status:
 
 def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
         console: Any = None, resume: Path | None = None, reuse: bool = True,
-        probe: Any = None) -> Path:
+        probe: Any = None, report: bool = True) -> Path:
     """Run the demo; returns its run directory. The buffer, the workers and the W&B run are
     closed whatever happens, so a failed or interrupted run still leaves a readable lake.
 
@@ -83,7 +83,8 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
     its checkpoint with the configuration it was started with (``cfg`` is not used), handing the
     in-flight groups back with sibling reuse (``reuse=False``: whole groups again, see
     jobs/demo/resume.py). ``probe(event, value)`` sees ``("opened", buf)``, ``("token",
-    None)``, ``("wave", None)`` and ``("step", g)`` (the resume harness kills the process there)."""
+    None)``, ``("wave", None)`` and ``("step", g)`` (the resume harness kills the process there);
+    ``report=False`` skips the summary read back from the lake."""
     import torch
     from rich.console import Console, Group
     from rich.live import Live
@@ -189,6 +190,8 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
         if tracker is not None:
             tracker.finish(exit_code=0 if ok else 1)
     wall = time.perf_counter() - started
+    if not report:                    # the resume harness reads the lake itself
+        return run_dir
     summary = summarize(lake)
     console.print("")
     for line in render(summary, run_dir=run_dir, lake=lake, wandb_dir=wandb_dir, wall_s=wall):

@@ -78,7 +78,7 @@ class Rollout:
                  probe: Callable[[str], None] | None = None):
         self.buf, self.weights, self.n = buf, weights, n
         self.waves, self.uid_prefix = waves, uid_prefix
-        self.probe = probe                   # sees "token" and "wave" (the resume harness)
+        self.probe = probe    # sees "token", and "wave" between two waves (the resume harness)
         self.capacity = capacity
         self.carried = 0                     # prompts a paced top-up could not dispatch yet
         self.partition, self.failure_rate = partition, failure_rate
@@ -191,7 +191,8 @@ class Rollout:
         uids = [u for u, _, _ in items]
         self.buf.update_status(partition=self.partition, uids=uids, status="running")
         failed_groups, rewards, swaps, failures = set(), [], 0, 0
-        for wave in _waves(items, self.waves):
+        waves = _waves(items, self.waves)
+        for k, wave in enumerate(waves):
             started = time.perf_counter()
             tokens, logps, versions, lengths = generate(policy, [p for _, p, _ in wave], 1,
                                                         before_token=before_token, generator=gen)
@@ -214,8 +215,8 @@ class Rollout:
                     rows[col].append(value)
             if rows["uid"]:
                 self.buf.put(rows)
-            if self.probe is not None:
-                self.probe("wave")
+            if self.probe is not None and k + 1 < len(waves):
+                self.probe("wave")             # put, and more sessions of these groups to come
         done = [u for u in uids if u not in failed_groups]
         if done:
             self.buf.update_status(partition=self.partition, uids=done, status="finished")

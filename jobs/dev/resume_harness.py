@@ -7,9 +7,9 @@ reuse, and what each restart cost, read back from the lake.
 For every position, a child process runs a small demo (jobs/demo: real policy, rollout threads,
 the trainer's checkpoint per step) and dies by SIGKILL there, once step ``--at`` is done:
 
-- ``generation``: on a rollout worker's next token once a wave of sessions was put (groups half
-  generated, a wave lost in the middle);
-- ``put``: half way through writing the next put (a torn write in the lake);
+- ``generation``: on a rollout worker's first token of a wave once the wave before it was put
+  (its groups half generated, the wave under way lost);
+- ``put``: half way through writing the second put after it (a torn write in the lake);
 - ``sample``: inside the next `sample`, after its selection is written (the batch is held);
 - ``step``: between two steps (the checkpoint written, the batch released);
 - ``compaction``: inside a compaction of the lake the child runs itself (its segments rolled
@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,9 +40,11 @@ import typer
 POSITIONS = ("generation", "put", "sample", "step", "compaction", "register")
 DEFAULT_POSITIONS = POSITIONS[:5]
 # the lake write point each position arms once step `at` is done (`pipeline.lake.kill`)
-_POINTS = {"put": "trajectories.data_torn:1", "sample": "metrics.data_torn:1",
+_POINTS = {"put": "trajectories.data_torn:2", "sample": "metrics.data_torn:1",
            "compaction": "compact.renamed:1", "register": "group_events.data_torn:1"}
-_PRELOAD = ["torch", "numpy", "pyarrow", "polars", "duckdb", "pipeline", "pipeline.buffer",
+# (torch._dynamo: what Adam's constructor imports, seconds on a busy machine)
+_PRELOAD = ["torch", "torch.optim", "torch._dynamo", "numpy", "pyarrow", "polars", "duckdb",
+            "pipeline", "pipeline.buffer", "pipeline.analysis", "pipeline.lake.compaction",
             "jobs.demo.main", "jobs.demo.policy", "jobs.demo.rollout", "jobs.demo.trainer",
             "jobs.demo.resume", "jobs.demo.summary", "rich.console", "rich.live"]
 
@@ -53,8 +56,8 @@ class HarnessError(RuntimeError):
 def small_demo(steps: int, seed: int = 0, **over: Any) -> Any:
     """The harness's demo: small batches, a short decode delay, the demo's buffer settings."""
     from jobs.demo.config import DemoConfig
-    base = dict(steps=steps, batch_size=4, n=4, ahead=2, token_delay_ms=1.0, seed=seed,
-                waves=2, sample_timeout_s=60.0)
+    base = dict(steps=steps, batch_size=4, n=4, ahead=3, seed=seed, waves=2,
+                sample_timeout_s=60.0)
     return DemoConfig(**{**base, **over})
 
 
@@ -64,7 +67,7 @@ class Killer:
     def __init__(self, position: str, at: int, lake: Path):
         self.position, self.at, self.lake = position, at, lake
         self.armed = False
-        self.waves = 0
+        self.between: set[int] = set()      # rollout threads between two waves of their groups
 
     def __call__(self, event: str, value: Any) -> None:
         if event == "opened" and self.position == "compaction":
@@ -72,9 +75,9 @@ class Killer:
         elif event == "step" and value == self.at:
             self._arm()
         elif event == "wave" and self.armed:
-            self.waves += 1
-        elif event == "token" and self.armed and self.waves >= 1:
-            _die()
+            self.between.add(threading.get_ident())
+        elif event == "token" and threading.get_ident() in self.between:
+            _die()                             # its groups' first wave is in, the next begins
 
     def _arm(self) -> None:
         from pipeline.lake import kill as lake_kill
@@ -107,7 +110,7 @@ def _killed(run_dir: str, cfg: dict, position: str, at: int) -> None:
     from jobs.demo.main import run
     try:
         run(DemoConfig(**cfg), out=Path(run_dir), use_wandb=False, console=_quiet(),
-            probe=Killer(position, at, Path(run_dir) / "lake"))
+            probe=Killer(position, at, Path(run_dir) / "lake"), report=False)
     except BaseException:
         import traceback
         os.write(2, traceback.format_exc().encode())
@@ -118,7 +121,8 @@ def _killed(run_dir: str, cfg: dict, position: str, at: int) -> None:
 def _resumed(run_dir: str, reuse: bool) -> None:
     from jobs.demo.main import run
     try:
-        run(None, resume=Path(run_dir), reuse=reuse, use_wandb=False, console=_quiet())
+        run(None, resume=Path(run_dir), reuse=reuse, use_wandb=False, console=_quiet(),
+            report=False)
     except BaseException:
         import traceback
         os.write(2, traceback.format_exc().encode())
@@ -172,8 +176,10 @@ def lake_figures(lake: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]
     return (fig[0] if fig else {}), lengths
 
 
-def run_position(position: str, cfg: Any, at: int, workdir: Path, reuse: bool = True) -> Outcome:
-    """Kill the demo at ``position`` after step ``at``, resume it, read the lake."""
+def run_position(position: str, cfg: Any, at: int, workdir: Path, reuse: bool = True,
+                 audits: bool = True) -> Outcome:
+    """Kill the demo at ``position`` after step ``at``, resume it, read the lake (and run every
+    audit over it, unless ``audits=False``)."""
     from jobs.audit import run_audits
     if position not in POSITIONS:
         raise typer.BadParameter(f"unknown position {position!r}; known: {', '.join(POSITIONS)}")
@@ -189,16 +195,18 @@ def run_position(position: str, cfg: Any, at: int, workdir: Path, reuse: bool = 
                            f"directory is {run_dir}")
     lake = run_dir / "lake"
     figures, lengths = lake_figures(lake)
-    failed = [a.name for a in run_audits(lake) if a.status == "FAIL"]
+    failed = [a.name for a in run_audits(lake) if a.status == "FAIL"] if audits else []
     back = json.loads((run_dir / "resumed-1.json").read_text())
     return Outcome(position, figures, lengths, failed, back)
 
 
 def run_harness(positions: list[str], cfg: Any, at: int, workdir: Path, reuse: bool = True,
-                progress: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
+                progress: Callable[[int, Outcome], None] | None = None,
+                audits: bool = True) -> list[Outcome]:
+    """`run_position` at each position in turn; ``progress(done, outcome)`` after each."""
     out = []
     for i, position in enumerate(positions):
-        out.append(run_position(position, cfg, at, workdir, reuse))
+        out.append(run_position(position, cfg, at, workdir, reuse, audits))
         if progress is not None:
             progress(i + 1, out[-1])
     return out
@@ -217,8 +225,8 @@ def table(outcomes: list[Outcome]) -> list[str]:
     """The harness's report: one row per position and a total, then the lengths."""
     head = (f"{'killed at':<11}{'groups':>7}{'reused':>15}{'lost':>6}{'skipped':>8}"
             f"{'twice':>6}{'saved tok':>10}{'saved s':>9}{'audits':>8}")
-    lines = ["Restart cost, from the lake (reused: kept / completed sessions of the "
-             "interrupted groups)", head, "-" * len(head)]
+    lines = ["Restart cost, from the lake (reused = kept / completed sessions in flight)",
+             head, "-" * len(head)]
     tot = dict.fromkeys(("interrupted_groups", "sessions_kept", "sessions_at_restart",
                          "trajectories_lost", "prompts_skipped", "trajectories_trained_twice",
                          "tokens_saved"), 0)
