@@ -1,4 +1,4 @@
-"""The demo's trainer loop: sample from the buffer, GRPO step on the tensors, release, publish.
+"""The demo's trainer loop: sample from the buffer, GRPO step on the tensors, publish, release.
 
 One step g, in the order an asynchronous RL trainer runs it:
 
@@ -10,8 +10,9 @@ One step g, in the order an asynchronous RL trainer runs it:
    no KL term) -> one Adam step; with ``tis_cap`` the ratios are taken against the trainer's own
    log-probs instead and each token is weighted by its truncated importance weight
    (`tis_loss`);
-4. ``buf.release(batch)`` -- the trajectories leave memory (they stay in the lake);
-5. publish the new weights as version g; the workers pick them up before their next token.
+4. publish the new weights as version g; the workers pick them up before their next token;
+5. checkpoint (jobs/demo/resume.py), then ``buf.release(batch)`` -- the trajectories leave
+   memory (they stay in the lake), and a released batch is always in the checkpoint.
 """
 from __future__ import annotations
 

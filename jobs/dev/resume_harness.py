@@ -276,8 +276,8 @@ def main(
                                                       "a temporary directory, removed)")] = None,
 ) -> None:
     """Kill the demo (SIGKILL) at positions of its run, resume it, and report from the lake what
-    each restart lost, skipped, trained twice and saved; exit 1 if anything was lost, skipped or
-    trained twice, or an audit failed.
+    each restart lost, skipped, trained twice and saved; with reuse, exit 1 if anything was lost,
+    skipped or trained twice, or an audit failed.
 
     Examples:
         replaylake dev resume-harness
