@@ -8,41 +8,16 @@
 --   the stored token counts, nearest rank) and max; a partition without re-dispatched sessions
 --   has only its `all` row.
 -- params: none
--- reads: group_events, trajectories
+-- reads: restart_rows
 -- returns: partition, sessions, n, len_mean, len_p10, len_p50, len_p90, len_max
 with
-reissues as (
-    select partition, uid, seq, kept_rows
-    from group_events
-    where event = 'reissued'
-),
-trajs as (
-    select partition, uid, seq, n_response_tokens as response_len
-    from trajectories
-    where not is_padding
-),
-
--- the copies a keeping re-issue wrote: the group's first kept_rows rows after the event
-copies as (
-    select t.partition, t.uid, t.seq
-    from trajs as t
-    join reissues as r on r.partition = t.partition and r.uid = t.uid and r.seq < t.seq
-    where coalesce(r.kept_rows, 0) > 0
-    qualify row_number() over (partition by r.partition, r.uid, r.seq order by t.seq)
-        <= r.kept_rows
-),
 generated as (
-    select t.*
-    from trajs as t
-    anti join copies as c on c.partition = t.partition and c.uid = t.uid and c.seq = t.seq
-),
-redone as (
-    select g.*
-    from generated as g
-    semi join reissues as r on r.partition = g.partition and r.uid = g.uid and r.seq < g.seq
+    select partition, response_len, redone
+    from restart_rows
+    where not is_copy and not is_padding
 ),
 labelled as (
-    select partition, 're-dispatched' as sessions, response_len from redone
+    select partition, 're-dispatched' as sessions, response_len from generated where redone
     union all
     select partition, 'all' as sessions, response_len from generated
 )

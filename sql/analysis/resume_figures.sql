@@ -2,7 +2,8 @@
 -- description: what restarts cost, per partition, in the units generation is priced in. A
 --   re-issue after a restart (`reissued` events) either keeps a group's stored trajectories
 --   (`resume`: kept_rows > 0, the rows written again right after the event) or drops them
---   (`reissue`). Each stored row a re-issue followed is a session completed at a restart:
+--   (`reissue`), as restart_rows tells. Each stored row a re-issue followed is a session
+--   completed at a restart:
 --   sessions_kept of sessions_at_restart were kept (reused_share), with the response tokens and
 --   rollout seconds (generation_s; null where the rollout did not record it) they saved; the
 --   rest were dropped (trajectories_lost: acknowledged, then thrown away; tokens_redone and
@@ -11,20 +12,20 @@
 --   trajectories_trained_twice: the trajectories of groups selected into more than one batch.
 --   A re-issue written before kept_rows existed reads as dropping its rows.
 -- params: none
--- reads: group_events, trajectories, decisions, groups
+-- reads: group_events, restart_rows, decisions, groups
 -- returns: partition, interrupted_groups, sessions_at_restart, sessions_kept, reused_share,
 --   trajectories_lost, prompts_skipped, trajectories_trained_twice, tokens_saved,
 --   seconds_saved, tokens_redone, seconds_redone
 with
 reissues as (
-    select partition, uid, seq, kept_rows
+    select partition, uid, seq
     from group_events
     where event = 'reissued'
 ),
-trajs as (
-    select partition, uid, seq, n_response_tokens, generation_s
-    from trajectories
-    where not is_padding
+restarted as (
+    select partition, kept, response_len, generation_s
+    from restart_rows
+    where at_restart and not is_padding
 ),
 grps as (
     select partition, uid, registered_seq, fate, n_traj
@@ -37,26 +38,17 @@ selects as (
     group by partition, uid
 ),
 
--- every stored row a re-issue followed, and whether the first re-issue after it kept it
-at_restart as (
-    select
-        t.partition, t.uid, t.seq, t.n_response_tokens, t.generation_s,
-        coalesce(arg_min(r.kept_rows, r.seq), 0) > 0 as kept
-    from trajs as t
-    join reissues as r on r.partition = t.partition and r.uid = t.uid and r.seq > t.seq
-    group by t.partition, t.uid, t.seq, t.n_response_tokens, t.generation_s
-),
 restart_figures as (
     select
         partition,
         count(*) as sessions_at_restart,
         count(*) filter (where kept) as sessions_kept,
         count(*) filter (where not kept) as trajectories_lost,
-        coalesce(sum(n_response_tokens) filter (where kept), 0) as tokens_saved,
+        coalesce(sum(response_len) filter (where kept), 0) as tokens_saved,
         sum(generation_s) filter (where kept) as seconds_saved,
-        coalesce(sum(n_response_tokens) filter (where not kept), 0) as tokens_redone,
+        coalesce(sum(response_len) filter (where not kept), 0) as tokens_redone,
         sum(generation_s) filter (where not kept) as seconds_redone
-    from at_restart
+    from restarted
     group by partition
 ),
 first_reissue as (

@@ -2,14 +2,14 @@
 -- description: one row per trajectory in the lake (metadata, no token payload) with its group's
 --   dispatch step and fate; `fate` is `dropped` for a partial trajectory a re-issue discarded.
 --   A completed sibling that `resume` kept is one trajectory with one fate: the lake holds it
---   twice (before the `reissued` event, and written again right after it, which the event's
---   kept_rows counts), and only the copy is listed.
+--   twice (before the `reissued` event, and written again right after it; see restart_rows),
+--   and only the copy is listed.
 --   staleness / staleness_worst are at the step that trained it (sampled rows only), taken from
 --   the `provenance` view, where their formulas live. response_len is the token count stored at
 --   ingest (the payload is never read); prompt_id is the group's dataset id, dataset its
 --   dataset name.
 -- params: none
--- reads: trajectories, group_events, groups, provenance
+-- reads: trajectories, restart_rows, groups, provenance
 -- returns: partition, uid, session_id, index, seq, min_global_steps, max_global_steps, span,
 --   reward, reward_info, response_len, is_padding, global_steps, fate, reason, batch_id, fate_step,
 --   staleness, staleness_worst, prompt_id, dataset
@@ -20,19 +20,9 @@ trajs as (
         reward_info, n_response_tokens as response_len, is_padding
     from trajectories
 ),
--- The first re-issue after each row: a row a re-issue kept (kept_rows > 0 says it wrote the
--- group's stored rows again) is represented by its copy.
-reissues as (
-    select partition, uid, seq, kept_rows
-    from group_events
-    where event = 'reissued'
-),
+-- a row a re-issue kept is represented by its copy (see restart_rows)
 kept as (
-    select t.partition, t.uid, t.seq
-    from trajs as t
-    join reissues as r on r.partition = t.partition and r.uid = t.uid and r.seq > t.seq
-    group by t.partition, t.uid, t.seq
-    having coalesce(arg_min(r.kept_rows, r.seq), 0) > 0
+    select partition, uid, seq from restart_rows where kept
 ),
 grps as (
     select partition, uid, global_steps, reissued_seq, fate, reason, batch_id, fate_step,
