@@ -73,7 +73,7 @@ class _Status:
                      f"failed {ev['failure']:,}")
 
 
-def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
+def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = True,
         console: Any = None, resume: Path | None = None, reuse: bool = True,
         probe: Any = None, report: bool = True) -> Path:
     """Run the demo; returns its run directory. The buffer, the workers and the W&B run are
@@ -141,7 +141,11 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
         probe("opened", buf)
     back = None
     if resume is not None:
-        back = hand_back(buf, rollout, n=cfg.n, done=done, reuse=reuse)
+        try:
+            back = hand_back(buf, rollout, n=cfg.n, done=done, reuse=reuse)
+        except BaseException:
+            buf.close()                   # the lake stays as the crash left it
+            raise
         (run_dir / f"resumed-{restarts}.json").write_text(json.dumps(
             {"after_step": done, "reuse": reuse, **back.figures()}) + "\n")
         console.print(f"resumed after step {done}: {back.groups} in-flight group(s) handed back, "
