@@ -144,7 +144,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
         try:
             back = hand_back(buf, rollout, n=cfg.n, done=done, reuse=reuse)
         except BaseException:
-            buf.close()                   # the lake stays as the crash left it
+            buf.close()                   # a later --resume starts from what the lake holds
             raise
         (run_dir / f"resumed-{restarts}.json").write_text(json.dumps(
             {"after_step": done, "reuse": reuse, **back.figures()}) + "\n")
