@@ -57,6 +57,7 @@ COMMANDS: dict[str, Job] = {
     "lake check": Job("jobs.lake_tool", "check"),
     "lake salvage": Job("jobs.lake_tool", "salvage"),
     "dev soak": Job("jobs.dev.soak"),
+    "dev resume-harness": Job("jobs.dev.resume_harness"),
     "dev gpu-check": Job("jobs.dev.gpu_check"),
     "dev bench ingest": Job("jobs.bench.ingest"),
     "dev bench decide": Job("jobs.bench.decide"),
@@ -73,7 +74,7 @@ COMMANDS: dict[str, Job] = {
 
 GROUPS: dict[str, str] = {
     "lake": "Lake maintenance: find damage, set it aside.",
-    "dev": "Maintainer tools: benchmarks, the crash soak, the GPU check.",
+    "dev": "Maintainer tools: benchmarks, the crash soak, the resume harness, the GPU check.",
     "dev bench": "Benchmarks (figures side by side with the reference, written to a file).",
 }
 

@@ -48,5 +48,6 @@ def trajectories(partition: str, uids: list[str], per_group: int, *, version: in
         "version_spans": pa.nulls(n, TRAJECTORIES_INPUT.field("version_spans").type),
         "is_padding": pa.array(np.zeros(n, dtype=bool)),
         "versions_inferred": pa.array(np.zeros(n, dtype=bool)),
+        "generation_s": pa.nulls(n, pa.float64()),
     }
     return pa.Table.from_arrays([cols[f.name] for f in TRAJECTORIES_INPUT], schema=TRAJECTORIES_INPUT)

@@ -30,6 +30,7 @@ from pipeline.config import BufferConfig, async_config, preset_kwargs, sync_conf
 from pipeline.decide import Batch, Ready, aggregates, run_call
 from pipeline.decide import evaluate as decide
 from pipeline.decide.policies import PollContext, capacity
+from pipeline.decide.selection import held as held_batch
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
 from pipeline.ingest import PutResult, validate_groups, validate_status, validate_trajectories
 from pipeline.lake import LakeWriter
@@ -260,9 +261,10 @@ class ReplayBuffer:
                 if uids:
                     kept = [self._state.stored_rows(pid, u) for u in uids if part.groups[u].keys] \
                         if keep else []
+                    counts = {u: len(part.groups[u].keys) if keep else 0 for u in uids}
                     self._state.commit("group_events", [
                         {"partition": pid, "uid": u, "event": "reissued",
-                         "global_steps": global_steps} for u in uids])
+                         "global_steps": global_steps, "kept_rows": counts[u]} for u in uids])
                     if kept:
                         self._state.commit("trajectories", pa.concat_tables(kept).drop_columns(
                             ["seq", "ts"]))
@@ -430,6 +432,19 @@ class ReplayBuffer:
                 return {}
             return {b: [(u, s, x) for u in uids for s, x in sorted(part.groups[u].keys)]
                     for b, uids in part.batches.items()}
+
+    def held_batch(self, batch_id: int) -> Batch:
+        """A selected, unreleased batch again, as `sample` returned it (its rows, provenance and
+        off-policy metrics; the eviction metrics stay with the call that chose it): after a
+        restart, the batch the trainer held when the process died, to train on it and release
+        it (`held_batches` lists their ids)."""
+        batch_id = batch_id_arg(batch_id)
+        with self._state.locked():
+            for _, part in self._state.partitions():
+                if batch_id in part.batches:
+                    return held_batch(self.config, part, batch_id)
+        raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or "
+                                "already released); held_batches(partition) lists the held ones")
 
     def sampleable_uids(self, partition: str) -> list[str]:
         """Every group the last poll left sampleable, in the selection order (oldest first

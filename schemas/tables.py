@@ -60,6 +60,9 @@ _TRAJECTORY_FIELDS = [
     field("versions_inferred", pa.bool_(),
           "min/max_global_steps were not reported and were set to dispatch step - 1 "
           "(verl adapter only)"),
+    field("generation_s", pa.float64(),
+          "seconds of rollout time spent generating this trajectory (a rollout that generates "
+          "many at once divides its wall time among them); null = not recorded", nullable=True),
 ]
 
 TRAJECTORIES_INPUT = schema(
@@ -92,6 +95,10 @@ GROUP_EVENTS = schema(
     field("n", pa.int32(), "expected session count (registration only)", nullable=True),
     field("prompt_id", pa.int64(), _PROMPT_ID + " (registration only)", nullable=True),
     field("dataset", pa.string(), _DATASET + " (registration only)", nullable=True),
+    field("kept_rows", pa.int64(),
+          "reissued: how many stored trajectories the re-issue kept (`resume` writes them again "
+          "right after this event; 0 for `reissue`, which drops them); null on other events or "
+          "in a lake written before this column", nullable=True),
     _SEQ, _TS,
 )
 

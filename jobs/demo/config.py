@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ class DemoConfig:
     failure_rate: float = _flag(0.005, "probability that a session fails")
     ahead: int = _flag(3, "batches of prompts kept in the pipeline")
     workers: int = 2                   # rollout threads
+    waves: int = 2                     # a group's sessions are generated in this many waves, each
+    #                                    put as soon as it is done (a crash keeps the waves put)
     token_delay_ms: float = _flag(4.0, "decode time per token, ms")
     lr: float = 1e-3                   # Adam learning rate (>= 3e-3 collapses)
     clip: float = 0.2                  # PPO clip range
@@ -56,13 +58,16 @@ class DemoConfig:
     sample_timeout_s: float = 120.0    # a stuck run fails loudly instead of hanging
 
     def __post_init__(self) -> None:
-        positive = ("steps", "batch_size", "n", "ahead", "workers", "torch_threads")
+        positive = ("steps", "batch_size", "n", "ahead", "workers", "waves", "torch_threads")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r}: give a positive integer")
         if self.n < 2:
             raise ConfigError(f"n={self.n}: GRPO compares responses within a group; give n >= 2")
+        if self.waves > self.n:
+            raise ConfigError(f"waves={self.waves}: a group of n={self.n} sessions is generated "
+                              "in at most n waves; give waves <= n")
         if not (0.0 <= self.failure_rate < 1.0):
             raise ConfigError(f"failure_rate={self.failure_rate!r}: give a probability in [0, 1)")
         for name in ("token_delay_ms", "lr", "clip", "sample_timeout_s"):
@@ -126,6 +131,17 @@ def _point_latest(root: Path, run_dir: Path) -> None:
     except OSError:                   # no symlinks here (some filesystems): nothing to point
         if tmp.is_symlink():
             tmp.unlink()
+
+
+def read_config(run_dir: Path) -> DemoConfig:
+    """The configuration a demo run directory was written with (to resume it)."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not (run_dir / MARKER).exists() or not path.exists():
+        raise RunDirError(f"{run_dir} is not a demo run directory (no {MARKER} and config.json "
+                          "in it); pass the directory an earlier `replaylake demo` wrote")
+    known = {f.name for f in fields(DemoConfig)}
+    return DemoConfig(**{k: v for k, v in json.loads(path.read_text()).items() if k in known})
 
 
 def write_config(run_dir: Path, cfg: DemoConfig, extra: dict | None = None) -> Path:

@@ -73,22 +73,34 @@ class _Status:
                      f"failed {ev['failure']:,}")
 
 
-def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
-        console: Any = None) -> Path:
+def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = True,
+        console: Any = None, resume: Path | None = None, reuse: bool = True,
+        probe: Any = None, report: bool = True) -> Path:
     """Run the demo; returns its run directory. The buffer, the workers and the W&B run are
-    closed whatever happens, so a failed or interrupted run still leaves a readable lake."""
+    closed whatever happens, so a failed or interrupted run still leaves a readable lake.
+
+    ``resume``: a run directory an earlier (crashed or stopped) run wrote; the run goes on from
+    its checkpoint with the configuration it was started with (``cfg`` is not used), handing the
+    in-flight groups back with sibling reuse (``reuse=False``: whole groups again, see
+    jobs/demo/resume.py). ``probe(event, value)`` sees ``("opened", buf)``, ``("token",
+    None)``, ``("wave", None)`` and ``("step", g)`` (the resume harness kills the process there);
+    ``report=False`` skips the summary read back from the lake."""
     import torch
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from jobs.demo.config import read_config
     from jobs.demo.policy import Policy
+    from jobs.demo.resume import checkpoint, hand_back, restore
     from jobs.demo.rollout import Rollout, WeightStore
     from jobs.demo.summary import render, summarize
     from jobs.demo.trainer import Trainer, run_steps, tis_summary
     from pipeline import ReplayBuffer, async_config
 
     console = console or Console()
+    if resume is not None:
+        cfg = read_config(resume)
     # the buffer's own checks (threshold, strategy, filter metric) before anything is written
     buffer_kwargs = dict(max_off_policy_threshold=cfg.threshold,
                          max_off_policy_strategy=cfg.strategy,
@@ -96,9 +108,10 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
     if cfg.strategy == "admit":          # admission counts places per step
         buffer_kwargs["train_batch_size"] = cfg.batch_size
     async_config(**buffer_kwargs, refill_fn=lambda k: None)
-    run_dir = make_run_dir(out)
+    run_dir = make_run_dir(out) if resume is None else Path(resume)
     lake = run_dir / "lake"
-    write_config(run_dir, cfg, {"lake": str(lake)})
+    if resume is None:
+        write_config(run_dir, cfg, {"lake": str(lake)})
     console.print("[bold]replaylake demo[/]: a tiny GRU learns to reverse 1-3 digits with async "
                   "GRPO.")
     console.print(_intro(cfg), markup=False, highlight=False)
@@ -109,15 +122,36 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     policy = Policy()
+    trainer = Trainer(policy, cfg.lr, cfg.clip, cfg.tis_cap)
+    done = restore(run_dir, trainer) if resume is not None else 0
     weights = WeightStore(policy)
+    weights.publish(policy, done)
     holder: dict[str, Rollout] = {}
     buf = ReplayBuffer.async_(lake=lake, refill_fn=lambda k: holder["rollout"].dispatch(k),
                               **buffer_kwargs)
+    # a resumed run's new prompts get uids of their own (r1p..., r2p...: one per restart)
+    restarts = len(list(run_dir.glob("resumed-*.json"))) + (resume is not None)
     rollout = holder["rollout"] = Rollout(
-        buf, weights, n=cfg.n, workers=cfg.workers, failure_rate=cfg.failure_rate, seed=cfg.seed,
-        token_delay=cfg.token_delay_ms / 1000.0,
+        buf, weights, n=cfg.n, workers=cfg.workers, failure_rate=cfg.failure_rate,
+        seed=cfg.seed + 1000 * restarts, token_delay=cfg.token_delay_ms / 1000.0,
         capacity=(lambda g: buf.dispatch_capacity(g, "train")) if cfg.strategy == "admit"
-        else None)
+        else None, waves=cfg.waves, uid_prefix=f"r{restarts}p" if restarts else "p",
+        probe=None if probe is None else (lambda event: probe(event, None)))
+    if probe is not None:
+        probe("opened", buf)
+    back = None
+    if resume is not None:
+        try:
+            back = hand_back(buf, rollout, n=cfg.n, done=done, reuse=reuse)
+        except BaseException:
+            buf.close()                   # a later --resume starts from what the lake holds
+            raise
+        (run_dir / f"resumed-{restarts}.json").write_text(json.dumps(
+            {"after_step": done, "reuse": reuse, **back.figures()}) + "\n")
+        console.print(f"resumed after step {done}: {back.groups} in-flight group(s) handed back, "
+                      f"{back.kept} finished session(s) kept, {back.sessions} to generate"
+                      + (f"; batch {back.held.batch_id} of step {back.held.step} trained first"
+                         if back.held is not None else ""), highlight=False)
     tracker = None
     if use_wandb:
         from pipeline.adapters.wandb import WandbTracker
@@ -133,17 +167,25 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
             tracker.log_step(info.step, info.metrics, info.reward_counts)
         status.update(info)
         progress.update(task, completed=info.step)
+        if probe is not None:
+            probe("step", info.step)
 
     started = time.perf_counter()
     ok = False
     history: list = []
     try:
         rollout.start()
+        progress.update(task, completed=done)
+        first_top_up = None
+        if back is not None:       # the pipeline as it was: `ahead` batches in flight or ready
+            first_top_up = max(0, cfg.ahead * cfg.batch_size - back.groups
+                               - buf.get_sampleable_count(done + 1, "train"))
         with Live(Group(progress, status), console=console, refresh_per_second=8):
-            trainer = Trainer(policy, cfg.lr, cfg.clip, cfg.tis_cap)
             history = run_steps(steps=cfg.steps, batch_size=cfg.batch_size, ahead=cfg.ahead, buf=buf,
                       rollout=rollout, weights=weights, trainer=trainer,
-                      timeout=cfg.sample_timeout_s, on_step=on_step)
+                      timeout=cfg.sample_timeout_s, on_step=on_step, start=done + 1,
+                      held=back.held if back is not None else None, first_top_up=first_top_up,
+                      checkpoint=lambda g: checkpoint(run_dir, trainer, g))
         ok = True
     finally:
         rollout.stop()
@@ -152,6 +194,8 @@ def run(cfg: DemoConfig, *, out: Path | None = None, use_wandb: bool = True,
         if tracker is not None:
             tracker.finish(exit_code=0 if ok else 1)
     wall = time.perf_counter() - started
+    if not report:                    # the resume harness reads the lake itself
+        return run_dir
     summary = summarize(lake)
     console.print("")
     for line in render(summary, run_dir=run_dir, lake=lake, wandb_dir=wandb_dir, wall_s=wall):
@@ -174,6 +218,14 @@ def main(
                                           "runs/demo/<timestamp>")] = None,
     wandb: Annotated[bool, Opt("--wandb/--no-wandb", help="track in W&B (offline unless "
                                                           "WANDB_MODE says otherwise)")] = True,
+    resume: Annotated[Path | None, Opt(help="go on with the run in this directory after a crash "
+                                            "or Ctrl-C, from its last checkpoint, with its own "
+                                            "configuration (other flags are not used)")] = None,
+    reuse: Annotated[bool, Opt("--reuse/--no-reuse", help="with --resume: keep the finished "
+                                                          "sessions of in-flight groups and "
+                                                          "generate only the missing ones "
+                                                          "(--no-reuse: whole groups again)")
+                     ] = True,
     **settings: Any,
 ) -> None:
     """Train a tiny GRU policy with asynchronous GRPO through replaylake (about a minute on 2
@@ -182,8 +234,9 @@ def main(
     Examples:
         replaylake demo
         replaylake demo --steps 150 --threshold 3 --failure-rate 0.02
+        replaylake demo --resume runs/demo/latest
     """
-    run(flags.config(settings), out=out, use_wandb=wandb)
+    run(flags.config(settings), out=out, use_wandb=wandb, resume=resume, reuse=reuse)
 
 
 # what typer reads: DemoConfig's flags (jobs/demo/flags.py), then --out and --wandb; `eval_str`

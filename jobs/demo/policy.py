@@ -45,6 +45,17 @@ def dataset_index(digits: list[int]) -> int:
     return offset + int("".join(map(str, digits)))
 
 
+def prompt_of(index: int) -> list[int]:
+    """The prompt at dataset row ``index`` (the inverse of `dataset_index`): a resumed run reads
+    an in-flight group's prompt back from the `prompt_id` it was registered with."""
+    offset = 0
+    for k in range(1, MAX_DIGITS + 1):
+        if 0 <= index - offset < N_DIGITS ** k:
+            return [int(c) for c in str(index - offset).zfill(k)]
+        offset += N_DIGITS ** k
+    raise ValueError(f"prompt id {index} is not a row of the task's dataset (0..{offset - 1})")
+
+
 def prompt_ids(digits: list[int]) -> list[int]:
     return [d + DIGIT0 for d in digits] + [SEP]
 

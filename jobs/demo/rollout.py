@@ -8,6 +8,11 @@ goes `running`, and ends `finished` or `failure`; workers check for new weights 
 token, so a response that straddles a weight update is written by two versions and says so in
 its per-token `version_spans`; some sessions fail on purpose (an inference error, a timeout) and
 take their group to `failure`, keeping the sessions that did finish.
+
+A group's sessions are generated in ``waves`` (as a server with limited concurrency serves a
+group's samples), each wave put as soon as it is done and each trajectory with the rollout
+seconds it took (`generation_s`): a crash between waves leaves the group partly generated, and a
+resumed run (`requeue`) generates only the sessions still missing.
 """
 from __future__ import annotations
 
@@ -68,8 +73,12 @@ class Rollout:
 
     def __init__(self, buf, weights: WeightStore, *, n: int, workers: int, failure_rate: float,
                  seed: int, token_delay: float = 0.0, partition: str = "train",
-                 max_groups_per_call: int = 32, capacity: Callable[[int], int] | None = None):
+                 max_groups_per_call: int = 32, capacity: Callable[[int], int] | None = None,
+                 waves: int = 1, uid_prefix: str = "p",
+                 probe: Callable[[str], None] | None = None):
         self.buf, self.weights, self.n = buf, weights, n
+        self.waves, self.uid_prefix = waves, uid_prefix
+        self.probe = probe    # sees "token", and "wave" between two waves (the resume harness)
         self.capacity = capacity
         self.carried = 0                     # prompts a paced top-up could not dispatch yet
         self.partition, self.failure_rate = partition, failure_rate
@@ -95,12 +104,17 @@ class Rollout:
         if count <= 0:
             return
         with self._lock:
-            uids = [f"p{next(self._ids):07d}" for _ in range(count)]
+            uids = [f"{self.uid_prefix}{next(self._ids):07d}" for _ in range(count)]
             prompts = sample_prompts(self._rng, count)
             step = self.step
         self.buf.register(partition=self.partition, uids=uids, global_steps=step, n=self.n,
                           prompt_ids=[dataset_index(p) for p in prompts])
-        for item in zip(uids, prompts):
+        self.requeue([(u, p, list(range(self.n))) for u, p in zip(uids, prompts)])
+
+    def requeue(self, items: list[tuple[str, list[int], list[int]]]) -> None:
+        """Queue registered groups as ``(uid, prompt, session ids to generate)``: a resumed run
+        hands back the sessions `ReplayBuffer.resume` reported missing."""
+        for item in items:
             self._queue.put(item)
 
     def top_up(self, count: int) -> int:
@@ -135,7 +149,7 @@ class Rollout:
             raise RuntimeError(f"a rollout worker crashed: {self.error!r}") from self.error
 
     # --- a worker ------------------------------------------------------------------------------
-    def _take(self) -> list[tuple[str, list[int]]]:
+    def _take(self) -> list[tuple[str, list[int], list[int]]]:
         try:
             items = [self._queue.get(timeout=0.02)]
         except queue.Empty:
@@ -154,6 +168,8 @@ class Rollout:
         gen = torch.Generator().manual_seed(seed)
 
         def before_token() -> int:
+            if self.probe is not None:
+                self.probe("token")
             if self.token_delay:
                 time.sleep(self.token_delay)    # a real server's decode time per token
             version, state = self.weights.latest()
@@ -172,35 +188,35 @@ class Rollout:
 
     def _generate(self, policy: Policy, items, before_token, rng: np.random.Generator,
                   gen: torch.Generator) -> None:
-        uids = [u for u, _ in items]
-        prompts = [p for _, p in items]
+        uids = [u for u, _, _ in items]
         self.buf.update_status(partition=self.partition, uids=uids, status="running")
-        tokens, logps, versions, lengths = generate(policy, prompts, self.n,
-                                                    before_token=before_token, generator=gen)
-        failed = rng.random(len(lengths)) < self.failure_rate
-        rows: dict[str, list] = {c: [] for c in (
-            "partition", "uid", "session_id", "min_global_steps", "max_global_steps", "reward",
-            "prompt_ids", "response_ids", "rollout_log_probs", "version_spans")}
-        failed_groups, rewards, swaps = set(), [], 0
-        for i, m in enumerate(lengths.tolist()):
-            g, s = divmod(i, self.n)
-            if failed[i]:
-                failed_groups.add(uids[g])
-                continue
-            response = tokens[i, :m].tolist()
-            spans = version_spans(versions, m)
-            swaps += len(spans) > 1
-            rewards.append(reward(prompts[g], response))
-            for col, value in (("partition", self.partition), ("uid", uids[g]),
-                               ("session_id", s), ("min_global_steps", spans[0]["version"]),
-                               ("max_global_steps", spans[-1]["version"]),
-                               ("reward", rewards[-1]), ("prompt_ids", prompt_ids(prompts[g])),
-                               ("response_ids", response),
-                               ("rollout_log_probs", logps[i, :m].tolist()),
-                               ("version_spans", spans)):
-                rows[col].append(value)
-        if rows["uid"]:
-            self.buf.put(rows)
+        failed_groups, rewards, swaps, failures = set(), [], 0, 0
+        waves = _waves(items, self.waves)
+        for k, wave in enumerate(waves):
+            started = time.perf_counter()
+            tokens, logps, versions, lengths = generate(policy, [p for _, p, _ in wave], 1,
+                                                        before_token=before_token, generator=gen)
+            seconds = (time.perf_counter() - started) / len(wave)   # its share of the call
+            failed = rng.random(len(wave)) < self.failure_rate
+            failures += int(failed.sum())
+            rows: dict[str, list] = {c: [] for c in _COLUMNS}
+            for i, (m, (uid, prompt, s)) in enumerate(zip(lengths.tolist(), wave)):
+                if failed[i]:
+                    failed_groups.add(uid)
+                    continue
+                response = tokens[i, :m].tolist()
+                spans = version_spans(versions, m)
+                swaps += len(spans) > 1
+                rewards.append(reward(prompt, response))
+                for col, value in zip(_COLUMNS, (
+                        self.partition, uid, s, spans[0]["version"], spans[-1]["version"],
+                        rewards[-1], prompt_ids(prompt), response, logps[i, :m].tolist(), spans,
+                        seconds)):
+                    rows[col].append(value)
+            if rows["uid"]:
+                self.buf.put(rows)
+            if self.probe is not None and k + 1 < len(waves):
+                self.probe("wave")             # put, and more sessions of these groups to come
         done = [u for u in uids if u not in failed_groups]
         if done:
             self.buf.update_status(partition=self.partition, uids=done, status="finished")
@@ -210,5 +226,23 @@ class Rollout:
         with self._lock:
             self._stats.reward_sum += sum(rewards)
             self._stats.trajectories += len(rewards)
-            self._stats.failed_sessions += int(failed.sum())
+            self._stats.failed_sessions += failures
             self._stats.mid_response_swaps += swaps
+
+
+_COLUMNS = ("partition", "uid", "session_id", "min_global_steps", "max_global_steps", "reward",
+            "prompt_ids", "response_ids", "rollout_log_probs", "version_spans", "generation_s")
+
+
+def _waves(items, waves: int) -> list[list[tuple[str, list[int], int]]]:
+    """The (uid, prompt, session id) of each wave: every group's sessions split into ``waves``
+    runs of equal size (the last ones shorter), wave w holding each group's w-th run."""
+    out = []
+    for w in range(waves):
+        wave = []
+        for uid, prompt, sessions in items:
+            size = -(-len(sessions) // waves)
+            wave += [(uid, prompt, s) for s in sessions[w * size:(w + 1) * size]]
+        if wave:
+            out.append(wave)
+    return out

@@ -1,4 +1,4 @@
-"""The demo's trainer loop: sample from the buffer, GRPO step on the tensors, release, publish.
+"""The demo's trainer loop: sample from the buffer, GRPO step on the tensors, publish, release.
 
 One step g, in the order an asynchronous RL trainer runs it:
 
@@ -10,8 +10,9 @@ One step g, in the order an asynchronous RL trainer runs it:
    no KL term) -> one Adam step; with ``tis_cap`` the ratios are taken against the trainer's own
    log-probs instead and each token is weighted by its truncated importance weight
    (`tis_loss`);
-4. ``buf.release(batch)`` -- the trajectories leave memory (they stay in the lake);
-5. publish the new weights as version g; the workers pick them up before their next token.
+4. publish the new weights as version g; the workers pick them up before their next token;
+5. checkpoint (jobs/demo/resume.py), then ``buf.release(batch)`` -- the trajectories leave
+   memory (they stay in the lake), and a released batch is always in the checkpoint.
 """
 from __future__ import annotations
 
@@ -98,22 +99,35 @@ class StepInfo:
 
 def run_steps(*, steps: int, batch_size: int, ahead: int, buf, rollout: Rollout,
               weights: WeightStore, trainer: Trainer, timeout: float,
-              on_step: Callable[[StepInfo], None]) -> list[StepInfo]:
-    """Train for `steps` steps; `on_step` sees each step as soon as it is done."""
+              on_step: Callable[[StepInfo], None], start: int = 1, held=None,
+              first_top_up: int | None = None,
+              checkpoint: Callable[[int], None] | None = None) -> list[StepInfo]:
+    """Train steps `start`..`steps`; `on_step` sees each step as soon as it is done.
+
+    A resumed run passes ``held``, the batch the dead process had sampled at step `start`
+    but not checkpointed (trained first, instead of sampling another), and ``first_top_up``,
+    the prompts to dispatch at once (default: `ahead` batches). ``checkpoint(g)`` runs after
+    step g's update and before its release, so a batch the lake marks released is always in
+    the checkpoint."""
     totals = dict.fromkeys(EVICTION_KEYS, 0)
     history: list[StepInfo] = []
     last_reward: float | None = None
-    rollout.step = 1
-    rollout.top_up(ahead * batch_size)
-    for g in range(1, steps + 1):
+    rollout.step = start
+    rollout.top_up(ahead * batch_size if first_top_up is None else first_top_up)
+    for g in range(start, steps + 1):
         rollout.check()
         rollout.step = g                       # refills and dispatches from now on are step g
         rollout.top_up(0)                      # paced: what earlier top-ups could not dispatch
-        batch = buf.sample(g, "train", batch_size, timeout=timeout)
+        if held is not None and held.step == g:
+            batch, held = held, None
+        else:
+            batch = buf.sample(g, "train", batch_size, timeout=timeout)
         rollout.top_up(batch.num_groups)       # keep `ahead` batches in the pipeline
         stats = trainer.step(batch)
-        buf.release(batch)
         weights.publish(trainer.policy, g)
+        if checkpoint is not None:
+            checkpoint(g)
+        buf.release(batch)
         produced = rollout.drain_stats()
         if produced.trajectories:
             last_reward = produced.reward_sum / produced.trajectories

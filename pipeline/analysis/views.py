@@ -55,7 +55,8 @@ from sql import loader
 BASE_TABLES = tuple(LAKE_TABLES)
 # Derived views, in dependency order; each is the query file of that name under sql/.
 DERIVED_VIEWS = ("group_fates", "groups", "group_trajectories", "group_aggregates", "candidates",
-                 "batch_rows", "provenance", "off_policy", "trajectory_fates", "inflight", "batches",
+                 "batch_rows", "provenance", "off_policy", "restart_rows", "trajectory_fates",
+                 "inflight", "batches",
                  "certificates", "starved_stretches", "prompt_history")
 DEFAULT_FILTER_METRIC = "reward"
 

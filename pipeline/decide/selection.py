@@ -132,3 +132,23 @@ def deliver(state: BufferState, part: PartitionState) -> Batch:
         state.commit("metrics", metric_rows)
     part.undelivered = (batch, None, call_id)
     return batch
+
+
+def held(cfg: BufferConfig, part: PartitionState, batch_id: int) -> Batch:
+    """A batch held across a restart, built again from the rows memory restored: the same
+    groups, rows and provenance the `sample` that chose it returned (its eviction metrics were
+    that call's and are not repeated; the off-policy metrics are the batch's own)."""
+    chosen = part.batches[batch_id]
+    step = part.batch_step[batch_id]
+    steps = {u: part.groups[u].dispatch_step for u in chosen}
+    payload = part.payload(chosen)
+    rows = batch_rows(payload, batch_id=batch_id, step=step, group_steps=steps)
+    status = {u: "failure" if part.groups[u].status == "failure" or not part.groups[u].keys
+              else "finished" for u in chosen}
+    stale = set() if cfg.mask is None else cfg.mask.stale(
+        step, {u: (steps[u], status[u]) for u in chosen})
+    table = with_provenance(payload, rows, status, stale)
+    opm, weights = off_policy_metrics(rows, prefix=metric_prefix(part.partition))
+    in_force, strategy = bound_in_force(cfg)
+    return Batch(table, batch_id, step, part.partition, list(chosen), {}, opm, weights,
+                 bound=in_force, strategy=strategy, masked=[u for u in chosen if u in stale])

@@ -194,6 +194,7 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
             problems.append(Problem("reward_info", rows_where(nan),
                                     f"reward metric {filter_metric!r} is NaN (the zero-variance "
                                     "filter needs a number)"))
+    problems += _seconds_problems(table)
     n_resp = _list_lengths(table, "response_ids")
     problems += _length_problems(table, n_resp)
     group, repeats = group_problems(keys, lookup)
@@ -210,6 +211,18 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
         keep[identical] = False
         table = table.filter(pa.array(keep))
     return table, len(identical)
+
+
+def _seconds_problems(table: pa.Table) -> list[Problem]:
+    """`generation_s`, where given, is a finite number of seconds >= 0 (null: not recorded)."""
+    col = table.column("generation_s")
+    if col.null_count == table.num_rows:          # the usual put: not recorded
+        return []
+    bad = pc.invert(pc.fill_null(pc.and_(pc.is_finite(col), pc.greater_equal(col, 0.0)), True))
+    if not pc.any(bad).as_py():
+        return []
+    return [Problem("generation_s", rows_where(bad), "must be a finite number of seconds >= 0 "
+                    "(or null: not recorded)")]
 
 
 def _numbers_may_be_bad(table: pa.Table, keys: list[list]) -> bool:

@@ -35,9 +35,17 @@ def _stamp(rows: pa.Table, table: str, seq: pa.Array, now: pa.Array) -> pa.Table
         return pa.Table.from_batches(body.to_batches(), schema=schema)
     if head is not None and rows.schema.names == head.names:   # e.g. nullable where required
         return pa.Table.from_arrays(rows.columns + [seq, now], schema=schema)
+    have = set(rows.column_names)
     return pa.Table.from_arrays(
         [seq if f.name == "seq" else now if f.name == "ts" else rows.column(f.name)
-         for f in schema], schema=schema)
+         if f.name in have else _absent(f, rows.num_rows) for f in schema], schema=schema)
+
+
+def _absent(f: pa.Field, n: int) -> pa.Array:
+    """A column the rows do not carry: null when the lake table allows it (an optional field)."""
+    if not f.nullable:
+        raise InvariantError(f"rows for the lake lack the required column {f.name!r}")
+    return pa.nulls(n, f.type)
 
 
 def _unstamped(schema: pa.Schema) -> pa.Schema | None:

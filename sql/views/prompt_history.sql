@@ -13,8 +13,9 @@
 --   response_len_by_step, a list of {step, n_responses, len_mean, len_max} per dispatch step in
 --   step order. Generation spent on it, in response tokens of every non-padding row: generated,
 --   trained (groups sampled), wasted (groups evicted or discarded, and partial rows a re-issue
---   dropped) and the wasted share; tokens of live groups are in generated only. The lake
---   records no generation time, so tokens are the measure.
+--   dropped; a sibling a resume kept is counted once, as trained) and the wasted share; tokens
+--   of live groups are in generated only. Generation time is recorded only where the rollout
+--   fills `generation_s`, so tokens are the measure.
 -- params: none
 -- reads: groups, group_events, group_aggregates, trajectory_fates
 -- returns: partition, prompt_id, n_groups, dispatches, first_dispatch_step, last_dispatch_step,

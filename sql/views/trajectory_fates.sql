@@ -1,12 +1,15 @@
 -- name: trajectory_fates
 -- description: one row per trajectory in the lake (metadata, no token payload) with its group's
 --   dispatch step and fate; `fate` is `dropped` for a partial trajectory a re-issue discarded.
+--   A completed sibling that `resume` kept is one trajectory with one fate: the lake holds it
+--   twice (before the `reissued` event, and written again right after it; see restart_rows),
+--   and only the copy is listed.
 --   staleness / staleness_worst are at the step that trained it (sampled rows only), taken from
 --   the `provenance` view, where their formulas live. response_len is the token count stored at
 --   ingest (the payload is never read); prompt_id is the group's dataset id, dataset its
 --   dataset name.
 -- params: none
--- reads: trajectories, groups, provenance
+-- reads: trajectories, restart_rows, groups, provenance
 -- returns: partition, uid, session_id, index, seq, min_global_steps, max_global_steps, span,
 --   reward, reward_info, response_len, is_padding, global_steps, fate, reason, batch_id, fate_step,
 --   staleness, staleness_worst, prompt_id, dataset
@@ -16,6 +19,10 @@ trajs as (
         partition, uid, session_id, index, seq, min_global_steps, max_global_steps, reward,
         reward_info, n_response_tokens as response_len, is_padding
     from trajectories
+),
+-- a row a re-issue kept is represented by its copy (see restart_rows)
+kept as (
+    select partition, uid, seq from restart_rows where kept
 ),
 grps as (
     select partition, uid, global_steps, reissued_seq, fate, reason, batch_id, fate_step,
@@ -44,6 +51,7 @@ joined as (
         g.dataset
     from trajs as t
     left join grps as g on g.partition = t.partition and g.uid = t.uid
+    anti join kept as k on k.partition = t.partition and k.uid = t.uid and k.seq = t.seq
 ),
 
 final as (

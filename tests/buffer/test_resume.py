@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import ConfigError, IngestError, ReplayBuffer
+from pipeline import ConfigError, IngestError, ReplayBuffer, UnknownBatchError
 from pipeline.analysis.views import connect
 from pipeline.lake.writer import read_table
 from tests.support.lake import add_group, traj
@@ -95,3 +95,52 @@ def test_dapo_filters_a_resumed_group_on_kept_and_new_rewards(lake):
         dec = read_table(lake, "decisions").to_pylist()
         evicted = [(d["uid"], d["reason"], d["value"]) for d in dec if d["kind"] == "evict"]
         assert evicted == [("part", "zero_variance", 1.0)] and asked == [1]   # and replaced
+
+
+def test_the_reissued_events_count_the_rows_kept_and_each_kept_sibling_has_one_fate(lake):
+    crashed(lake)
+    with ReplayBuffer.sync(lake=lake) as buf:
+        buf.resume(5)
+        buf.put([traj("part", 1, min_gs=4, max_gs=4, reward=0.0)])
+        buf.update_status(partition="train", uids=["part"], status="finished")
+    kept = {r["uid"]: r["kept_rows"] for r in read_table(lake, "group_events").to_pylist()
+            if r["event"] == "reissued"}
+    assert kept == {"full": 3, "part": 2, "empty": 0, "free": 1}
+    con = connect(lake)
+    rows = con.sql("select uid, session_id, fate, count(*) from trajectory_fates "
+                   "where uid in ('full', 'part', 'free') group by all order by all").fetchall()
+    # the lake holds each kept sibling twice (before and after the reissued event): one fate
+    assert rows == [("free", 0, "live", 1), ("full", 0, "live", 1), ("full", 1, "live", 1),
+                    ("full", 2, "live", 1), ("part", 0, "live", 1), ("part", 1, "live", 1),
+                    ("part", 2, "live", 1)]
+    assert con.sql("select count(*) from trajectory_fates where fate = 'dropped'"
+                   ).fetchall() == [(0,)]
+
+
+def test_a_plain_reissue_records_no_kept_rows_and_its_rows_read_as_dropped(lake):
+    crashed(lake)
+    with ReplayBuffer.sync(lake=lake) as buf:
+        buf.reissue(5)
+    kept = {r["uid"]: r["kept_rows"] for r in read_table(lake, "group_events").to_pylist()
+            if r["event"] == "reissued"}
+    assert kept == {"full": 0, "part": 0, "empty": 0, "free": 0}
+    assert connect(lake).sql("select count(*) from trajectory_fates where fate = 'dropped'"
+                             ).fetchall() == [(6,)]
+
+
+def test_a_batch_held_across_a_restart_comes_back_as_sample_returned_it(lake):
+    with ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3) as buf:
+        add_group(buf, "a", 1, [0.0, 1.0])
+        add_group(buf, "b", 1, [1.0, 0.0, 1.0], min_gs=0, max_gs=1)
+        first = buf.sample(2, "train", 2, timeout=5)          # never released: the crash
+    with ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3) as buf:
+        again = buf.held_batch(first.batch_id)
+        assert (again.batch_id, again.step, again.partition, again.uids) == \
+            (first.batch_id, first.step, first.partition, first.uids)
+        assert again.table.drop_columns(["ts"]).equals(first.table.drop_columns(["ts"]))
+        assert again.off_policy_metrics == first.off_policy_metrics
+        assert again.eviction_metrics == {}          # those were the first call's
+        buf.release(again)
+        assert buf.held_batches("train") == {}
+        with pytest.raises(UnknownBatchError, match="held_batches"):
+            buf.held_batch(first.batch_id)

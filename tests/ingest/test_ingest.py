@@ -265,6 +265,20 @@ def test_nan_reward_is_rejected(seeded):
              "reward", (1,))
 
 
+@pytest.mark.parametrize("bad", [-0.001, math.nan, math.inf])
+def test_generation_seconds_must_be_finite_and_not_negative(seeded, bad):
+    rejected(seeded, lambda: seeded.put([traj("fresh", 0, generation_s=0.5),
+                                         traj("fresh", 1, generation_s=bad)]),
+             "generation_s", (1,))
+
+
+def test_generation_seconds_are_optional_and_stored_as_given(seeded):
+    seeded.put([traj("fresh", 0, generation_s=0.0), traj("fresh", 1)])
+    stored = read_table(seeded.lake_dir, "trajectories").filter(
+        pa.compute.equal(pa.compute.field("uid"), "fresh"))
+    assert stored.column("generation_s").to_pylist() == [0.0, None]
+
+
 def test_nan_filter_metric_is_rejected_when_the_filter_needs_it(lake):
     with ReplayBuffer.async_(lake=lake, filter_groups_metric="acc",
                              refill_fn=lambda n: None) as buf:
