@@ -123,7 +123,7 @@ def run_size(n_traj: int, repeats: int, rng, policy: str = "drop") -> dict:
     gs = rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=n_groups)
     _fill(buf, ref, uids, gs, rng)
     build_s = time.perf_counter() - t0
-    ours, alone, ours_decide, theirs, capacity = [], [], [], [], []
+    ours, alone, ours_decide, theirs, capacity, masked = [], [], [], [], [], []
     top = 0
     for r in range(WARMUP + repeats):
         for counted in ((True, False) if r % 2 == 0 else (False, True)):
@@ -150,6 +150,7 @@ def run_size(n_traj: int, repeats: int, rng, policy: str = "drop") -> dict:
                                    f"marked {len(ref.marked)}")
             # top up (untimed) to the stated size; the next call then sees only its 16 new groups
             # (under mask the batch took the stale ones: those were never part of the size)
+            masked.append(len(batch.masked))
             k = BATCH - len(batch.masked)
             refill = [f"t{top + i}" for i in range(k)]
             top += k
@@ -161,7 +162,7 @@ def run_size(n_traj: int, repeats: int, rng, policy: str = "drop") -> dict:
     theirs = theirs[2 * WARMUP:]
     med = statistics.median
     return {"policy": policy, "trajectories": n_traj, "groups": n_groups,
-            "build_s": round(build_s, 2),
+            "build_s": round(build_s, 2), "masked_per_call": med(masked),
             "ours_decision_ms": med(ours_decide) * 1e3, "ours_sample_ms": med(ours) * 1e3,
             "ours_capacity_ms": med(capacity) * 1e3,
             "ours_sample_alone_ms": med(alone) * 1e3,
