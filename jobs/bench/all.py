@@ -197,7 +197,7 @@ def decide_figures(s: Sizes) -> list[dict[str, Any]]:
                               "naive reference buffer ms", r["reference_ms"], r[speed],
                               "x the naive reference's speed", goal, meets))
         if n == 10_000:   # a declared order keeps its own heap: the same goal holds with it on
-            d = run_size(n, s.decide_repeats, rng, "spread_first")
+            d = run_size(n, s.decide_repeats, rng, order="spread_first")
             ms = d["ours_sample_alone_ms"]
             out.append(figure(f"sample alone, selection_order spread_first, {n:,} buffered "
                               "trajectories", ms, "ms", "naive reference buffer ms",

@@ -14,15 +14,23 @@ aggregates computed untimed), so every timed call sees the stated buffer size an
 The first rounds of each size warm the process up and are not counted (a training run calls
 `sample` thousands of times; its first calls are not what it spends its time on).
 
-Each size runs once per selection order asked (`--orders`): the declared orders keep a second
-heap keyed by the group's aggregates, and their rows show what that costs. The reference stays
-verl's oldest-first (the naive way of any order is the same full sort).
+Each size runs under the staleness policies asked (`POLICIES`): ``drop`` (verl's: the stale
+groups are evicted), ``mask`` (they stay and are trained loss-masked: the batch takes the 16
+stale groups, marked, and the top-up replaces only the others) and ``per-dataset`` (drop under
+``{"math": 4, "code": 8, "*": 6}``, the groups' datasets cycling through math, code and web,
+which the mapping does not name; the stale groups are dispatched one step past the loosest
+bound, so every dataset evicts its share). The reference applies the same policy.
+Each declared selection order asked (`--orders`, besides oldest-first) adds a row under
+``drop``: the declared orders keep a second heap keyed by the group's aggregates, and their rows
+show what that costs. The reference stays oldest-first (the naive way of any order is the same
+full sort).
 """
 from __future__ import annotations
 
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,60 +39,101 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.bench.out import result_path
+from pipeline.errors import ConfigError
 
 BATCH, PER_GROUP, THRESHOLD, STEP, STALE_PER_CALL = 64, 4, 4, 100, 16
 WARMUP = 3       # rounds run before the timed ones, per size
+BOUNDS = {"math": 4, "code": 8, "*": 6}     # the per-dataset policy's bounds
+DATASETS = ("math", "code", "web")          # web: not in BOUNDS, held to the "*" default
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A staleness policy as the buffer takes it and as the reference applies it."""
+
+    strategy: str
+    threshold: int | dict[str, int]
+    datasets: bool = False       # groups registered with a dataset (cycling through DATASETS)
+
+    def bound(self, dataset: str | None) -> int:
+        if isinstance(self.threshold, int):
+            return self.threshold
+        return self.threshold.get(dataset, self.threshold["*"]) if dataset else \
+            self.threshold["*"]
+
+    def loosest(self) -> int:
+        t = self.threshold
+        return t if isinstance(t, int) else max(t.values())
+
+
+POLICIES = {"drop": Policy("drop", THRESHOLD), "mask": Policy("mask", THRESHOLD),
+            "per-dataset": Policy("drop", BOUNDS, datasets=True)}
 
 
 class ReferenceBuffer:
-    """verl's decision, naively: full re-listing, list filters, a full sort per call."""
+    """verl's decision, naively: full re-listing, list filters, a full sort per call; a stale
+    group is evicted (``drop``) or kept and marked (``mask``), by its dataset's bound."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Policy = POLICIES["drop"]) -> None:
         self.groups: dict[str, dict] = {}
+        self.policy = policy
 
     def sample(self, g: int, batch_size: int) -> list[str]:
         listing = list(self.groups.items())
+        marked = set()
         for uid, meta in listing:
-            if meta["status"] == "finished" and g - meta["global_steps"] + 1 > THRESHOLD:
-                del self.groups[uid]
+            if meta["status"] == "finished" and \
+                    g - meta["global_steps"] + 1 > self.policy.bound(meta["dataset"]):
+                if self.policy.strategy == "mask":
+                    marked.add(uid)
+                else:
+                    del self.groups[uid]
         ready = [(meta["global_steps"], uid) for uid, meta in self.groups.items()
                  if meta["status"] in ("finished", "failure")]
         ready.sort(key=lambda x: x[0])
         chosen = [uid for _, uid in ready[:batch_size]]
         for uid in chosen:
             del self.groups[uid]
+        self.marked = [u for u in chosen if u in marked]
         return chosen
 
 
 def _fill(buf, ref: ReferenceBuffer, uids: list[str], gs_values: np.ndarray, rng) -> None:
     from jobs.synthetic import trajectories
+    names = DATASETS if ref.policy.datasets else (None,)
     for gs in np.unique(gs_values):
         part = [u for u, s in zip(uids, gs_values) if s == gs]
-        buf.register(partition="train", uids=part, global_steps=int(gs))
+        sets = [names[i % len(names)] for i in range(len(part))]
+        buf.register(partition="train", uids=part, global_steps=int(gs),
+                     dataset=sets if ref.policy.datasets else None)
         rewards = rng.integers(0, 2, size=len(part) * PER_GROUP).astype(np.float64)
         buf.put(trajectories("train", part, PER_GROUP, version=max(int(gs) - 1, 0), rewards=rewards,
                              prompt_len=(2, 4), response_len=(2, 8), rng=rng, with_logprobs=False))
         buf.update_status(partition="train", uids=part, status="finished")
-        for u in part:
-            ref.groups[u] = {"status": "finished", "global_steps": int(gs)}
+        for u, d in zip(part, sets):
+            ref.groups[u] = {"status": "finished", "global_steps": int(gs), "dataset": d}
 
 
-def run_size(n_traj: int, repeats: int, rng, order: str = "oldest") -> dict:
+def run_size(n_traj: int, repeats: int, rng, policy: str = "drop",
+             order: str = "oldest") -> dict:
     from pipeline import ReplayBuffer
+    pol = POLICIES[policy]
+    stale_gs = STEP - pol.loosest() - 1     # group span loosest + 1: over every bound
     n_groups = n_traj // PER_GROUP
-    buf = ReplayBuffer.async_(max_off_policy_threshold=THRESHOLD, selection_order=order)
-    ref = ReferenceBuffer()
+    buf = ReplayBuffer.async_(max_off_policy_threshold=pol.threshold,
+                              max_off_policy_strategy=pol.strategy, selection_order=order)
+    ref = ReferenceBuffer(pol)
     t0 = time.perf_counter()
     uids = [f"g{i}" for i in range(n_groups)]
     gs = rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=n_groups)
     _fill(buf, ref, uids, gs, rng)
     build_s = time.perf_counter() - t0
-    ours, alone, ours_decide, theirs, capacity = [], [], [], [], []
+    ours, alone, ours_decide, theirs, capacity, masked = [], [], [], [], [], []
     top = 0
     for r in range(WARMUP + repeats):
         for counted in ((True, False) if r % 2 == 0 else (False, True)):
             stale = [f"s{r}_{int(counted)}_{i}" for i in range(STALE_PER_CALL)]
-            _fill(buf, ref, stale, np.full(STALE_PER_CALL, STEP - THRESHOLD - 1), rng)
+            _fill(buf, ref, stale, np.full(STALE_PER_CALL, stale_gs), rng)
             if counted:
                 t = time.perf_counter()
                 buf.get_sampleable_count(STEP, "train")   # aggregates + every rule, evicting nothing
@@ -101,18 +150,24 @@ def run_size(n_traj: int, repeats: int, rng, order: str = "oldest") -> dict:
             theirs.append(time.perf_counter() - t)
             if len(chosen) != BATCH or batch.num_groups != BATCH:
                 raise RuntimeError("benchmark lost groups: both sides must select a full batch")
+            if len(batch.masked) != len(ref.marked):
+                raise RuntimeError(f"benchmark: {len(batch.masked)} groups masked, the reference "
+                                   f"marked {len(ref.marked)}")
             # top up (untimed) to the stated size; the next call then sees only its 16 new groups
-            refill = [f"t{top + i}" for i in range(BATCH)]
-            top += BATCH
-            _fill(buf, ref, refill, rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=BATCH), rng)
+            # (under mask the batch took the stale ones: those were never part of the size)
+            masked.append(len(batch.masked))
+            k = BATCH - len(batch.masked)
+            refill = [f"t{top + i}" for i in range(k)]
+            top += k
+            _fill(buf, ref, refill, rng.integers(STEP - THRESHOLD + 1, STEP + 1, size=k), rng)
             buf.get_sampleable_count(STEP, "train")
     # the first rounds warm the process up (allocator, polars' caches): not counted
     ours, alone, ours_decide = ours[WARMUP:], alone[WARMUP:], ours_decide[WARMUP:]
     capacity = capacity[WARMUP:]
     theirs = theirs[2 * WARMUP:]
     med = statistics.median
-    return {"trajectories": n_traj, "groups": n_groups, "order": order,
-            "build_s": round(build_s, 2),
+    return {"policy": policy, "order": order, "trajectories": n_traj, "groups": n_groups,
+            "build_s": round(build_s, 2), "masked_per_call": med(masked),
             "ours_decision_ms": med(ours_decide) * 1e3, "ours_sample_ms": med(ours) * 1e3,
             "ours_capacity_ms": med(capacity) * 1e3,
             "ours_sample_alone_ms": med(alone) * 1e3,
@@ -128,6 +183,9 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
          repeats: int = typer.Option(15, help="timed sample calls per size and way of calling"),
          orders: str = typer.Option("oldest,spread_first", help="selection orders to time, "
                                     "comma-separated (oldest, spread_first, oldest_version)"),
+         policies: str = typer.Option(",".join(POLICIES),
+                                      help="staleness policies, comma-separated: "
+                                           + ", ".join(POLICIES)),
          out: Path = typer.Option(Path("runs/bench/decide.json"),
                                   help="where to write results (a directory: decide.json in it)"),
          seed: int = 0) -> None:
@@ -137,24 +195,33 @@ def main(sizes: str = typer.Option("10000,40000,100000,1000000",
         replaylake dev bench decide
         replaylake dev bench decide --sizes 10000,100000 --repeats 5
         replaylake dev bench decide --sizes 10000 --orders oldest,oldest_version
+        replaylake dev bench decide --sizes 10000 --policies mask,per-dataset
     """
     out = result_path(out, "decide.json")
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise ConfigError(f"--policies {policies!r}: unknown {unknown}; give some of "
+                          f"{', '.join(POLICIES)}, comma-separated")
     rng = np.random.default_rng(seed)
     console = Console()
     results = []
     for n in [int(s) for s in sizes.split(",")]:
-        for order in orders.split(","):
-            with console.status(f"building a buffer of {n:,} trajectories ({order}) ..."):
-                results.append(run_size(n, repeats, rng, order.strip()))
+        runs = [(name, "oldest") for name in names]
+        runs += [("drop", o.strip()) for o in orders.split(",") if o.strip() not in ("", "oldest")]
+        for name, order in runs:
+            with console.status(f"building a buffer of {n:,} trajectories ({name}, {order}) ..."):
+                results.append(run_size(n, repeats, rng, name, order))
     table = Table(title=f"sample, batch {BATCH}, {STALE_PER_CALL} stale evictions per call (ms; "
                         "x: times faster than the naive reference)", caption=(
                         "count: get_sampleable_count alone; capacity: dispatch_capacity after it; "
                         "after count: sample after both; alone: sample with nothing before it"))
-    for col in ("buffered", "order", "count", "capacity", "after count", "alone", "naive", "x count",
-                "x after", "x alone"):
+    for col in ("buffered", "policy", "order", "count", "capacity", "after count", "alone",
+                "naive", "x count", "x after", "x alone"):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(f"{r['trajectories']:,}", r["order"], f"{r['ours_decision_ms']:.2f}",
+        table.add_row(f"{r['trajectories']:,}", r["policy"], r["order"],
+                      f"{r['ours_decision_ms']:.2f}",
                       f"{r['ours_capacity_ms']:.2f}",
                       f"{r['ours_sample_ms']:.2f}", f"{r['ours_sample_alone_ms']:.2f}",
                       f"{r['reference_ms']:.2f}", f"{r['speedup_decision']:.1f}x",

@@ -41,7 +41,7 @@ class DemoConfig:
     batch_size: int = _flag(32, "prompts (groups) per step")
     n: int = 8                         # responses per prompt
     threshold: int | None = _flag(2, "max_off_policy_threshold: an int, or 'none'")
-    strategy: str = _flag("drop", "max_off_policy_strategy: drop | wait | admit")
+    strategy: str = _flag("drop", "max_off_policy_strategy: drop | wait | admit | mask")
     filter_metric: str | None = _flag("reward", "DAPO filter metric: reward, or 'none'")
     failure_rate: float = _flag(0.005, "probability that a session fails")
     ahead: int = _flag(3, "batches of prompts kept in the pipeline")

@@ -47,6 +47,10 @@ def _intro(cfg: DemoConfig) -> str:
         text += (" With strategy 'admit' the rollout side dispatches only as many prompts as "
                  "can be trained before they go stale (buf.dispatch_capacity), so staleness "
                  "evictions should not happen at all.")
+    if cfg.threshold is not None and cfg.strategy == "mask":
+        text += (" With strategy 'mask' a group that old is not evicted but trained with its "
+                 "loss switched off (batch.to_torch()['loss_mask']), so nothing is generated "
+                 "again for staleness.")
     return textwrap.fill(text, width=80)
 
 

@@ -151,12 +151,22 @@ def group_advantages(group: np.ndarray, rewards: torch.Tensor) -> torch.Tensor:
     return dev / (var.sqrt()[idx] + 1e-6)
 
 
+def trained_tokens(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tokens the loss counts, as float: ``loss_mask``, which `to_torch` returns as
+    ``response_mask`` with the rows of groups trained masked (``--strategy mask``: over the
+    staleness bound, kept in the batch with their loss switched off) zeroed; under every other
+    strategy it equals ``response_mask``. A hand-built batch without it counts every response
+    token."""
+    return tensors.get("loss_mask", tensors["response_mask"]).to(torch.float32)
+
+
 def grpo_loss(policy: Policy, tensors: dict[str, torch.Tensor], advantages: torch.Tensor,
               clip: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip surrogate with per-token importance ratios against the rollout log-probs
     (the behaviour policy may be a version or two behind, or two versions within one
-    response), averaged over all response tokens of the batch (token-mean)."""
-    mask = tensors["response_mask"].to(torch.float32)
+    response), averaged over the trained response tokens of the batch (token-mean over
+    `trained_tokens`: a masked stale row adds nothing, to the loss or to the count)."""
+    mask = trained_tokens(tensors)
     logp = policy.token_log_probs(tensors["input_ids"])
     ratio = torch.exp((logp - tensors["rollout_log_probs"]) * mask)
     adv = advantages.unsqueeze(1)

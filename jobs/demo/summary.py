@@ -8,6 +8,12 @@ prints runs as printed from the directory the demo was started in (jobs/demo/she
 Evictions and evicted groups are two counts: one sample call can evict a group for two reasons
 (stale *and* zero variance), which records two evictions of one group. The summary gives both,
 each under its own name, so the per-reason figures are never read as groups.
+
+What staleness cost is two more counts: the groups generated again because a group was evicted
+as stale (and for no other reason: a stale group with zero variance would have been replaced
+anyway), read from the refills' ``replaces``; and the rows trained masked (``--strategy mask``:
+selected with reason ``stale``, loss switched off). `drop` pays the first, `mask` the second,
+`admit` and `wait` neither.
 """
 from __future__ import annotations
 
@@ -37,6 +43,9 @@ class LakeSummary:
     span_mean: float = 0.0
     two_version_trajectories: int = 0
     two_version_batches: int = 0
+    stale_refills: int = 0                 # groups generated again for a stale-only eviction
+    masked_groups: int = 0                 # groups trained masked (selected with reason stale)
+    masked_rows: int = 0                   # their trajectories (non-padding)
     reward_first: float | None = None
     reward_last: float | None = None
     window: int = 10
@@ -68,6 +77,22 @@ def summarize(lake: str | Path, window: int = 10) -> LakeSummary:
         "select avg(staleness), avg(span), count(*) filter (where span > 1), "
         "count(distinct batch_id) filter (where span > 1) "
         "from trajectory_fates where fate = 'sampled' and not is_padding")
+    # a refill's `replaces` names the evicted groups it asked prompts for; one evicted as
+    # stale and for nothing else is generation staleness alone cost (a refill whose refill_fn
+    # raised served nothing: it has a refill_failed row of the same call and poll)
+    (stale_refills,) = one(
+        "with stale_only as (select partition, uid from decisions where kind = 'evict' "
+        "group by partition, uid having bool_and(reason = 'stale')), "
+        "served as (select r.partition, unnest(r.replaces) as uid from decisions as r "
+        "where r.kind = 'refill' and not exists (select 1 from decisions as f "
+        "where f.kind = 'refill_failed' and f.partition = r.partition "
+        "and f.call_id = r.call_id and f.poll = r.poll)) "
+        "select count(*) from served join stale_only using (partition, uid)")
+    masked_groups, masked_rows = one(
+        "select count(distinct (d.partition, d.batch_id, d.uid)), "
+        "count(*) filter (where not p.is_padding) from decisions as d "
+        "join provenance as p on p.partition = d.partition and p.batch_id = d.batch_id "
+        "and p.uid = d.uid where d.kind = 'select' and d.reason = 'stale'")
     (last_step,) = one("select coalesce(max(global_steps), 0) from groups")
     first, last = one(
         f"select avg(reward) filter (where global_steps <= {int(window)}), "
@@ -83,6 +108,8 @@ def summarize(lake: str | Path, window: int = 10) -> LakeSummary:
                    for r in [*REASONS, *sorted(set(evictions) - set(REASONS))]},
         staleness_mean=float(stal or 0.0), span_mean=float(span or 0.0),
         two_version_trajectories=int(two_traj or 0), two_version_batches=int(two_batches or 0),
+        stale_refills=int(stale_refills), masked_groups=int(masked_groups),
+        masked_rows=int(masked_rows or 0),
         reward_first=first, reward_last=last, window=window,
         example_uid=example[0] if example else None)
 
@@ -165,6 +192,10 @@ def render(s: LakeSummary, *, run_dir: Path, lake: Path, wandb_dir: Path | None,
         *("                       " + x for x in by_reason[1:]),
         f"  staleness            {s.staleness_mean:.2f} weight versions behind, on average "
         "(trained)",
+        f"  staleness cost       {s.stale_refills:,} groups generated again (stale-only "
+        "evictions),",
+        f"                       {s.masked_groups:,} trained masked ({s.masked_rows:,} "
+        "trajectories, loss off)",
         f"  span                 {s.span_mean:.3f} versions per trained trajectory; "
         f"{s.two_version_trajectories:,} of",
         f"                       them ({s.two_version_batches} of {s.steps} batches) straddle "

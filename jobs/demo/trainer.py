@@ -7,9 +7,10 @@ One step g, in the order an asynchronous RL trainer runs it:
 2. dispatch a batch's worth of new prompts, so generation runs on while the trainer trains
    (with `--strategy admit`, only as many as `buf.dispatch_capacity` allows, the rest later);
 3. ``batch.to_torch("padded")`` -> GRPO loss (per-token ratios against the rollout log-probs;
-   no KL term) -> one Adam step; with ``tis_cap`` the ratios are taken against the trainer's own
-   log-probs instead and each token is weighted by its truncated importance weight
-   (`tis_loss`);
+   no KL term; over the tokens of ``loss_mask``, so under `--strategy mask` the rows marked
+   stale count in their group's advantages but add nothing to the loss) -> one Adam step;
+   with ``tis_cap`` the ratios are taken against the trainer's own log-probs instead and each
+   token is weighted by its truncated importance weight (`tis_loss`);
 4. publish the new weights as version g; the workers pick them up before their next token;
 5. checkpoint (jobs/demo/resume.py), then ``buf.release(batch)`` -- the trajectories leave
    memory (they stay in the lake), and a released batch is always in the checkpoint.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from jobs.demo.policy import Policy, group_advantages, grpo_loss
+from jobs.demo.policy import Policy, group_advantages, grpo_loss, trained_tokens
 from jobs.demo.rollout import Rollout, WeightStore
 
 EVICTION_KEYS = {"stale": "training/off_policy/evicted_samples",
@@ -41,8 +42,8 @@ def tis_loss(policy: Policy, tensors: dict[str, torch.Tensor], advantages: torch
     """PPO-clip against the trainer's own log-probs (the weights before this step's update), each
     token weighted by its truncated importance weight ``min(pi_old / pi_rollout, cap)``, detached
     (truncated IS): the behaviour gap of an off-policy token is corrected without letting one
-    token's huge ratio dominate the step. Token-mean over response tokens, as `grpo_loss`."""
-    mask = tensors["response_mask"].to(torch.float32)
+    token's huge ratio dominate the step. Token-mean over the trained tokens, as `grpo_loss`."""
+    mask = trained_tokens(tensors)
     logp = policy.token_log_probs(tensors["input_ids"])
     old = logp.detach()
     ratio = torch.exp((logp - old) * mask)

@@ -97,7 +97,9 @@ class Batch:
     names); ``metric_weights`` merge their means across calls (`StepAggregator.add(batch)`);
     ``filtered_reward_counts`` is the `{value: count}` of the zero-variance groups evicted;
     ``bound`` / ``strategy``: the staleness bound in force at the selection (recorded with it in
-    the lake; ``certificate`` checks every row against it).
+    the lake; ``certificate`` checks every row against it); ``group_bounds``: each group's own
+    (uid -> bound), which differs from ``bound`` only under per-dataset bounds, where ``bound``
+    is the loosest of them.
     """
 
     table: pa.Table
@@ -112,6 +114,7 @@ class Batch:
     bound: int | None = None          # the staleness bound it was chosen under (group span)
     strategy: str | None = None       # what set the bound: drop | wait | admit | mask
     masked: list[str] = field(default_factory=list)   # mask: the groups trained loss-masked
+    group_bounds: dict[str, int | None] = field(default_factory=dict)   # uid -> its own bound
 
     @property
     def certificate(self) -> Any:

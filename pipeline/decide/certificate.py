@@ -7,12 +7,19 @@ bound a run promised can be checked after the fact. The bound is recorded with e
 decision (`decisions.bound`, `decisions.strategy`), so the lake's `certificates` view serves the
 same rows from disk, and the audit `certificate_holds` lists every trained row over its bound.
 
+Under per-dataset bounds (``max_off_policy_threshold={"math": 4, "*": 6}``) the bound in force
+is each group's own: its dataset's, or the ``"*"`` default for a dataset the mapping does not name
+(or none). Each `select` row records that bound, so a math row is held to 4 while a code row of
+the same batch is held to 6; the batch's ``bound`` is the loosest of its groups' (what the
+`batches` view shows: the largest bound of its selections).
+
 The rows are the provenance formulas (sql/metrics/provenance.sql) over the batch's own table,
 and the verdict is the `certified` step of sql/views/certificates.sql compiled for polars: one
 text for both engines. Built on first use of `Batch.certificate`, so `sample` pays nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,12 +60,25 @@ def bound_in_force(cfg: BufferConfig) -> tuple[int | None, str | None]:
     return None, None
 
 
+def group_bounds(cfg: BufferConfig, datasets: Mapping[str, str | None]
+                 ) -> dict[str, int | None]:
+    """The bound in force for each chosen group (uid -> its dataset, ``datasets``): its dataset's
+    bound while the `stale` rule judges each group by it (`drop`, `admit`; the default for a
+    dataset the mapping does not name), else the one bound of `bound_in_force` for every group."""
+    if cfg.bound() is not None:
+        bounds = cfg.stale.bounds()
+        return {u: bounds.of(d) for u, d in datasets.items()}
+    one = bound_in_force(cfg)[0]
+    return dict.fromkeys(datasets, one)
+
+
 @dataclass(frozen=True)
 class Certificate:
     """One batch's staleness certificate.
 
     ``bound``: the largest group span (trainer step - dispatch step + 1) a group of the batch may
-    be trained at, None when unbounded; ``strategy``: what set it (``drop`` | ``wait`` | ``admit``
+    be trained at, None when unbounded (under per-dataset bounds the loosest of its groups'; each
+    row's own is its ``bound`` column); ``strategy``: what set it (``drop`` | ``wait`` | ``admit``
     | ``mask``; under ``mask`` the violations are the masked rows).
     ``rows``: one row per trajectory (`COLUMNS`: versions, staleness, group span, tokens covered
     by version spans, ``over_bound``), as the lake's `certificates` view serves them."""
@@ -89,8 +109,10 @@ def of_batch(batch: Batch) -> Certificate:
     uids = table.column("uid").to_pylist()
     steps = dict(zip(uids, table.column("global_steps").to_pylist()))
     rows = batch_rows(table, batch_id=batch.batch_id, step=batch.step, group_steps=steps)
-    rows = rows.with_columns(bound=pl.lit(batch.bound, pl.Int64),
-                             strategy=pl.lit(batch.strategy, pl.String))
+    bound = (pl.col("uid").replace_strict(batch.group_bounds, default=batch.bound,
+                                          return_dtype=pl.Int64)
+             if batch.group_bounds else pl.lit(batch.bound, pl.Int64))
+    rows = rows.with_columns(bound=bound, strategy=pl.lit(batch.strategy, pl.String))
     items = declared.compiled_items(VIEW, STEP)
     rows = rows.with_columns(*(e.alias(k) for k, e in items.items())).select(COLUMNS)
     return Certificate(batch.partition, batch.batch_id, batch.step, batch.bound, batch.strategy,

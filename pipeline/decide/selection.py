@@ -17,7 +17,7 @@ from pipeline.config import BufferConfig, metric_prefix
 from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
 from pipeline.decide.batch import Batch, batch_rows, with_provenance
-from pipeline.decide.certificate import bound_in_force
+from pipeline.decide.certificate import bound_in_force, group_bounds
 from pipeline.decide.metrics import (
     MASKED_SAMPLES,
     STALENESS_MIN,
@@ -74,8 +74,10 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     batch_id = state.next_batch_id()
     rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
     spans = _spans(rows, chosen, steps, ctx.step)
-    if cfg.bound() is not None:     # each group its own bound (its dataset's, else the default)
-        over = [u for u in chosen if spans[u] > cfg.bound_of(part.groups[u].dataset)]
+    # each group its own bound in force (under per-dataset bounds its dataset's, else the default)
+    bounds = group_bounds(cfg, {u: part.groups[u].dataset for u in chosen})
+    if cfg.bound() is not None:
+        over = [u for u in chosen if spans[u] > bounds[u]]
         if over:
             raise InvariantError(f"selected groups exceed their staleness bound "
                                  f"({cfg.stale.given()!r}): {over[:5]}")
@@ -110,16 +112,18 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         opm[f"{prefix}/{MASKED_SAMPLES}"] = masked_rows(table)
     _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
     in_force, strategy = bound_in_force(cfg)
+    if cfg.stale.by_dataset and in_force is not None and bounds:
+        in_force = max(bounds.values())     # the loosest of its groups', as the lake's `batches`
     batch = Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
                   dict(acc.reward_counts), bound=in_force, strategy=strategy,
-                  masked=[u for u in chosen if u in stale])
+                  masked=[u for u in chosen if u in stale], group_bounds=bounds)
     metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
                     "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
     state.commit("decisions", decision_rows(
         "select", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
         uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id,
         reason=[MASKED if u in stale else None for u in chosen] if stale else None,
-        bound=in_force, strategy=strategy))
+        bound=[bounds[u] for u in chosen], strategy=strategy))
     part.undelivered = (batch, metric_rows, call_id)
     deliver(state, part)
     return batch

@@ -6,8 +6,8 @@
 --   `admit` passes 'stale': those groups would not have been dispatched at all, so they count
 --   as generation saved, not wasted; '' saves nothing); what is still live in the buffer at the
 --   end of the lake; and the evicted groups per reason, saved ones left out (a group evicted for
---   two reasons counts under both). Generation seconds are the `generation_s` entry of
---   `reward_info`, summed where rollouts recorded it (null when no trajectory did).
+--   two reasons counts under both). Generation seconds are the trajectories' `generation_s`,
+--   summed where rollouts recorded it (null when no trajectory did).
 -- params: saved_reason VARCHAR
 -- reads: groups, trajectory_fates, decisions
 -- returns: trained_groups, trained_trajectories, generated_trajectories, generated_tokens,
@@ -29,7 +29,7 @@ trajs as (
     select
         case when t.fate = 'dropped' then 'wasted' else coalesce(g.class, 'live') end as class,
         t.response_len,
-        t.reward_info['generation_s'] as generation_s
+        t.generation_s
     from trajectory_fates as t
     left join grps as g on g.partition = t.partition and g.uid = t.uid
     where not t.is_padding

@@ -2,7 +2,8 @@
 -- description: one row per batch handed out: step, call, group and trajectory counts, the
 --   trajectory staleness at the step it was sampled (non-padding rows, from the `provenance`
 --   view), the largest group span logged with its selections, and the staleness bound recorded
---   with them (bound: the largest group span allowed, null = unbounded or not recorded;
+--   with them (bound: the largest group span allowed, null = unbounded or not recorded; under
+--   per-dataset bounds each selection records its group's own and this is the loosest of them;
 --   strategy: what set it; see the `certificates` view)
 -- params: none
 -- reads: decisions, provenance

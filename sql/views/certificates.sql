@@ -1,7 +1,8 @@
 -- name: certificates
 -- description: the staleness certificate of every batch, one row per trajectory it trained:
 --   the bound in force when its group was selected (recorded with the `select` decision: the
---   largest group span allowed, null = unbounded or a lake written before it was recorded) and
+--   largest group span allowed, null = unbounded or a lake written before it was recorded;
+--   under per-dataset bounds the group's own: its dataset's, else the mapping's default) and
 --   the strategy that set it, the versions that produced the row (min / max global steps; with
 --   version spans, span_tokens = the tokens whose version is known and token_staleness_max = the
 --   staleness of its oldest token), its staleness at the step, the group span, and over_bound:

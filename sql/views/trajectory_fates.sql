@@ -7,17 +7,17 @@
 --   staleness / staleness_worst are at the step that trained it (sampled rows only), taken from
 --   the `provenance` view, where their formulas live. response_len is the token count stored at
 --   ingest (the payload is never read); prompt_id is the group's dataset id, dataset its
---   dataset name.
+--   dataset name; generation_s the rollout seconds the row took, where the rollout recorded it.
 -- params: none
 -- reads: trajectories, restart_rows, groups, provenance
 -- returns: partition, uid, session_id, index, seq, min_global_steps, max_global_steps, span,
 --   reward, reward_info, response_len, is_padding, global_steps, fate, reason, batch_id, fate_step,
---   staleness, staleness_worst, prompt_id, dataset
+--   staleness, staleness_worst, prompt_id, dataset, generation_s
 with
 trajs as (
     select
         partition, uid, session_id, index, seq, min_global_steps, max_global_steps, reward,
-        reward_info, n_response_tokens as response_len, is_padding
+        reward_info, n_response_tokens as response_len, is_padding, generation_s
     from trajectories
 ),
 -- a row a re-issue kept is represented by its copy (see restart_rows)
@@ -65,7 +65,8 @@ final as (
         p.staleness,
         p.staleness_worst,
         j.prompt_id,
-        j.dataset
+        j.dataset,
+        j.generation_s
     from joined as j
     left join trained as p
         on j.fate = 'sampled' and p.partition = j.partition and p.batch_id = j.batch_id

@@ -31,7 +31,7 @@ def test_a_mapping_with_a_default_gives_each_dataset_its_bound() -> None:
     assert DEFAULT_KEY == "*"
     assert [cfg.bound_of(d) for d in ("math", "code", "web", None)] == [2, 4, 3, 3]
     assert cfg.stale.given() == BOUNDS
-    assert cfg.bound() == 4                      # what a whole batch is certified under
+    assert cfg.bound() == 4                      # the loosest; each group keeps its own
     assert async_config(max_off_policy_threshold={"*": 5}).bound_of("math") == 5
 
 
@@ -137,3 +137,33 @@ def test_a_what_if_replays_a_recorded_run_under_per_dataset_bounds(tmp_path: Pat
     evicted = connect(tmp_path / "out" / "lake").sql(
         "select uid from decisions where kind = 'evict' and reason = 'stale'").fetchall()
     assert evicted == [("m-over",)]
+
+
+# --- the certificate -----------------------------------------------------------------------------
+
+def test_each_row_is_certified_under_its_own_datasets_bound_live_and_in_the_lake(
+        tmp_path: Path) -> None:
+    """The four groups left are each exactly at their bound (math 2, code 4, and the default 3
+    for `web`, which the mapping does not name, and for a group without a dataset): every row
+    is recorded under its own bound, not the loosest (4), and holds."""
+    lake = tmp_path / "lake"
+    with _buffer(lake) as buf:
+        batch = buf.sample(global_steps=STEP, partition_id="train", batch_size=4)
+    want = {u: (BOUNDS.get(d, BOUNDS[DEFAULT_KEY]) if d else BOUNDS[DEFAULT_KEY], span)
+            for u, d, span in GROUPS if u not in OVER}
+    assert {u: b for u, (b, _) in want.items()} == {"math-at": 2, "code-at": 4, "web-at": 3,
+                                                      "none-at": 3}
+    assert all(b == span for b, span in want.values())          # each one exactly at its bound
+    cert = batch.certificate
+    got = {r["uid"]: (r["bound"], r["group_span"]) for r in cert.rows.to_pylist()}
+    assert got == want
+    assert batch.group_bounds == {u: b for u, (b, _) in want.items()}
+    assert (cert.bound, batch.bound, cert.strategy) == (4, 4, "drop")  # the loosest of the batch
+    assert cert.holds
+    con = connect(lake)
+    assert con.sql("select * from certificates order by seq").to_arrow_table().to_pylist() == \
+        cert.rows.to_pylist()
+    assert dict(con.sql("select uid, bound from decisions where kind = 'select'").fetchall()) == \
+        {u: b for u, (b, _) in want.items()}
+    assert con.sql("select bound from batches").fetchall() == [(4,)]
+    assert run(con, "certificate_holds").num_rows == 0

@@ -80,7 +80,12 @@ class VerlBuffer:
     verl re-issues in-flight prompts after a restart, keep their completed sessions (the core's
     `resume`) instead of dropping them; for a rollout side that leaves those sessions' keys in
     TransferQueue and generates only the missing ones (`missing_sessions(partition_id)` lists
-    them per uid). Every option except
+    them per uid). ``dataset_field`` (default None: no group has a dataset, as in verl): the
+    prompt-key field naming each prompt's dataset, e.g. ``"data_source"``; read once per new
+    prompt when it is registered, it lets ``max_off_policy_threshold`` map datasets to bounds
+    (``{"math": 4, "code": 8, "*": 6}``) and the starvation signal count by dataset. verl
+    stores prompt fields only outside ``trainer_mode="sync"``; a prompt whose field cannot be read
+    gets no dataset (the ``"*"`` bound) and is named in a warning. Every option except
     ``refill_fn`` may also come in ``sampler_kwargs`` (verl's custom-sampler hook passes nothing
     else)."""
 
@@ -95,7 +100,8 @@ class VerlBuffer:
                  lake_dir: str | os.PathLike | None = None, max_num_gen_batches: int = 0,
                  mirror_fields: str = "auto", fsync: bool = False,
                  max_response_length: int | None = None, rules: Any = None,
-                 mirror_max_lag: float | None = None, reuse_siblings: bool = False) -> None:
+                 mirror_max_lag: float | None = None, reuse_siblings: bool = False,
+                 dataset_field: str | None = None) -> None:
         opts = vo.merge({
             "poll_interval": poll_interval, "refill_fn": refill_fn,
             "filter_groups_metric": filter_groups_metric, "train_batch_size": train_batch_size,
@@ -104,8 +110,10 @@ class VerlBuffer:
             "fsync": fsync, "max_response_length": max_response_length, "rules": rules,
             "max_num_gen_batches": max_num_gen_batches, "mirror_fields": mirror_fields,
             "mirror_max_lag": mirror_max_lag, "reuse_siblings": reuse_siblings,
+            "dataset_field": dataset_field,
         }, sampler_kwargs)
         opts["mirror_max_lag"] = check_max_lag(opts["mirror_max_lag"])
+        opts["dataset_field"] = vo.check_dataset_field(opts["dataset_field"])
         config = vo.core_config(self._preset, opts, max_off_policy_threshold,
                                 max_off_policy_strategy)
         vo.mirror_mode(opts["mirror_fields"], opts["lake_dir"], config)   # refused here, not later
@@ -141,7 +149,7 @@ class VerlBuffer:
             mode = vo.mirror_mode(self.mirror_fields, self.lake_dir, self.core.config)
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric,
-                reuse=bool(self.reuse_siblings))
+                reuse=bool(self.reuse_siblings), dataset_field=self.dataset_field)
             if self.mirror_max_lag is not None and self._background is None:
                 self._background = BackgroundMirror(self, self._lock, self.mirror_max_lag)
         return m

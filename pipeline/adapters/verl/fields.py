@@ -80,6 +80,17 @@ def extra_of(row: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def dataset_name(row: Any) -> str | None:
+    """A prompt's dataset from its field value (a str, or tensordict's NonTensorData around
+    one); None when the field is absent, not written yet, or not a non-empty str."""
+    if row is MISSING or row is NOT_READY or row is None:
+        return None
+    value = getattr(row, "data", row)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value if isinstance(value, str) and value else None
+
+
 def reward_info_of(extra: dict[str, Any] | None) -> list[tuple[str, float]] | None:
     """Named reward metrics (`extra_fields["reward_extra_info"]`) that are numbers; others (lists,
     strings) cannot be a filter metric (verl's `float()` would fail on them) and are left out."""

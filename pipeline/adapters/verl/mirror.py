@@ -35,6 +35,7 @@ import logging
 import time
 from typing import Any
 
+from pipeline.adapters.verl.fields import dataset_name, read_fields
 from pipeline.adapters.verl.keys import (
     IGNORED,
     PROMPT,
@@ -63,8 +64,11 @@ class PartitionMirror:
     `full` also the token payload."""
 
     def __init__(self, core: Any, tq: Any, partition: str, fields: str,
-                 filter_metric: str | None, reuse: bool = False):
+                 filter_metric: str | None, reuse: bool = False,
+                 dataset_field: str | None = None):
         self.core, self.tq, self.partition, self.fields = core, tq, partition, fields
+        self.dataset_field = dataset_field   # prompt field naming its dataset (None: not read)
+        self.datasets_unread = 0             # prompts registered without it (field not readable)
         self.reuse = reuse        # verl re-issued prompts keep their completed sessions
         self.missing: dict[str, list[int] | None] = {}   # ... and these are still to generate
         self.filter_metric = None if is_validation(partition) else filter_metric
@@ -142,10 +146,12 @@ class PartitionMirror:
                 if u in self.watch:
                     self.watch[u] = "pending"
         if registers:
+            rows = {"partition": [self.partition] * len(registers), "uid": registers,
+                    "global_steps": [listing[u]["global_steps"] for u in registers]}
+            if self.dataset_field is not None:
+                rows["dataset"] = self._datasets(registers)
             try:
-                self.core.register({"partition": [self.partition] * len(registers),
-                                    "uid": registers,
-                                    "global_steps": [listing[u]["global_steps"] for u in registers]})
+                self.core.register(rows)
             except Exception:
                 for u in registers:          # rejected whole: they are new again next poll
                     self.kind.pop(u, None)
@@ -158,6 +164,24 @@ class PartitionMirror:
             self._clear_orphans()
         self.listed_at = began
         self.fresh_epoch = self.epoch
+
+    def _datasets(self, uids: list[str]) -> list[str | None]:
+        """Each new prompt's dataset: its ``dataset_field`` field (one read for all of them). A
+        prompt without it (verl's sync trainer mode stores no prompt fields; or not written yet)
+        or with a value that is not a non-empty name gets None, the mapping's default bound;
+        the first such poll warns, naming them (`datasets_unread` counts them all)."""
+        got = read_fields(self.tq, self.partition, uids, [self.dataset_field])[self.dataset_field]
+        out = [dataset_name(v) for v in got]
+        unread = [u for u, d in zip(uids, out) if d is None]
+        if unread:
+            first = self.datasets_unread == 0
+            self.datasets_unread += len(unread)
+            say = log.warning if first else log.debug
+            say("verl adapter: %d prompt(s) of partition %r have no readable %r field and are "
+                "registered without a dataset (the default bound applies): %s; verl stores "
+                "prompt fields only outside trainer_mode='sync'", len(unread), self.partition,
+                self.dataset_field, unread[:5])
+        return out
 
     def _new_keys(self, listing: dict[str, dict]) -> list[str]:
         """Keys not seen before, in listing (= TransferQueue registration) order. New keys are

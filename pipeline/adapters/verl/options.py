@@ -25,7 +25,8 @@ VERL_DEFAULTS: dict[str, Any] = {
 # `rules` mapping, and `max_response_length` as shorthand for its overlong entry)
 EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "mirror_fields": "auto",
                                   "max_response_length": None, "rules": None, "fsync": False,
-                                  "mirror_max_lag": None, "reuse_siblings": False}
+                                  "mirror_max_lag": None, "reuse_siblings": False,
+                                  "dataset_field": None}
 SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
 MIRROR_FIELDS = ("auto", "decisions", "rewards", "full")
 
@@ -85,6 +86,15 @@ def mirror_mode(mode: str, lake_dir: Any, config: BufferConfig) -> str:
         raise ConfigError(f"mirror_fields={mode!r} does not read the response tokens, which rule(s) "
                           f"{needs} compare lengths of; use mirror_fields='full' or 'auto'")
     return mode
+
+
+def check_dataset_field(value: Any) -> str | None:
+    """``dataset_field``: None (the default: groups carry no dataset, as in verl), or the name of
+    the prompt-key field that holds each prompt's dataset (verl writes ``data_source``)."""
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise ConfigError(f"dataset_field={value!r}: give the name of the prompt field that names "
+                      "each prompt's dataset (e.g. 'data_source', which verl writes), or None")
 
 
 def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any) -> BufferConfig:

@@ -125,3 +125,29 @@ def test_grpo_loss_clips_ratios_far_from_the_rollout_policy():
     _, stats = grpo_loss(policy, batch, torch.tensor([1.0, -0.5, 0.5]), clip=0.2)
     assert stats["train/ratio_mean"] == pytest.approx(float(np.e), rel=1e-4)
     assert stats["train/clip_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("which", ["grpo", "tis"])
+def test_a_row_zeroed_in_loss_mask_adds_nothing_to_the_loss(which):
+    """`--strategy mask`: the batch's ``loss_mask`` zeroes the rows of a group trained over the
+    staleness bound; the loss is then that of the other rows alone, whatever the masked row's
+    advantage (and the token-mean does not count its tokens)."""
+    from jobs.demo.trainer import tis_loss
+    torch.manual_seed(0)
+    policy = Policy()
+    batch = _padded_batch(policy)
+    batch["token_staleness"] = torch.zeros_like(batch["response_mask"])
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] - 0.1 * batch["response_mask"]
+
+    def loss(tensors, adv):
+        if which == "grpo":
+            return float(grpo_loss(policy, tensors, adv)[0].detach())
+        return float(tis_loss(policy, tensors, adv, 0.2, 2.0)[0].detach())
+
+    masked = {**batch, "loss_mask": batch["response_mask"].clone()}
+    masked["loss_mask"][0] = 0
+    rest = {k: v[1:] for k, v in batch.items()}
+    adv = torch.tensor([1.0, -0.5, 0.5])
+    assert loss(masked, adv) == pytest.approx(loss(rest, adv[1:]), rel=1e-6)
+    assert loss(masked, torch.tensor([-3.0, -0.5, 0.5])) == pytest.approx(loss(masked, adv))
+    assert loss(batch, adv) != pytest.approx(loss(rest, adv[1:]))   # unmasked, row 0 counts
