@@ -147,8 +147,7 @@ def held(cfg: BufferConfig, part: PartitionState, batch_id: int) -> Batch:
     steps = {u: part.groups[u].dispatch_step for u in chosen}
     payload = part.payload(chosen)
     rows = batch_rows(payload, batch_id=batch_id, step=step, group_steps=steps)
-    status = {u: "failure" if part.groups[u].status == "failure" or not part.groups[u].keys
-              else "finished" for u in chosen}
+    status = {u: part.served_status(u) for u in chosen}
     stale = set() if cfg.mask is None else cfg.mask.stale(
         step, {u: (steps[u], status[u]) for u in chosen})
     table = with_provenance(payload, rows, status, stale)

@@ -183,6 +183,13 @@ class PartitionState:
     def apply_status(self, uid: str, status: str, seq: int) -> None:
         self.apply_status_many((uid,), status, (seq,))
 
+    def served_status(self, uid: str) -> str:
+        """The status a batch serves group ``uid`` with (after it left the candidates, e.g. a
+        batch held across a restart): 'failure' when it failed or holds no rows, else
+        'finished'."""
+        group = self.groups[uid]
+        return "failure" if group.status == "failure" or not group.keys else "finished"
+
     def apply_status_many(self, uids: Sequence[str], status: str, seqs: Sequence[int]) -> None:
         """`apply_status` of each group in order, all to the same ``status``."""
         groups = self.groups

@@ -21,7 +21,8 @@ def options() -> dict[str, TyperOption]:
 def test_every_flag_is_a_config_field_marked_as_one_with_its_default_and_help():
     marked = {f.name: f for f in fields(DemoConfig) if "flag" in f.metadata}
     shown = options()
-    assert set(shown) == {*marked, "out", "wandb"}
+    # besides the configuration: where the run goes, W&B, and resuming a run directory
+    assert set(shown) == {*marked, "out", "wandb", "resume", "reuse"}
     assert {"n", "lr", "workers"}.isdisjoint(shown)     # knobs the command line does not offer
     for name, f in marked.items():
         default = "none" if f.default is None else f.default
