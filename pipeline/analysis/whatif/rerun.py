@@ -45,8 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.analysis.whatif.outcome import Outcome, future_rows, future_warnings_held
+from pipeline.analysis.whatif.record import read_metadata, stand_in
 from pipeline.errors import ConfigError, LakeError, ReplayLakeError
-from schemas import TRAJECTORIES_INPUT
 
 SAMPLE_TIMEOUT_S = 600.0   # a safety net only: an unfillable call ends when the feed runs dry
 IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch cannot fill
@@ -101,7 +101,7 @@ class _Feed:
             raise LakeError("the lake holds re-issued groups (a restore); a what-if replay "
                             "cannot re-issue through the public API")
         tr = tables["trajectories"]
-        self.traj = tr.select(TRAJECTORIES_INPUT.names).cast(TRAJECTORIES_INPUT)
+        self.traj = tr      # metadata only: each put gets a stand-in payload (`record.stand_in`)
         dec = tables["decisions"]
         items = [(s, "event", i) for i, s in enumerate(ev["seq"].to_pylist())]
         items += [(s, "traj", i) for i, s in enumerate(tr["seq"].to_pylist())]
@@ -205,7 +205,8 @@ class _Feed:
             rows = [ref for _, _, ref in run]
             first = rows[0]
             contiguous = rows[-1] - first + 1 == len(rows)
-            buf.put(self.traj.slice(first, len(rows)) if contiguous else self.traj.take(rows))
+            buf.put(stand_in(self.traj.slice(first, len(rows)) if contiguous
+                             else self.traj.take(rows)))
         elif kind == "release":
             b = self.batch_of.get(run[0][2])
             if b is not None:
@@ -275,10 +276,9 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     ``filter_groups_metric=None`` (no filter) and ``max_off_policy_threshold=None`` (no
     bound)."""
     from pipeline import ReplayBuffer
-    from pipeline.analysis.views import read_lake
     lake = Path(lake)
     preset, kwargs = chosen_settings(lake, settings)
-    tables = read_lake(lake)
+    tables = read_metadata(lake)
     calls = _calls(tables["decisions"])
     out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
     holder: dict[str, _Feed] = {}
