@@ -105,9 +105,13 @@ class _Feed:
         dec = tables["decisions"]
         items = [(s, "event", i) for i, s in enumerate(ev["seq"].to_pylist())]
         items += [(s, "traj", i) for i, s in enumerate(tr["seq"].to_pylist())]
+        # a recorded release has one row per group of its batch; the first one releases it
         rel = dec.filter(pc.equal(dec["kind"], "release"))
-        items += [(s, "release", (b, p)) for s, b, p in zip(
-            rel["seq"].to_pylist(), rel["batch_id"].to_pylist(), rel["partition"].to_pylist())]
+        first: dict[tuple[str, int], int] = {}
+        for s, p, b in zip(rel["seq"].to_pylist(), rel["partition"].to_pylist(),
+                           rel["batch_id"].to_pylist()):
+            first.setdefault((p, b), s)
+        items += [(s, "release", key) for key, s in first.items()]
         self.items = sorted(items, key=lambda x: x[0])
         self.events = ev.to_pylist()
         self.traj_keys = list(zip(tr["partition"].to_pylist(), tr["uid"].to_pylist()))
@@ -115,8 +119,8 @@ class _Feed:
         self.held: dict[tuple[str, str], list] = {}
         self.drawn: set[tuple[str, str]] = set()
         self.pos = 0
-        self.batch_of: dict[tuple[str, int], Any] = {}   # recorded (partition, batch_id) -> Batch
-        self.release_later: set[tuple[str, int]] = set()
+        # recorded (partition, batch_id) -> the replay's batch id for that call, until released
+        self.batch_of: dict[tuple[str, int], int] = {}
 
     def _refill_pool(self, dec: pa.Table) -> tuple[list[tuple[str, str]], set]:
         failed = {(r["partition"], r["call_id"], r["poll"]) for r in
@@ -208,8 +212,8 @@ class _Feed:
             buf.put(stand_in(self.traj.slice(first, len(rows)) if contiguous
                              else self.traj.take(rows)))
         elif kind == "release":
-            b = self.batch_of.get(run[0][2])
-            if b is not None:
+            b = self.batch_of.pop(run[0][2], None)
+            if b is not None:    # the replay's batch leaves memory when the recorded one did
                 buf.release(b)
         elif kind == "register":
             ev = [self.events[ref] for _, _, ref in run]
@@ -320,7 +324,7 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
                 result.unfilled.append(c["step"])
                 result.batches.append([])
                 continue
-            feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b
+            feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b.batch_id
             result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
             future = future_rows(b.table)
             if future:
