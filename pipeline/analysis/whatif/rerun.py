@@ -29,10 +29,13 @@ weights, and a sample call can train rows whose newest version is not older than
 live buffer warns about such rows on every call; the replay counts them per step instead
 (`Outcome.future_rows`, see pipeline.analysis.whatif.outcome) and leaves the summary to its caller.
 
-Memory: the feed reads the recorded tables once, puts every run of consecutive trajectory rows
-in one call (not row by row: each call costs the buffer, its journal and the replay's lake a
-record batch), and the replay buffer holds only what its own decisions keep; the recorded batches
-of the replay are read back from its decision log alone, not its payload.
+Memory: the feed reads the recorded metadata once (`record.read_metadata`: no token payload; each
+put gets a stand-in payload of the recorded lengths, `record.stand_in`), keeps its rows to feed
+as three arrays in seq order and each group as an integer, and puts every run of consecutive
+trajectory rows in one call (not row by row: each call costs the buffer, its journal and the
+replay's lake a record batch). The replay buffer holds only what its own decisions keep: each
+replayed batch is released where the recorded run released its batch. The recorded batches of
+the replay are read back from its decision log alone, not its payload.
 """
 from __future__ import annotations
 
