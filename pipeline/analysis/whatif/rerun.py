@@ -39,6 +39,7 @@ the replay are read back from its decision log alone, not its payload.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import tempfile
 from pathlib import Path
@@ -313,7 +314,8 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
         del tables["trajectories"], tables["group_events"]   # the feed holds what it needs
         points = sorted(s for c in calls for s in c["points"].values())
         for c in calls:
-            ahead = [s for s in points if s > feed_seq(feed)]
+            # the recorded points after the feed's position (sorted: one bisection per call)
+            ahead = points[bisect.bisect_right(points, feed_seq(feed)):]
             # the first poll's feed step is taken before the call, so that the call finds its
             # partition's groups registered as the recorded call did (a validation partition
             # otherwise looks unknown to the buffer's typo check when the call starts)
