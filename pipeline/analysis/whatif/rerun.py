@@ -30,26 +30,32 @@ weights, and a sample call can train rows whose newest version is not older than
 live buffer warns about such rows on every call; the replay counts them per step instead
 (`Outcome.future_rows`, see pipeline.analysis.whatif.outcome) and leaves the summary to its caller.
 
-Memory: the feed reads the recorded tables once, puts every run of consecutive trajectory rows
-in one call (not row by row: each call costs the buffer, its journal and the replay's lake a
-record batch), and the replay buffer holds only what its own decisions keep; the recorded batches
-of the replay are read back from its decision log alone, not its payload.
+Memory: the feed reads the recorded metadata once (`record.read_metadata`: no token payload; each
+put gets a stand-in payload of the recorded lengths, `record.stand_in`), keeps its rows to feed
+as three arrays in seq order and each group as an integer, and puts every run of consecutive
+trajectory rows in one call (not row by row: each call costs the buffer, its journal and the
+replay's lake a record batch). The replay buffer holds only what its own decisions keep: each
+replayed batch is released where the recorded run released its batch. The recorded batches of
+the replay are read back from its decision log alone, not its payload.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.analysis.whatif.outcome import Outcome, future_rows, future_warnings_held
+from pipeline.analysis.whatif.record import read_metadata, stand_in
 from pipeline.errors import ConfigError, LakeError, ReplayLakeError
-from schemas import TRAJECTORIES_INPUT
 
 SAMPLE_TIMEOUT_S = 600.0   # a safety net only: an unfillable call ends when the feed runs dry
+_EVENT, _TRAJ, _RELEASE = 0, 1, 2   # what a row to feed is (`_Feed.kind`)
 IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch cannot fill
 
 
@@ -104,76 +110,91 @@ class _Feed:
             raise LakeError("the lake holds re-issued groups (a restore); a what-if replay "
                             "cannot re-issue through the public API")
         tr = tables["trajectories"]
-        self.traj = tr.select(TRAJECTORIES_INPUT.names).cast(TRAJECTORIES_INPUT)
+        self.traj = tr      # metadata only: each put gets a stand-in payload (`record.stand_in`)
+        self.events = ev
         dec = tables["decisions"]
-        items = [(s, "event", i) for i, s in enumerate(ev["seq"].to_pylist())]
-        items += [(s, "traj", i) for i, s in enumerate(tr["seq"].to_pylist())]
+        # a recorded release has one row per group of its batch; the first one releases it
         rel = dec.filter(pc.equal(dec["kind"], "release"))
-        items += [(s, "release", (b, p)) for s, b, p in zip(
-            rel["seq"].to_pylist(), rel["batch_id"].to_pylist(), rel["partition"].to_pylist())]
-        self.items = sorted(items, key=lambda x: x[0])
-        self.events = ev.to_pylist()
-        self.traj_keys = list(zip(tr["partition"].to_pylist(), tr["uid"].to_pylist()))
+        first: dict[tuple[str, int], int] = {}
+        for s, p, b in zip(rel["seq"].to_pylist(), rel["partition"].to_pylist(),
+                           rel["batch_id"].to_pylist()):
+            first.setdefault((p, b), s)
+        self.releases = list(first)
+        # every row to feed as three arrays in seq order (kind, row of its table, seq), and
+        # each event's and trajectory's group as one integer: no Python object per row
+        group = pc.dictionary_encode(pa.concat_arrays(
+            [_group_key(ev).combine_chunks(), _group_key(tr).combine_chunks()])).indices
+        group = np.asarray(group, dtype=np.int64)
+        self.ev_group, self.tr_group = group[:ev.num_rows], group[ev.num_rows:]
+        self.ev_registered = np.asarray(pc.equal(ev["event"], "registered"), dtype=bool)
+        seq = np.concatenate([ev["seq"].to_numpy(), tr["seq"].to_numpy(),
+                              np.asarray(list(first.values()), dtype=np.int64)])
+        kind = np.concatenate([np.full(ev.num_rows, _EVENT, np.int8),
+                               np.full(tr.num_rows, _TRAJ, np.int8),
+                               np.full(len(first), _RELEASE, np.int8)])
+        ref = np.concatenate([np.arange(ev.num_rows), np.arange(tr.num_rows),
+                              np.arange(len(first))])
+        order = np.argsort(seq, kind="stable")
+        self.seq, self.kind, self.ref = seq[order], kind[order], ref[order]
         self.pool, self.refill_groups = self._refill_pool(dec)
-        self.held: dict[tuple[str, str], list] = {}
-        self.drawn: set[tuple[str, str]] = set()
+        self.held: dict[int, list[int]] = {}    # refill group -> positions held back
+        self.drawn: set[int] = set()
         self.pos = 0
-        self.batch_of: dict[tuple[str, int], Any] = {}   # recorded (partition, batch_id) -> Batch
-        self.release_later: set[tuple[str, int]] = set()
+        # recorded (partition, batch_id) -> the replay's batch id for that call, until released
+        self.batch_of: dict[tuple[str, int], int] = {}
 
-    def _refill_pool(self, dec: pa.Table) -> tuple[list[tuple[str, str]], set]:
+    def _refill_pool(self, dec: pa.Table) -> tuple[list[int], set[int]]:
         failed = {(r["partition"], r["call_id"], r["poll"]) for r in
                   dec.filter(pc.equal(dec["kind"], "refill_failed")).to_pylist()}
         refills = [r for r in dec.filter(pc.equal(dec["kind"], "refill")).to_pylist()
                    if (r["partition"], r["call_id"], r["poll"]) not in failed]   # served asks
-        regs = [(e["seq"], e["partition"], e["uid"]) for e in self.events
-                if e["event"] == "registered"]
-        pool: list[tuple[str, str]] = []
+        reg_seq = self.events["seq"].to_numpy()[self.ev_registered]
+        reg_group = self.ev_group[self.ev_registered]
+        pool: list[int] = []
         j = 0
         for r in sorted(refills, key=lambda x: x["seq"]):
-            while j < len(regs) and regs[j][0] < r["seq"]:
-                j += 1
-            take = regs[j:j + r["count"]]
-            pool += [(p, u) for _, p, u in take]
+            j = max(j, int(np.searchsorted(reg_seq, r["seq"])))
+            take = reg_group[j:j + r["count"]].tolist()
+            pool += take
             j += len(take)
         return pool, set(pool)
 
     def refill(self, n: int) -> None:
         """The replay's refill_fn: hand out the next n recorded refill groups (what the feed
         held back of them is applied in seq order, in as few calls as `_apply_all` can)."""
-        due: list[tuple] = []
+        due: list[int] = []
         for key in self.pool[:n]:
             self.drawn.add(key)
             due += self.held.pop(key, [])
-        self._apply_all(sorted(due, key=lambda item: item[0]))
+        self._apply_all(sorted(due))
         self.shortfall = getattr(self, "shortfall", 0) + max(n - len(self.pool), 0)
         del self.pool[:n]
 
-    def _key(self, item: tuple) -> tuple[str, str] | None:
-        _, kind, ref = item
-        if kind == "event":
-            return self.events[ref]["partition"], self.events[ref]["uid"]
-        if kind == "traj":
-            return self.traj_keys[ref]
+    def _key(self, pos: int) -> int | None:
+        kind, ref = self.kind[pos], self.ref[pos]
+        if kind == _EVENT:
+            return int(self.ev_group[ref])
+        if kind == _TRAJ:
+            return int(self.tr_group[ref])
         return None
 
     def advance(self, until: int | None) -> bool:
         """Feed every row with seq < until (None: all). Returns whether anything was left."""
         start = self.pos
-        due: list[tuple] = []
-        while self.pos < len(self.items) and (until is None or self.items[self.pos][0] < until):
-            item = self.items[self.pos]
-            key = self._key(item)
+        stop = len(self.seq) if until is None else int(np.searchsorted(self.seq, until))
+        due: list[int] = []
+        for pos in range(start, max(stop, start)):
+            key = self._key(pos)
             if key in self.refill_groups and key not in self.drawn:
-                self.held.setdefault(key, []).append(item)
+                self.held.setdefault(key, []).append(pos)
             else:
-                due.append(item)
-            self.pos += 1
+                due.append(pos)
+        self.pos = max(stop, start)
         self._apply_all(due)
         return self.pos > start
 
-    def _apply_all(self, items: list[tuple]) -> None:
-        """Apply ``items`` in order, each run of consecutive rows of one kind (trajectories,
+    def _apply_all(self, positions: list[int]) -> None:
+        """Apply the rows at ``positions`` in order, each run of consecutive rows of one kind (trajectories,
         registrations, status changes) as one call.
 
         Nothing polls between two rows of a run (polls happen only between feed steps), and no
@@ -181,59 +202,62 @@ class _Feed:
         terminal event, which comes after them), so one call leaves the buffer as the rows one
         by one would; a status run that is refused is applied row by row. Row-by-row calls
         would cost the buffer, its journal and the replay's lake one record batch per row."""
-        run: list[tuple] = []
+        run: list[int] = []
         run_kind, run_keys = None, set()
-        for item in items:
-            kind = self._kind(item)
+        for pos in positions:
+            kind = self._kind(pos)
             # a group's rows of one put may repeat its key; one status call takes a group once
-            key = self._key(item) if kind == "status" else None
+            key = self._key(pos) if kind == "status" else None
             if kind != run_kind or kind == "release" or key in run_keys:
                 self._apply_run(run_kind, run)
                 run, run_kind, run_keys = [], kind, set()
-            run.append(item)
+            run.append(pos)
             if key is not None:
                 run_keys.add(key)
         self._apply_run(run_kind, run)
 
-    def _kind(self, item: tuple) -> str:
-        if item[1] != "event":
-            return item[1]
-        return "register" if self.events[item[2]]["event"] == "registered" else "status"
+    def _kind(self, pos: int) -> str:
+        kind = self.kind[pos]
+        if kind == _TRAJ:
+            return "traj"
+        if kind == _RELEASE:
+            return "release"
+        return "register" if self.ev_registered[self.ref[pos]] else "status"
 
-    def _apply_run(self, kind: str | None, run: list[tuple]) -> None:
+    def _apply_run(self, kind: str | None, run: list[int]) -> None:
         if not run:
             return
         buf = self.buf
+        rows = self.ref[run]
         if kind == "traj":
-            rows = [ref for _, _, ref in run]
-            first = rows[0]
-            contiguous = rows[-1] - first + 1 == len(rows)
-            buf.put(self.traj.slice(first, len(rows)) if contiguous else self.traj.take(rows))
+            first = int(rows[0])
+            contiguous = int(rows[-1]) - first + 1 == len(rows)
+            buf.put(stand_in(self.traj.slice(first, len(rows)) if contiguous
+                             else self.traj.take(rows)))
         elif kind == "release":
-            b = self.batch_of.get(run[0][2])
-            if b is not None:
+            b = self.batch_of.pop(self.releases[int(rows[0])], None)
+            if b is not None:    # the replay's batch leaves memory when the recorded one did
                 buf.release(b)
         elif kind == "register":
-            ev = [self.events[ref] for _, _, ref in run]
-            buf.register({"partition": [e["partition"] for e in ev],
-                          "uid": [e["uid"] for e in ev],
-                          "global_steps": [e["global_steps"] for e in ev],
-                          "n": [e["n"] for e in ev],
-                          "prompt_id": [e.get("prompt_id") for e in ev],
-                          "dataset": [e.get("dataset") for e in ev]})
+            ev = self.events.take(rows)
+            buf.register({k: ev[k].to_pylist() for k in
+                          ("partition", "uid", "global_steps", "n", "prompt_id", "dataset")})
         else:
-            ev = [self.events[ref] for _, _, ref in run]
+            ev = self.events.take(rows)
+            parts, uids, status = (ev[k].to_pylist() for k in ("partition", "uid", "event"))
             try:
-                buf.update_status({"partition": [e["partition"] for e in ev],
-                                   "uid": [e["uid"] for e in ev],
-                                   "status": [e["event"] for e in ev]})
+                buf.update_status({"partition": parts, "uid": uids, "status": status})
             except ReplayLakeError:
-                for e in ev:   # all-or-nothing: nothing of the run was applied
+                for p, u, st in zip(parts, uids, status):   # all-or-nothing: none was applied
                     try:
-                        buf.update_status(partition=e["partition"], uids=[e["uid"]],
-                                          status=e["event"])
+                        buf.update_status(partition=p, uids=[u], status=st)
                     except ReplayLakeError:
                         pass   # a status for a group this replay evicted already (what-if)
+
+
+def _group_key(t: pa.Table) -> pa.ChunkedArray:
+    """One string per row naming its group (partition and uid)."""
+    return pc.binary_join_element_wise(t["partition"], t["uid"], "\x00")
 
 
 # settings whose None is a value of its own (no filter, no bound), kept when given as None
@@ -278,10 +302,9 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
     ``filter_groups_metric=None`` (no filter) and ``max_off_policy_threshold=None`` (no
     bound)."""
     from pipeline import ReplayBuffer
-    from pipeline.analysis.views import read_lake
     lake = Path(lake)
     preset, kwargs = chosen_settings(lake, settings)
-    tables = read_lake(lake)
+    tables = read_metadata(lake)
     calls = _calls(tables["decisions"])
     out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
     holder: dict[str, _Feed] = {}
@@ -297,7 +320,8 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
         del tables["trajectories"], tables["group_events"]   # the feed holds what it needs
         points = sorted(s for c in calls for s in c["points"].values())
         for c in calls:
-            ahead = [s for s in points if s > feed_seq(feed)]
+            # the recorded points after the feed's position (sorted: one bisection per call)
+            ahead = points[bisect.bisect_right(points, feed_seq(feed)):]
             # the first poll's feed step is taken before the call, so that the call finds its
             # partition's groups registered as the recorded call did (a validation partition
             # otherwise looks unknown to the buffer's typo check when the call starts)
@@ -326,7 +350,7 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None,
                 result.unfilled.append(c["step"])
                 result.batches.append([])
                 continue
-            feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b
+            feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b.batch_id
             result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
             future = future_rows(b.table)
             if future:
@@ -349,7 +373,7 @@ def _refills(lake: Path, settings: dict[str, Any]) -> bool:
 
 def feed_seq(feed: _Feed) -> int:
     """The seq of the next row the feed has not applied (-1 before the first)."""
-    return feed.items[feed.pos][0] - 1 if feed.pos < len(feed.items) else 2**62
+    return int(feed.seq[feed.pos]) - 1 if feed.pos < len(feed.seq) else 2**62
 
 
 def _recorded_batch_id(tables: dict[str, pa.Table], call: dict) -> int:
