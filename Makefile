@@ -49,10 +49,10 @@ run: $(RUN_STAMP)
 
 # The suite runs on TEST_WORKERS pytest-xdist workers, one test file (or the Ray/verl tests, which
 # share one Ray cluster) to a worker at a time: tests/conftest.py groups them. TEST_WORKERS=0 runs
-# it in one process.
+# it in one process. The 15 slowest tests are listed at the end (the suite is kept near 20 min).
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_CLASSES)/.installed tools
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # vLLM 0.33 brings its own CUDA torch (~10 GB): it gets its own venv, never .venv. The import works
 # without a GPU. The conversion tests then run against vLLM's real output classes.
