@@ -13,7 +13,8 @@ Settings not given are the lake's recorded ones, so `replaylake whatif --lake L`
 the run as it was and must reproduce every batch (it says so, or names the first difference).
 `--compare` replays once per KEY=VALUE[,KEY=VALUE...] item and prints one table, one row per
 policy (pipeline.analysis.whatif.compare); with `--out` it also writes the table as Parquet and
-an HTML page with plots.
+an HTML page with plots; `--calls N` compares over the first N sample calls only (the
+recorded row is then a replay of the recorded settings over the same calls).
 """
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def main(
     compare: Annotated[bool, typer.Option(
         "--compare", help="replay once per POLICY given after the options and print one table, "
         "one row per policy plus the recorded run")] = False,
+    calls: Annotated[int | None, typer.Option(
+        "--calls", metavar="N", help="with --compare: only the first N recorded sample calls, "
+        "each policy fed the rollouts the recorded run had by then (a quick look at a long "
+        "run)")] = None,
     policies: Annotated[list[str] | None, typer.Argument(
         metavar="[POLICY]...", help="with --compare: KEY=VALUE[,KEY=VALUE...], KEY a buffer "
         "keyword or threshold | strategy | filter_metric | rule (RULE.PARAM=VALUE or RULE=off); "
@@ -65,11 +70,15 @@ def main(
     """
     from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
     from pipeline.config import rules_from_options
+    from pipeline.errors import ConfigError
     single = {"--threshold": threshold, "--strategy": strategy, "--filter-metric": filter_metric,
               "--max-response-length": max_response_length, "--rule": rule}
     if compare or policies:
-        _compare(lake, policies or [], out, [k for k, v in single.items() if v], compare)
+        _compare(lake, policies or [], out, [k for k, v in single.items() if v], compare, calls)
         return
+    if calls is not None:
+        raise ConfigError("--calls windows a --compare (its recorded row is replayed over the "
+                          "same calls); give --compare with POLICY items, or leave --calls out")
     settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
                 "filter_groups_metric": filter_metric, "max_response_length":
                 max_response_length, "rules": rules_from_options(rule or ()) or None,
@@ -101,7 +110,7 @@ def main(
 
 
 def _compare(lake: Path, policies: list[str], out: Path | None, single: list[str],
-             flag: bool) -> None:
+             flag: bool, calls: int | None) -> None:
     from pipeline.analysis.whatif import compare_lines, compare_policies, write_compare
     from pipeline.errors import ConfigError
     if not flag:
@@ -110,11 +119,13 @@ def _compare(lake: Path, policies: list[str], out: Path | None, single: list[str
     if not policies:
         raise ConfigError("--compare needs at least one POLICY after the options, e.g. "
                           "`whatif --lake L --compare threshold=1 strategy=wait`")
+    if calls is not None and calls < 1:
+        raise ConfigError(f"--calls {calls}: give a number of sample calls >= 1")
     if single:
         raise ConfigError(f"--compare takes the settings as POLICY items, not {', '.join(single)}"
                           f": write them as items (e.g. {_item(single[0])})")
     cmp = compare_policies(lake, policies, out, progress=lambda label: typer.echo(
-        f"replaying {label} ...", err=True))
+        f"replaying {label} ...", err=True), max_calls=calls)
     for line in compare_lines(cmp):
         typer.echo(line)
     if out is not None:

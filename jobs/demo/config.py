@@ -54,6 +54,8 @@ class DemoConfig:
     tis_cap: float | None = _flag(None, "truncated importance weights: cap C (per-token weight "
                                         "min(pi_old / pi_rollout, C)), or 'none'")
     seed: int = _flag(0, "seed of the policy, prompts and sampling")
+    whatif_calls: int = _flag(40, "closing what-if: replay the first N steps under a tighter "
+                                  "and a looser bound and admit (0: none)")
     torch_threads: int = 1             # intra-op threads: tiny ops run best on one
     sample_timeout_s: float = 120.0    # a stuck run fails loudly instead of hanging
 
@@ -63,6 +65,9 @@ class DemoConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r}: give a positive integer")
+        if not isinstance(self.whatif_calls, int) or self.whatif_calls < 0:
+            raise ConfigError(f"whatif_calls={self.whatif_calls!r}: give a number of steps >= 0 "
+                              "(0: no closing what-if)")
         if self.n < 2:
             raise ConfigError(f"n={self.n}: GRPO compares responses within a group; give n >= 2")
         if self.waves > self.n:

@@ -93,6 +93,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
     from jobs.demo.config import read_config
     from jobs.demo.policy import Policy
@@ -100,6 +101,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     from jobs.demo.rollout import Rollout, WeightStore
     from jobs.demo.summary import render, summarize
     from jobs.demo.trainer import Trainer, run_steps, tis_summary
+    from jobs.demo.whatif import closing_whatif
     from pipeline import ReplayBuffer, async_config
 
     console = console or Console()
@@ -213,6 +215,12 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
                       highlight=False)
     (run_dir / "summary.json").write_text(
         json.dumps({**asdict(summary), "wall_s": round(wall, 2), **extra}, indent=1) + "\n")
+    console.print("")
+    with console.status("what if: replaying this run's lake under other settings ..."):
+        closing = closing_whatif(cfg, lake, run_dir)
+    for line in closing:
+        console.print(Text.from_markup(line) if line.startswith("[bold]") else Text(line),
+                      highlight=False)
     return run_dir
 
 

@@ -207,6 +207,39 @@ def test_the_parquet_table_holds_the_printed_rows(compared: tuple[Path, Path, st
     assert all(f"</span> {i}: {p}</th>" in page for i, p in enumerate(POLICIES, 1))
 
 
+def test_a_window_compares_every_policy_over_the_same_first_calls(tmp_path: Path) -> None:
+    from pipeline.analysis.whatif import recorded
+    lake = shared_run("async").lake
+    calls = len(recorded(lake).batches)
+    k = calls // 2
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--compare", "--calls", str(k),
+                                   "strategy=drop", "threshold=1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert f"x {k} sample calls" in res.output
+    printed = tables(res.output)
+    assert list(printed) == ["recorded", "strategy=drop", "threshold=1"]
+    # the recorded row is the recorded settings replayed over the window: the first k batches
+    rows = [tmp_path / "replays" / f"p{i}" / "lake" for i in range(3)]
+    assert recorded(rows[0]).batches == recorded(lake).batches[:k]
+    assert printed["recorded"]["same batches"] == printed["strategy=drop"]["same batches"] == str(k)
+    # every policy is fed the rows the recorded run had written by the end of its k-th call
+    con = connect(lake)
+    end = con.sql(f"""select max(seq) from decisions where call_id = (
+        select call_id from (select distinct call_id from decisions where call_id >= 0
+                             and kind = 'select' order by call_id limit {k}) order by call_id
+        desc limit 1)""").fetchall()[0][0]
+    fed = con.sql(f"select count(*) from trajectories where seq <= {end}").fetchall()[0][0]
+    every = con.sql("select count(*) from trajectories").fetchall()[0][0]
+    assert 0 < fed < every
+    for row_lake in rows:
+        n = connect(row_lake).sql("select count(*) from trajectories").fetchall()[0][0]
+        assert n == fed, row_lake
+    for label, row_lake in zip(printed, rows):
+        want = independent(row_lake, admit=False)
+        assert printed[label]["trajs"] == _text(want["trajs"]), label
+        assert printed[label]["wasted trajs"] == _text(want["wasted trajs"]), label
+
+
 # --- datasets ------------------------------------------------------------------------------
 
 def _datasets_run(lake: Path, steps: int = 8) -> Path:
@@ -324,7 +357,9 @@ def test_compare_items_and_single_options_do_not_mix(tmp_path: Path) -> None:
     for args, message in ((["threshold=1"], "without --compare"),
                           (["--compare"], "needs at least one POLICY"),
                           (["--compare", "threshold=1", "--threshold", "2"],
-                           "not --threshold")):
+                           "not --threshold"),
+                          (["--calls", "2"], "--calls windows a --compare"),
+                          (["--compare", "--calls", "0", "threshold=1"], "--calls 0: give")):
         res = CliRunner().invoke(app, ["whatif", "--lake", lake, *args])
         assert res.exit_code == 2 and message in res.output, res.output
 

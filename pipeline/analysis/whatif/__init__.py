@@ -7,6 +7,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'approximations': 'headline',
     'compare_policies': 'compare:compare',
     'compare_lines': 'board:lines',
+    'compare_brief': 'board:brief',
     'parse_policies': 'compare',
     'write_compare': 'board:write',
     'write_page': 'page',

@@ -109,6 +109,25 @@ def reasons(cmp: Comparison) -> list[str]:
     return sorted({r for row in cmp.rows for r in row.figures["evicted_by_reason"]})
 
 
+# the few figures a glance needs (the demo's closing comparison): what each policy trained,
+# threw away or never generated, and how stale what it trained was
+BRIEF = (("trained_trajectories", "trained trajs"), ("wasted_trajectories", "wasted trajs"),
+         ("saved_trajectories", "saved trajs"), ("staleness_mean", "stale mean"),
+         ("staleness_max", "stale max"), ("over_bound_rows", "over bound"))
+
+
+def brief(cmp: Comparison) -> list[str]:
+    """The comparison in one table of `BRIEF` figures, with the '>=' floor note where one
+    applies (the notes themselves are for the full command)."""
+    body = [[label(cmp, i), *(cell(r, k) for k, _ in BRIEF)] for i, r in enumerate(cmp.rows)]
+    out = _tables(f"what-if over the first {cmp.calls} sample calls (wasted: generated, never "
+                  "trained; saved: admit would not have dispatched it)",
+                  ["policy", *(h for _, h in BRIEF)], body, 1)
+    if any(r.figures["future_rows"] for r in cmp.rows):
+        out += textwrap.wrap("'>=': a floor (the replay trained rows from the future)", WIDTH)
+    return out
+
+
 def lines(cmp: Comparison) -> list[str]:
     """The comparison as text: a legend, the sections' tables, the approximations."""
     took = sum(r.took_s for r in cmp.rows)

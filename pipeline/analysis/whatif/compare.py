@@ -158,21 +158,30 @@ def _replayed(base: dict[str, Any], settings: dict[str, Any]) -> tuple[dict[str,
 
 
 def compare(lake: str | Path, texts: list[str], out: str | Path | None = None,
-            progress: Callable[[str], None] = lambda label: None) -> Comparison:
+            progress: Callable[[str], None] = lambda label: None,
+            max_calls: int | None = None) -> Comparison:
     """The recorded run and one replay per ``--compare`` item, with each row's figures. The
-    replays' lakes go under ``out/replays`` (a temporary directory when ``out`` is None)."""
+    replays' lakes go under ``out/replays`` (a temporary directory when ``out`` is None).
+
+    ``max_calls``: compare over the first that many recorded sample calls only (see `replay`);
+    the recorded row is then a replay of the recorded settings over the same window (it
+    reproduces the recorded batches), so every row covers the same calls."""
     lake = Path(lake)
     policies = parse_policies(lake, texts)
     base = recorded_settings(lake)
     rec = recorded(lake)
     root = Path(out) / "replays" if out is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
-    rows = [_row("recorded", _shown(base), lake, base["filter_groups_metric"], False,
+    recorded_lake = lake
+    if max_calls is not None:
+        rec.batches = rec.batches[:max_calls]
+        recorded_lake = replay(lake, root / "p0", max_calls=max_calls).lake
+    rows = [_row("recorded", _shown(base), recorded_lake, base["filter_groups_metric"], False,
                  identical=len(rec.batches))]
     for i, p in enumerate(policies, 1):
         progress(p.label)
         settings, admit = _replayed(base, p.settings)
         start = time.perf_counter()
-        result = replay(lake, root / f"p{i}", **settings)
+        result = replay(lake, root / f"p{i}", max_calls=max_calls, **settings)
         took = time.perf_counter() - start
         chosen = {**base, **settings}
         same = sum(a == b for a, b in zip(rec.batches, result.batches))

@@ -155,3 +155,36 @@ def test_bad_flags_are_refused_before_anything_is_written(tmp_path):
         assert not out.exists(), argv
     with pytest.raises(ConfigError, match="n=1"):
         DemoConfig(n=1)
+
+
+def test_the_run_ends_with_a_what_if_of_its_own_lake(smoke):
+    out, text = smoke
+    tail = text.split("What if (this run's lake replayed under other settings")[1]
+    rows = {line.split()[0]: line.split()[1:] for line in tail.splitlines()
+            if line.split() and line.split()[0] in ("recorded", "threshold=1", "threshold=4",
+                                                     "strategy=admit")}
+    assert list(rows) == ["recorded", "threshold=1", "threshold=4", "strategy=admit"]
+    # the six steps are inside the 40-call window: the recorded row trains what the run trained
+    trained = json.loads((out / "summary.json").read_text())["trained_trajectories"]
+    assert rows["recorded"][0] == f"{trained:,}"
+    assert rows["recorded"][-1] == "0"          # nothing trained over its bound
+    assert "whatif --lake" in tail and "--compare threshold=1" in tail
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"threshold": None}, "no staleness bound"),
+    ({"strategy": "admit"}, "made under admit, which a replay cannot pace"),
+    ({"whatif_calls": 0}, "--whatif-calls 0")])
+def test_a_run_the_closing_what_if_cannot_replay_says_why(tmp_path, changes, why):
+    from jobs.demo.whatif import closing_whatif
+    lines = closing_whatif(replace(DemoConfig(), **changes), tmp_path / "lake", tmp_path)
+    assert lines == [f"What-if: none for this run ({why})."]
+
+
+def test_the_closing_what_if_compares_a_tighter_and_a_looser_bound_and_admit():
+    from jobs.demo.whatif import policies
+    assert policies(2) == ["threshold=1", "threshold=4", "strategy=admit"]
+    assert policies(1) == ["threshold=2", "strategy=admit"]     # nothing tighter than 1
+    with pytest.raises(ConfigError, match="whatif_calls=-1: give a number of steps >= 0"):
+        replace(DemoConfig(), whatif_calls=-1)

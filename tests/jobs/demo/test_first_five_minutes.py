@@ -109,3 +109,15 @@ def test_the_printed_lake_and_w_and_b_run_are_found_from_where_the_user_stands(f
                          text=True, timeout=120)
     assert not _failures(res), (dry_run, res.stdout, res.stderr)
     assert "Would sync 1 run" in res.stdout + res.stderr, (res.stdout, res.stderr)
+
+
+def test_the_closing_what_if_command_runs_as_printed(first_run):
+    here, env, printed = first_run
+    command = printed.split("# the whole run, every figure, and what each replay "
+                            "approximates:\n")[1].strip()
+    assert command.count("\n") == command.count("\\\n"), command      # one command, continued
+    res = subprocess.run([BASH, "-c", command], cwd=here, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert not _failures(res), (command, res.stdout, res.stderr)
+    assert f"replayed 3 policies x {STEPS} sample calls" in res.stdout
+    assert "whatif.html" in res.stdout.split("wrote:")[1]
