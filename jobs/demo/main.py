@@ -100,7 +100,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     from jobs.demo.resume import checkpoint, hand_back, restore
     from jobs.demo.rollout import Rollout, WeightStore
     from jobs.demo.summary import render, summarize
-    from jobs.demo.trainer import Trainer, run_steps, tis_summary
+    from jobs.demo.trainer import Trainer, ratio_summary, run_steps, tis_summary
     from jobs.demo.whatif import closing_whatif
     from pipeline import ReplayBuffer, async_config
 
@@ -212,6 +212,11 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
         console.print(f"Truncated IS (cap {tis['cap']:g}): mean weight "
                       f"{tis['tis_weight_mean']:.3f}, {tis['tis_truncated_fraction']:.1%} of "
                       f"tokens truncated, token staleness {tis['token_staleness_mean']:.2f}",
+                      highlight=False)
+    else:                             # what the PPO ratios against the rollouts' log-probs did
+        r = extra["ratios"] = ratio_summary(history)
+        console.print(f"Importance ratios: mean {r['ratio_mean']:.3f}, std {r['ratio_std']:.3f} "
+                      f"(max step {r['ratio_std_max']:.3f}), {r['clip_fraction']:.1%} clipped",
                       highlight=False)
     (run_dir / "summary.json").write_text(
         json.dumps({**asdict(summary), "wall_s": round(wall, 2), **extra}, indent=1) + "\n")

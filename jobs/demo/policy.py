@@ -175,7 +175,11 @@ def grpo_loss(policy: Policy, tensors: dict[str, torch.Tensor], advantages: torc
     loss = -(surrogate * mask).sum() / tokens
     with torch.no_grad():
         clipped = ((ratio - 1).abs() > clip).to(torch.float32)
+        mean = (ratio * mask).sum() / tokens
         stats = {"train/loss": float(loss),
-                 "train/ratio_mean": float((ratio * mask).sum() / tokens),
+                 "train/ratio_mean": float(mean),
+                 # the spread of the trained tokens' ratios: how far the rollouts' behaviour is
+                 # from the trainer's (0 when every token is on-policy)
+                 "train/ratio_std": float((((ratio - mean) * mask) ** 2).sum().div(tokens).sqrt()),
                  "train/clip_fraction": float((clipped * mask).sum() / tokens)}
     return loss, stats

@@ -35,6 +35,8 @@ SPAN_KEY = "training/off_policy/trajectory_spans/mean"
 
 TIS_KEYS = ("train/tis_weight_mean", "train/tis_truncated_fraction",
             "train/token_staleness_mean")
+# what the off-policy correction did (plain GRPO loss): ratio mean and spread, clipped tokens
+RATIO_KEYS = ("train/ratio_mean", "train/ratio_std", "train/clip_fraction")
 
 
 def tis_loss(policy: Policy, tensors: dict[str, torch.Tensor], advantages: torch.Tensor,
@@ -147,8 +149,21 @@ def run_steps(*, steps: int, batch_size: int, ahead: int, buf, rollout: Rollout,
 
 def tis_summary(history: list[StepInfo], cap: float) -> dict[str, float]:
     """The truncated-IS figures of a run: the cap and each `TIS_KEYS` metric's mean over steps."""
-    out: dict[str, float] = {"cap": float(cap)}
-    for key in TIS_KEYS:
+    return {"cap": float(cap), **_step_means(history, TIS_KEYS)}
+
+
+def ratio_summary(history: list[StepInfo]) -> dict[str, float]:
+    """The importance ratios of a run (plain GRPO loss): each `RATIO_KEYS` metric's mean over
+    steps, and the largest step's spread (`ratio_std_max`)."""
+    out = _step_means(history, RATIO_KEYS)
+    spreads = [h.metrics["train/ratio_std"] for h in history if "train/ratio_std" in h.metrics]
+    out["ratio_std_max"] = float(max(spreads)) if spreads else float("nan")
+    return out
+
+
+def _step_means(history: list[StepInfo], keys: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in keys:
         values = [h.metrics[key] for h in history if key in h.metrics]
         out[key.split("/", 1)[1]] = float(np.mean(values)) if values else float("nan")
     return out

@@ -188,3 +188,12 @@ def test_the_closing_what_if_compares_a_tighter_and_a_looser_bound_and_admit():
     assert policies(1) == ["threshold=2", "strategy=admit"]     # nothing tighter than 1
     with pytest.raises(ConfigError, match="whatif_calls=-1: give a number of steps >= 0"):
         replace(DemoConfig(), whatif_calls=-1)
+
+
+def test_the_summary_says_what_the_importance_ratios_did(smoke):
+    out, text = smoke
+    r = json.loads((out / "summary.json").read_text())["ratios"]
+    assert set(r) == {"ratio_mean", "ratio_std", "ratio_std_max", "clip_fraction"}
+    assert 0.0 <= r["clip_fraction"] <= 1.0 and 0.0 <= r["ratio_std"] <= r["ratio_std_max"]
+    assert (f"Importance ratios: mean {r['ratio_mean']:.3f}, std {r['ratio_std']:.3f} "
+            f"(max step {r['ratio_std_max']:.3f}), {r['clip_fraction']:.1%} clipped") in text

@@ -113,6 +113,7 @@ def test_grpo_loss_on_policy_has_ratio_one_and_a_gradient():
     loss, stats = grpo_loss(policy, batch, torch.tensor([1.0, -0.5, 0.5]))
     loss.backward()
     assert stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["train/ratio_std"] == pytest.approx(0.0, abs=1e-6)
     assert stats["train/clip_fraction"] == 0.0
     assert policy.head.weight.grad.abs().sum() > 0
 
@@ -124,7 +125,23 @@ def test_grpo_loss_clips_ratios_far_from_the_rollout_policy():
     batch["rollout_log_probs"] = batch["rollout_log_probs"] - 1.0 * batch["response_mask"]
     _, stats = grpo_loss(policy, batch, torch.tensor([1.0, -0.5, 0.5]), clip=0.2)
     assert stats["train/ratio_mean"] == pytest.approx(float(np.e), rel=1e-4)
+    assert stats["train/ratio_std"] == pytest.approx(0.0, abs=1e-4)     # every token alike
     assert stats["train/clip_fraction"] == 1.0
+
+
+def test_the_ratio_spread_is_the_token_std_over_the_trained_tokens_only():
+    torch.manual_seed(0)
+    policy = Policy()
+    batch = _padded_batch(policy)
+    mask = batch["response_mask"].to(torch.float32)
+    # half the rows one nat behind the trainer, the others on-policy: ratios e and 1
+    shift = torch.zeros_like(mask)
+    shift[::2] = 1.0
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] - shift * mask
+    _, stats = grpo_loss(policy, batch, torch.tensor([1.0, -0.5, 0.5]))
+    ratios = torch.exp(shift)[mask.bool()]
+    assert stats["train/ratio_mean"] == pytest.approx(float(ratios.mean()), rel=1e-4)
+    assert stats["train/ratio_std"] == pytest.approx(float(ratios.std(unbiased=False)), rel=1e-4)
 
 
 @pytest.mark.parametrize("which", ["grpo", "tis"])
