@@ -313,3 +313,8 @@ def main(
     if bad and reuse:
         print(f"restarts that cost something: {', '.join(bad)}", file=sys.stderr)
         raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    from jobs.cli import run
+    run(main)       # through the one handler of user errors
