@@ -207,6 +207,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     for line in render(summary, run_dir=run_dir, lake=lake, wandb_dir=wandb_dir, wall_s=wall):
         console.print(line, highlight=False)
     extra = {}
+    console.print("")                 # the "Try" commands above end at a blank line
     if cfg.tis_cap is not None:       # the trainer's own figures: the lake holds no loss
         tis = extra["tis"] = tis_summary(history, cfg.tis_cap)
         console.print(f"Truncated IS (cap {tis['cap']:g}): mean weight "
@@ -222,7 +223,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
         json.dumps({**asdict(summary), "wall_s": round(wall, 2), **extra}, indent=1) + "\n")
     console.print("")
     with console.status("what if: replaying this run's lake under other settings ..."):
-        closing = closing_whatif(cfg, lake, run_dir)
+        closing = closing_whatif(cfg, lake, run_dir, resumed=restarts > 0)
     for line in closing:
         console.print(Text.from_markup(line) if line.startswith("[bold]") else Text(line),
                       highlight=False)

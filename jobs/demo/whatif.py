@@ -8,7 +8,8 @@ takes a few seconds; the command printed under the table compares the whole run,
 figure and the notes on what a replay approximates.
 
 A run made under `admit` gets no table (a replay cannot pace dispatches: its recorded row
-would have nothing to reproduce), nor does a run without a bound (no tighter or looser one).
+would have nothing to reproduce), nor does a run without a bound (no tighter or looser one), nor
+a resumed run (its lake holds re-issued groups, which a replay cannot re-issue).
 """
 from __future__ import annotations
 
@@ -26,14 +27,15 @@ def policies(t: int) -> list[str]:
     return [*([f"threshold={t - 1}"] if t > 1 else []), f"threshold={2 * t}", "strategy=admit"]
 
 
-def closing_whatif(cfg: DemoConfig, lake: Path, run_dir: Path,
-                   cwd: Path | None = None) -> list[str]:
+def closing_whatif(cfg: DemoConfig, lake: Path, run_dir: Path, cwd: Path | None = None,
+                   resumed: bool = False) -> list[str]:
     """Lines of at most 80 columns: the table and the command for the full comparison (or one
     line saying why there is none)."""
-    if cfg.threshold is None or cfg.strategy == "admit" or cfg.whatif_calls == 0:
-        why = ("no staleness bound" if cfg.threshold is None else
-               "made under admit, which a replay cannot pace" if cfg.strategy == "admit" else
-               "--whatif-calls 0")
+    why = ("no staleness bound" if cfg.threshold is None else
+           "made under admit, which a replay cannot pace" if cfg.strategy == "admit" else
+           "resumed: a replay cannot re-issue groups" if resumed else
+           "--whatif-calls 0" if cfg.whatif_calls == 0 else None)
+    if why is not None or cfg.threshold is None:
         return [f"What-if: none for this run ({why})."]
     from pipeline.analysis.whatif import compare_brief, compare_policies
     texts = policies(cfg.threshold)

@@ -168,17 +168,22 @@ def test_the_run_ends_with_a_what_if_of_its_own_lake(smoke):
     trained = json.loads((out / "summary.json").read_text())["trained_trajectories"]
     assert rows["recorded"][0] == f"{trained:,}"
     assert rows["recorded"][-1] == "0"          # nothing trained over its bound
-    assert "whatif --lake" in tail and "--compare threshold=1" in tail
+    command = " ".join(tail.replace("\\\n", " ").split())   # continued lines joined
+    assert "whatif --lake" in command and "--compare threshold=1 threshold=4" in command
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
 @pytest.mark.parametrize(("changes", "why"), [
     ({"threshold": None}, "no staleness bound"),
     ({"strategy": "admit"}, "made under admit, which a replay cannot pace"),
-    ({"whatif_calls": 0}, "--whatif-calls 0")])
+    ({"whatif_calls": 0}, "--whatif-calls 0"),
+    ({"resumed": True}, "resumed: a replay cannot re-issue groups")])
 def test_a_run_the_closing_what_if_cannot_replay_says_why(tmp_path, changes, why):
     from jobs.demo.whatif import closing_whatif
-    lines = closing_whatif(replace(DemoConfig(), **changes), tmp_path / "lake", tmp_path)
+    changes = dict(changes)
+    resumed = changes.pop("resumed", False)
+    lines = closing_whatif(replace(DemoConfig(), **changes), tmp_path / "lake", tmp_path,
+                           resumed=resumed)
     assert lines == [f"What-if: none for this run ({why})."]
 
 
