@@ -106,7 +106,17 @@ def _source(module: str) -> Path:
 
 @functools.cache
 def _parsed(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    text = path.read_text(encoding="utf-8")
+    try:
+        return ast.parse(text, filename=str(path))
+    except SystemError as exc:
+        # CPython 3.11's AST builder keeps its recursion count in shared state and can raise a
+        # spurious "AST constructor recursion depth mismatch" when another thread of the
+        # process parses at the same moment (python/cpython gh-106905; seen once in a test
+        # worker). The text is fine: parse it again.
+        if "recursion depth mismatch" not in str(exc):
+            raise
+        return ast.parse(text, filename=str(path))
 
 
 def load(path: str) -> Any:
