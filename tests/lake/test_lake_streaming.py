@@ -2,7 +2,10 @@
 metadata query's memory must not grow with the lake. Damage is still found, at the same offset."""
 from __future__ import annotations
 
-import tracemalloc
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +19,7 @@ from pipeline.lake.writer import LakeWriter, segment_files
 from schemas import LAKE_TABLES
 from tests.support.lake_damage import flip_bytes, write_ends
 
+ROOT = Path(__file__).resolve().parents[2]
 WRITES = 40
 TOKENS = 250_000          # 1 MB of int32 token ids per write: a 40 MB segment
 
@@ -43,37 +47,52 @@ def big_segment(tmp_path_factory):
     return lake, seg
 
 
-def peak_python_bytes(fn) -> int:
-    """The largest amount of Python-allocated memory (file reads included) while ``fn`` runs."""
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+# The measurement runs in a fresh interpreter: tracemalloc counts every thread's allocations,
+# and a test process that ran other tests first may still have threads of theirs allocating
+# (seen once under xdist as a peak twice the segment's size).
+_MEASURE = """
+import json, sys, tracemalloc
+from pathlib import Path
+import pyarrow as pa
+from pipeline.lake.verify import batches, verify
+seg = Path(sys.argv[2])
+seen = []
+tracemalloc.start()
+if sys.argv[1] == "verify":
+    verify(seg)
+else:
+    for batch, _ in batches(seg):
+        seen.append(batch.column("seq")[0].as_py())   # keep only a scalar of each batch
+peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
+print(json.dumps({"peak": peak, "seen": seen, "arrow_now": pa.total_allocated_bytes()}))
+"""
+
+
+def measured(what: str, seg: Path) -> dict:
+    """Peak Python-allocated bytes (file reads included) of ``verify`` or of iterating
+    ``batches`` over ``seg``, in a child process that does nothing else."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, what, str(seg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_verifying_a_segment_holds_one_write_not_the_whole_segment(big_segment):
     _, seg = big_segment
     size = seg.stat().st_size
     assert size > 35e6
-    peak = peak_python_bytes(lambda: verify(seg))
+    peak = measured("verify", seg)["peak"]
     assert peak < size / 8, f"verify held {peak} bytes of a {size}-byte segment"
 
 
 def test_reading_a_segments_batches_holds_one_write_at_a_time(big_segment):
     _, seg = big_segment
     size = seg.stat().st_size
-    seen = []
-
-    def read() -> None:
-        for batch, _ in batches(seg):
-            seen.append(batch.column("seq")[0].as_py())   # keep only a scalar of each batch
-    peak = peak_python_bytes(read)
-    assert seen == list(range(WRITES))
-    allocated_now = pa.total_allocated_bytes()
-    assert peak < size / 8, f"reading held {peak} bytes of a {size}-byte segment"
-    assert allocated_now < size / 8
+    got = measured("batches", seg)
+    assert got["seen"] == list(range(WRITES))
+    assert got["peak"] < size / 8, f"reading held {got['peak']} bytes of a {size}-byte segment"
+    assert got["arrow_now"] < size / 8
 
 
 def test_damage_in_the_middle_of_a_streamed_segment_names_the_write_that_holds_it(tmp_path):
