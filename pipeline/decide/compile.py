@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import polars as pl
@@ -76,8 +76,21 @@ def _bound(text: str, params: Mapping[str, Any]) -> pl.Expr:
 def evaluate_bound(text: str, params: Mapping[str, Any]) -> Any:
     """The value of an expression over parameters alone (e.g. a rule's horizon), its `$name`
     written in as literals: compiled and evaluated as a frame-less select, about a third of
-    what building and evaluating a one-row frame of parameter columns costs."""
-    return pl.select(_bound(text, params)).item()
+    what building and evaluating a one-row frame of parameter columns costs. Remembered per
+    text and values (it reads nothing else): the polls of one step, and the count and capacity
+    reads before a `sample`, evaluate it once."""
+    try:
+        key = (text, tuple(sorted(params.items())))
+        hash(key)
+    except TypeError:          # a value that cannot be a key: evaluated every time
+        return pl.select(_bound(text, params)).item()
+    return _remembered_bound(key)
+
+
+@lru_cache(maxsize=1024)
+def _remembered_bound(key: tuple[str, tuple[tuple[str, Any], ...]]) -> Any:
+    text, params = key
+    return pl.select(_bound(text, dict(params))).item()
 
 
 def _body(q: Query) -> str:

@@ -18,7 +18,6 @@ from pipeline.errors import MissingMetricError
 from pipeline.state import PartitionState, candidates
 
 _GROUP_SPAN = "group_span"
-_HIT = "__hit"
 
 
 @dataclass
@@ -71,15 +70,17 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
         exprs.append(check.expr.alias(check.name))
     # one evaluation for every rule; the few rows that fired are picked and ordered in Python
     # (each further polars call has a fixed cost larger than the work on the rows themselves)
+    # (whether any rule fired is told from the rules' own columns in Python: an eager select
+    # does not share subexpressions, so a polars `any_horizontal` would evaluate each rule again)
     out = frame.select(
         "uid", "global_steps", "term_seq", span_expr.alias(_GROUP_SPAN),
-        *{u.rule.value for u in uses if u.rule.value}, *exprs,
-        pl.any_horizontal([u.rule.expr.fill_null(False) for u in uses]).alias(_HIT))
+        *{u.rule.value for u in uses if u.rule.value}, *exprs)
     if filter_metric is not None:
         _raise_missing(out, part.partition, filter_metric)
     col = {c: out.get_column(c).to_list() for c in out.columns}
+    fired_any = [any(f) for f in zip(*(col[u.name] for u in uses))]
     # oldest first, in the order selection declares (the candidate index's)
-    hit = sorted((i for i, h in enumerate(col[_HIT]) if h),
+    hit = sorted((i for i, h in enumerate(fired_any) if h),
                  key=lambda i: tuple(col[c][i] for c in candidates.ORDER))
     if not hit:
         return Eviction()
