@@ -51,3 +51,22 @@ def test_mask_trains_each_calls_stale_groups_marked_and_the_others_evict_them() 
     masked = {p: run_size(800, 1, rng, p)["masked_per_call"] for p in POLICIES}
     assert masked == {"drop": 0, "mask": STALE_PER_CALL, "per-dataset": 0}
     assert STALE_PER_CALL < BATCH          # the batch takes the stale groups and fresh ones
+
+
+def test_the_report_fits_80_columns_without_cutting_a_cell() -> None:
+    from rich.console import Console
+
+    from jobs.bench.decide import tables
+    row = {"trajectories": 1_000_000, "policy": "drop", "order": "oldest_version",
+           "ours_decision_ms": 12.34, "ours_capacity_ms": 12.34, "ours_sample_ms": 123.45,
+           "ours_sample_alone_ms": 123.45, "reference_ms": 1234.56, "speedup_decision": 10.0,
+           "speedup_sample": 10.0, "speedup_sample_alone": 10.0}
+    console = Console(width=80, record=True)
+    for t in tables([row, {**row, "policy": "per-dataset", "order": "oldest"}]):
+        console.print(t)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for cell in ("1,000,000", "oldest_version", "per-dataset", "capacity", "123.45", "1234.56",
+                 "10.0x"):
+        assert cell in text, cell
+    assert "…" not in text
