@@ -137,7 +137,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     run_dir = make_run_dir(out) if resume is None else Path(resume)
     lake = run_dir / "lake"
     if resume is None:
-        write_config(run_dir, cfg, {"lake": str(lake)})
+        write_config(run_dir, cfg, {"lake": str(lake), **({"ray": True} if on_ray else {})})
     console.print("[bold]replaylake demo[/]: a tiny GRU learns to reverse 1-3 digits with async "
                   "GRPO.")
     console.print(_intro(cfg, on_ray), markup=False, highlight=False)

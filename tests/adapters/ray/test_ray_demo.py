@@ -49,10 +49,22 @@ def test_the_demo_over_ray_learns_and_its_lake_passes_every_audit(ray_run):
     assert last > first + 0.2
     steps, worst = con.sql("select count(*), max(group_span_max) from batches").fetchall()[0]
     assert steps == STEPS and worst <= DemoConfig().threshold
-    # the workers' versions are the weights that reached them: some responses straddle two
+    # the workers' versions are the weights that reached them: some responses straddle two,
+    # the per-token spans say the same as the min/max tags, and no trained row was written by
+    # weights of its own step or later (version g exists only after step g's update)
     (written,) = con.sql("select count(*) from trajectories "
                          "where min_global_steps < max_global_steps").fetchall()[0]
     assert written > 0
+    (mismatch,) = con.sql("""
+        select count(*) from trajectories
+        where min_global_steps <> version_spans[1].version
+           or max_global_steps <> version_spans[len(version_spans)].version
+           or list_sum([s.n_tokens for s in version_spans]) <> len(response_ids)""").fetchall()[0]
+    assert mismatch == 0
+    (trained, ahead) = con.sql("select count(*), count(*) filter (where max_global_steps >= "
+                               "fate_step) from trajectory_fates where fate = 'sampled' "
+                               "and not is_padding").fetchall()[0]
+    assert trained == STEPS * DemoConfig().batch_size * DemoConfig().n and ahead == 0
     res = CliRunner().invoke(app, ["audit", "--lake", str(out / "lake"), "--threshold",
                                    str(DemoConfig().threshold)])
     assert res.exit_code == 0, res.output
@@ -61,6 +73,7 @@ def test_the_demo_over_ray_learns_and_its_lake_passes_every_audit(ray_run):
 
 def test_the_summary_says_where_each_piece_ran(ray_run, ray_cluster):
     out, text = ray_run
+    assert json.loads((out / "config.json").read_text())["ray"] is True
     placement = json.loads((out / "summary.json").read_text())["placement"]
     driver, buffer, rollout = placement["driver"], placement["buffer"], placement["rollout"]
     assert driver["pid"] == os.getpid()
