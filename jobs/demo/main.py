@@ -23,7 +23,7 @@ from jobs.demo.config import DemoConfig, make_run_dir, write_config
 Opt = typer.Option
 
 
-def _intro(cfg: DemoConfig) -> str:
+def _intro(cfg: DemoConfig, on_ray: bool = False) -> str:
     """What the run is about to do, in words that follow the flags."""
     import textwrap
 
@@ -35,11 +35,14 @@ def _intro(cfg: DemoConfig) -> str:
     if cfg.filter_metric:
         evicted.append(f"groups whose answers all scored the same {cfg.filter_metric} (DAPO)")
     evicted.append("failed groups")
-    text = (f"Rollout threads answer each prompt {cfg.n} times with the newest weights (picking "
+    who = "Rollout workers (Ray actors)" if on_ray else "Rollout threads"
+    text = (f"{who} answer each prompt {cfg.n} times with the newest weights (picking "
             "up new weights mid-answer) and write the groups into replaylake; the trainer "
             f"samples {cfg.batch_size} groups per step. replaylake evicts "
             + ", ".join(evicted[:-1]) + (" and " if len(evicted) > 1 else "") + evicted[-1]
             + ", and asks for new prompts to replace them.")
+    if on_ray:
+        text += (" The buffer is a Ray actor that owns the lake; the trainer is this process.")
     if cfg.threshold is not None and cfg.strategy == "wait":
         text += (" With strategy 'wait' the trainer waits for late groups instead of evicting "
                  "stale ones.")
@@ -52,6 +55,18 @@ def _intro(cfg: DemoConfig) -> str:
                  "loss switched off (batch.to_torch()['loss_mask']), so nothing is generated "
                  "again for staleness.")
     return textwrap.fill(text, width=80)
+
+
+def refuse_on_ray(*, resume: Path | None, probe: Any) -> None:
+    """What `--ray` does not offer, refused before anything is started or written."""
+    from pipeline.errors import ConfigError
+    if resume is not None:
+        raise ConfigError("--resume does not work with --ray: a resumed run hands its in-flight "
+                          "groups back to rollout threads of this process; run it without "
+                          "--ray (the lake is the same)")
+    if probe is not None:
+        raise ConfigError("probe= does not work with on_ray=True: the resume harness kills a "
+                          "process that runs the whole job")
 
 
 class _Status:
@@ -79,7 +94,7 @@ class _Status:
 
 def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = True,
         console: Any = None, resume: Path | None = None, reuse: bool = True,
-        probe: Any = None, report: bool = True) -> Path:
+        probe: Any = None, report: bool = True, on_ray: bool = False) -> Path:
     """Run the demo; returns its run directory. The buffer, the workers and the W&B run are
     closed whatever happens, so a failed or interrupted run still leaves a readable lake.
 
@@ -88,7 +103,10 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     in-flight groups back with sibling reuse (``reuse=False``: whole groups again, see
     jobs/demo/resume.py). ``probe(event, value)`` sees ``("opened", buf)``, ``("token",
     None)``, ``("wave", None)`` and ``("step", g)`` (the resume harness kills the process there);
-    ``report=False`` skips the summary read back from the lake."""
+    ``report=False`` skips the summary read back from the lake.
+
+    ``on_ray``: the buffer and the rollout workers are Ray actors (jobs/demo/on_ray.py); the
+    summary then says where each piece ran (summary.json's ``placement``)."""
     import torch
     from rich.console import Console, Group
     from rich.live import Live
@@ -99,12 +117,14 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     from jobs.demo.policy import Policy
     from jobs.demo.resume import checkpoint, hand_back, restore
     from jobs.demo.rollout import Rollout, WeightStore
-    from jobs.demo.summary import render, summarize
+    from jobs.demo.summary import render, render_placement, summarize
     from jobs.demo.trainer import Trainer, ratio_summary, run_steps, tis_summary
     from jobs.demo.whatif import closing_whatif
     from pipeline import ReplayBuffer, async_config
 
     console = console or Console()
+    if on_ray:
+        refuse_on_ray(resume=resume, probe=probe)
     if resume is not None:
         cfg = read_config(resume)
     # the buffer's own checks (threshold, strategy, filter metric) before anything is written
@@ -117,10 +137,10 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     run_dir = make_run_dir(out) if resume is None else Path(resume)
     lake = run_dir / "lake"
     if resume is None:
-        write_config(run_dir, cfg, {"lake": str(lake)})
+        write_config(run_dir, cfg, {"lake": str(lake), **({"ray": True} if on_ray else {})})
     console.print("[bold]replaylake demo[/]: a tiny GRU learns to reverse 1-3 digits with async "
                   "GRPO.")
-    console.print(_intro(cfg), markup=False, highlight=False)
+    console.print(_intro(cfg, on_ray), markup=False, highlight=False)
     console.print(f"[bold]configuration[/] (also in {run_dir / 'config.json'})", highlight=False)
     for line in cfg.lines():
         console.print(line, markup=False, highlight=False)
@@ -133,8 +153,14 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     weights = WeightStore(policy)
     weights.publish(policy, done)
     holder: dict[str, Rollout] = {}
-    buf = ReplayBuffer.async_(lake=lake, refill_fn=lambda k: holder["rollout"].dispatch(k),
-                              **buffer_kwargs)
+    side = None
+    if on_ray:
+        from jobs.demo.on_ray import RaySide
+        side = RaySide.start(lake, buffer_kwargs)
+        buf = side.buf
+    else:
+        buf = ReplayBuffer.async_(lake=lake, refill_fn=lambda k: holder["rollout"].dispatch(k),
+                                  **buffer_kwargs)
     # a resumed run's new prompts get uids of their own (r1p..., r2p...: one per restart)
     restarts = len(list(run_dir.glob("resumed-*.json"))) + (resume is not None)
     rollout = holder["rollout"] = Rollout(
@@ -179,8 +205,13 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     started = time.perf_counter()
     ok = False
     history: list = []
+    placement = None
     try:
-        rollout.start()
+        if side is not None:
+            rollout.start(side.work(rollout, cfg.torch_threads))
+            side.serve_refills(rollout)
+        else:
+            rollout.start()
         progress.update(task, completed=done)
         first_top_up = None
         if back is not None:       # the pipeline as it was: `ahead` batches in flight or ready
@@ -194,8 +225,16 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
                       checkpoint=lambda g: checkpoint(run_dir, trainer, g))
         ok = True
     finally:
+        if side is not None:
+            side.stop_refills()
         rollout.stop()
-        buf.close()
+        if side is not None:
+            try:
+                placement = side.locate() if ok else None
+            finally:
+                side.close()
+        else:
+            buf.close()
         wandb_dir = tracker.run_dir if tracker is not None else None
         if tracker is not None:
             tracker.finish(exit_code=0 if ok else 1)
@@ -206,8 +245,13 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     console.print("")
     for line in render(summary, run_dir=run_dir, lake=lake, wandb_dir=wandb_dir, wall_s=wall):
         console.print(line, highlight=False)
-    extra = {}
+    extra: dict[str, Any] = {}
     console.print("")                 # the "Try" commands above end at a blank line
+    if placement is not None:
+        extra["placement"] = placement
+        for line in render_placement(placement):
+            console.print(line, highlight=False)
+        console.print("")
     if cfg.tis_cap is not None:       # the trainer's own figures: the lake holds no loss
         tis = extra["tis"] = tis_summary(history, cfg.tis_cap)
         console.print(f"Truncated IS (cap {tis['cap']:g}): mean weight "
@@ -244,6 +288,10 @@ def main(
                                                           "generate only the missing ones "
                                                           "(--no-reuse: whole groups again)")
                      ] = True,
+    ray: Annotated[bool, Opt("--ray", help="run the buffer and the rollout workers as Ray "
+                                           "actors (joins RAY_ADDRESS's cluster, else starts a "
+                                           "local one); the trainer stays here. Not with "
+                                           "--resume")] = False,
     **settings: Any,
 ) -> None:
     """Train a tiny GRU policy with asynchronous GRPO through replaylake (about a minute on 2
@@ -253,8 +301,12 @@ def main(
         replaylake demo
         replaylake demo --steps 150 --threshold 3 --failure-rate 0.02
         replaylake demo --resume runs/demo/latest
+        replaylake demo --ray --steps 100
     """
-    run(flags.config(settings), out=out, use_wandb=wandb, resume=resume, reuse=reuse)
+    if ray:                           # before the configuration is read from --resume's run
+        refuse_on_ray(resume=resume, probe=None)
+    run(flags.config(settings), out=out, use_wandb=wandb, resume=resume, reuse=reuse,
+        on_ray=ray)
 
 
 # what typer reads: DemoConfig's flags (jobs/demo/flags.py), then --out and --wandb; `eval_str`

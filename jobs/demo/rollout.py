@@ -13,6 +13,10 @@ A group's sessions are generated in ``waves`` (as a server with limited concurre
 group's samples), each wave put as soon as it is done and each trajectory with the rollout
 seconds it took (`generation_s`): a crash between waves leaves the group partly generated, and a
 resumed run (`requeue`) generates only the sessions still missing.
+
+One worker's generation is `Worker`, whoever runs it: a thread of `Rollout` here, or a Ray actor
+in a process of its own (`replaylake demo --ray`, jobs/demo/on_ray.py), which `Rollout`'s
+threads then only feed (``work``: one call per worker that generates a list of queued groups).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -40,18 +44,40 @@ from jobs.demo.policy import (
 class WeightStore:
     """The newest trainer weights and their version (version g = weights after step g)."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy | None = None, *, version: int = 0,
+                 state: dict[str, torch.Tensor] | None = None):
+        """The weights of ``policy`` as version 0, or (another process's copy) ``state`` as
+        ``version``."""
         self._lock = threading.Lock()
-        self.publish(policy, 0)
+        self._listeners: list[Callable[[int, dict[str, torch.Tensor]], None]] = []
+        if policy is not None:
+            self.publish(policy, version)
+        elif state is not None:
+            self._state, self.version = state, version
+        else:
+            raise ValueError("WeightStore needs a policy or a state")
 
     def publish(self, policy: Policy, version: int) -> None:
         state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
         with self._lock:
             self._state, self.version = state, version
+        for listener in self._listeners:
+            listener(version, state)
 
     def latest(self) -> tuple[int, dict[str, torch.Tensor]]:
         with self._lock:
             return self.version, self._state
+
+    def receive(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Hold ``state`` as ``version`` unless a newer version is held already (weights sent
+        to another process may arrive out of order)."""
+        with self._lock:
+            if version > self.version:
+                self._state, self.version = state, version
+
+    def publish_to(self, listener: Callable[[int, dict[str, torch.Tensor]], None]) -> None:
+        """Also hand every version published from now on to ``listener(version, state)``."""
+        self._listeners.append(listener)
 
 
 @dataclass
@@ -62,6 +88,75 @@ class RolloutStats:
     trajectories: int = 0
     failed_sessions: int = 0
     mid_response_swaps: int = 0
+
+
+class Worker:
+    """One rollout worker: generates queued groups with the newest weights of ``weights`` (one
+    policy copy of its own, reloaded whenever the version changes, checked before every token)
+    and writes them into ``buf`` (in-process, or the Ray actor's client)."""
+
+    def __init__(self, buf, weights: WeightStore, *, seed: int, partition: str = "train",
+                 failure_rate: float = 0.0, token_delay: float = 0.0, waves: int = 1,
+                 probe: Callable[[str], None] | None = None):
+        self.buf, self.weights, self.partition = buf, weights, partition
+        self.failure_rate, self.token_delay, self.waves = failure_rate, token_delay, waves
+        self.probe = probe
+        self.policy = Policy()
+        self.held = -1                       # the version self.policy holds
+        self.rng = np.random.default_rng(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def before_token(self) -> int:
+        if self.probe is not None:
+            self.probe("token")
+        if self.token_delay:
+            time.sleep(self.token_delay)        # a real server's decode time per token
+        version, state = self.weights.latest()
+        if version != self.held:
+            self.policy.load_state_dict(state)
+            self.held = version
+        return version
+
+    def generate(self, items: list[tuple[str, list[int], list[int]]]) -> RolloutStats:
+        """Generate the queued groups ``(uid, prompt, session ids)``: running, each wave put as
+        soon as it is done, then finished (or failure, for a group with a failed session)."""
+        uids = [u for u, _, _ in items]
+        self.buf.update_status(partition=self.partition, uids=uids, status="running")
+        failed_groups, rewards, swaps, failures = set(), [], 0, 0
+        waves = _waves(items, self.waves)
+        for k, wave in enumerate(waves):
+            started = time.perf_counter()
+            tokens, logps, versions, lengths = generate(
+                self.policy, [p for _, p, _ in wave], 1, before_token=self.before_token,
+                generator=self.gen)
+            seconds = (time.perf_counter() - started) / len(wave)   # its share of the call
+            failed = self.rng.random(len(wave)) < self.failure_rate
+            failures += int(failed.sum())
+            rows: dict[str, list] = {c: [] for c in _COLUMNS}
+            for i, (m, (uid, prompt, s)) in enumerate(zip(lengths.tolist(), wave)):
+                if failed[i]:
+                    failed_groups.add(uid)
+                    continue
+                response = tokens[i, :m].tolist()
+                spans = version_spans(versions, m)
+                swaps += len(spans) > 1
+                rewards.append(reward(prompt, response))
+                for col, value in zip(_COLUMNS, (
+                        self.partition, uid, s, spans[0]["version"], spans[-1]["version"],
+                        rewards[-1], prompt_ids(prompt), response, logps[i, :m].tolist(), spans,
+                        seconds)):
+                    rows[col].append(value)
+            if rows["uid"]:
+                self.buf.put(rows)
+            if self.probe is not None and k + 1 < len(waves):
+                self.probe("wave")             # put, and more sessions of these groups to come
+        done = [u for u in uids if u not in failed_groups]
+        if done:
+            self.buf.update_status(partition=self.partition, uids=done, status="finished")
+        if failed_groups:
+            self.buf.update_status(partition=self.partition, uids=sorted(failed_groups),
+                                   status="failure")
+        return RolloutStats(sum(rewards), len(rewards), failures, swaps)
 
 
 class Rollout:
@@ -92,9 +187,18 @@ class Rollout:
         self._rng = np.random.default_rng(seed)
         self._stats = RolloutStats()
         self.error: BaseException | None = None
-        self._threads = [threading.Thread(target=self._serve, args=(seed + 1 + i,),
-                                          name=f"rollout-{i}", daemon=True)
-                         for i in range(workers)]
+        self.workers, self.seed = workers, seed
+        self._threads: list[threading.Thread] = []
+
+    def worker_seeds(self) -> list[int]:
+        """Each worker's seed (of its sampling and its failures)."""
+        return [self.seed + 1 + i for i in range(self.workers)]
+
+    def worker_settings(self) -> dict:
+        """A `Worker`'s keywords besides buffer, weights and seed (what a Ray rollout actor is
+        given to build the same worker in its own process)."""
+        return {"partition": self.partition, "failure_rate": self.failure_rate,
+                "token_delay": self.token_delay, "waves": self.waves}
 
     # --- the trainer's side --------------------------------------------------------------------
     def dispatch(self, count: int) -> None:
@@ -132,7 +236,16 @@ class Rollout:
             out, self._stats = self._stats, RolloutStats()
         return out
 
-    def start(self) -> None:
+    def start(self, work: list[Callable[[list], RolloutStats]] | None = None) -> None:
+        """Start one thread per worker. ``work`` (default: a `Worker` in each thread): one
+        function per worker that generates a list of queued groups and returns its
+        `RolloutStats`; ``replaylake demo --ray`` passes calls to its Ray actors, so the threads
+        only feed them."""
+        if work is None:
+            work = [None] * self.workers
+        self._threads = [threading.Thread(target=self._serve, args=(seed, w),
+                                          name=f"rollout-{i}", daemon=True)
+                         for i, (seed, w) in enumerate(zip(self.worker_seeds(), work))]
         for t in self._threads:
             t.start()
 
@@ -148,7 +261,7 @@ class Rollout:
         if self.error is not None:
             raise RuntimeError(f"a rollout worker crashed: {self.error!r}") from self.error
 
-    # --- a worker ------------------------------------------------------------------------------
+    # --- a worker thread -----------------------------------------------------------------------
     def _take(self) -> list[tuple[str, list[int], list[int]]]:
         try:
             items = [self._queue.get(timeout=0.02)]
@@ -161,73 +274,21 @@ class Rollout:
                 break
         return items
 
-    def _serve(self, seed: int) -> None:
-        policy = Policy()
-        held = {"version": -1}
-        rng = np.random.default_rng(seed)
-        gen = torch.Generator().manual_seed(seed)
-
-        def before_token() -> int:
-            if self.probe is not None:
-                self.probe("token")
-            if self.token_delay:
-                time.sleep(self.token_delay)    # a real server's decode time per token
-            version, state = self.weights.latest()
-            if version != held["version"]:
-                policy.load_state_dict(state)
-                held["version"] = version
-            return version
-
+    def _serve(self, seed: int, work: Callable[[list], RolloutStats] | None) -> None:
         try:
+            if work is None:
+                work = Worker(self.buf, self.weights, seed=seed, probe=self.probe,
+                              **self.worker_settings()).generate
             while not self._stop.is_set():
                 items = self._take()
                 if items:
-                    self._generate(policy, items, before_token, rng, gen)
+                    produced = work(items)
+                    with self._lock:
+                        for f in fields(RolloutStats):
+                            setattr(self._stats, f.name, getattr(self._stats, f.name)
+                                    + getattr(produced, f.name))
         except BaseException as exc:            # surfaced to the trainer by check()
             self.error = exc
-
-    def _generate(self, policy: Policy, items, before_token, rng: np.random.Generator,
-                  gen: torch.Generator) -> None:
-        uids = [u for u, _, _ in items]
-        self.buf.update_status(partition=self.partition, uids=uids, status="running")
-        failed_groups, rewards, swaps, failures = set(), [], 0, 0
-        waves = _waves(items, self.waves)
-        for k, wave in enumerate(waves):
-            started = time.perf_counter()
-            tokens, logps, versions, lengths = generate(policy, [p for _, p, _ in wave], 1,
-                                                        before_token=before_token, generator=gen)
-            seconds = (time.perf_counter() - started) / len(wave)   # its share of the call
-            failed = rng.random(len(wave)) < self.failure_rate
-            failures += int(failed.sum())
-            rows: dict[str, list] = {c: [] for c in _COLUMNS}
-            for i, (m, (uid, prompt, s)) in enumerate(zip(lengths.tolist(), wave)):
-                if failed[i]:
-                    failed_groups.add(uid)
-                    continue
-                response = tokens[i, :m].tolist()
-                spans = version_spans(versions, m)
-                swaps += len(spans) > 1
-                rewards.append(reward(prompt, response))
-                for col, value in zip(_COLUMNS, (
-                        self.partition, uid, s, spans[0]["version"], spans[-1]["version"],
-                        rewards[-1], prompt_ids(prompt), response, logps[i, :m].tolist(), spans,
-                        seconds)):
-                    rows[col].append(value)
-            if rows["uid"]:
-                self.buf.put(rows)
-            if self.probe is not None and k + 1 < len(waves):
-                self.probe("wave")             # put, and more sessions of these groups to come
-        done = [u for u in uids if u not in failed_groups]
-        if done:
-            self.buf.update_status(partition=self.partition, uids=done, status="finished")
-        if failed_groups:
-            self.buf.update_status(partition=self.partition, uids=sorted(failed_groups),
-                                   status="failure")
-        with self._lock:
-            self._stats.reward_sum += sum(rewards)
-            self._stats.trajectories += len(rewards)
-            self._stats.failed_sessions += failures
-            self._stats.mid_response_swaps += swaps
 
 
 _COLUMNS = ("partition", "uid", "session_id", "min_global_steps", "max_global_steps", "reward",

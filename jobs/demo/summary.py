@@ -219,3 +219,19 @@ def render(s: LakeSummary, *, run_dir: Path, lake: Path, wandb_dir: Path | None,
         lines.append(f"  # {what}")
         lines.extend(format_command(argv, prog=replaylake))
     return [Text.from_markup(x) if x.startswith("[bold]") else Text(x) for x in lines]
+
+
+def render_placement(placement: dict) -> list:
+    """Where each piece of a ``--ray`` run ran: pid and Ray node id of the trainer (the driver),
+    the buffer actor and each rollout actor (node ids shortened to 12 characters; summary.json
+    holds them whole), and how many nodes and processes that is."""
+    from rich.text import Text
+
+    pieces = [("trainer (driver)", placement["driver"]), ("buffer actor", placement["buffer"]),
+              *((f"rollout worker {i}", w) for i, w in enumerate(placement["rollout"]))]
+    nodes = {p["node_id"] for _, p in pieces}
+    pids = {p["pid"] for _, p in pieces}
+    lines = [f"[bold]Where it ran[/] (Ray: {len(pids)} processes on {len(nodes)} "
+             f"node{'s' if len(nodes) != 1 else ''})"]
+    lines += [f"  {what:<21}pid {p['pid']:<8} node {p['node_id'][:12]}" for what, p in pieces]
+    return [Text.from_markup(x) if x.startswith("[bold]") else Text(x) for x in lines]

@@ -170,9 +170,15 @@ class RayReplayBuffer:
     # --- producers -----------------------------------------------------------------------------
     def register(self, data: Any = None, *, partition: str | None = None,
                  uids: list[str] | None = None, global_steps: int | None = None,
-                 n: int | None = None) -> None:
+                 n: int | None = None, prompt_ids: list[int | None] | None = None,
+                 dataset: str | list[str | None] | None = None) -> None:
+        """`ReplayBuffer.register`: rows, or the shorthand (``prompt_ids`` one per uid,
+        ``dataset`` one name for all or one per uid)."""
         kwargs = {"data": data} if data is not None else {
             "partition": partition, "uids": list(uids or []), "global_steps": global_steps, "n": n}
+        if data is None:
+            kwargs.update({k: v for k, v in (("prompt_ids", prompt_ids), ("dataset", dataset))
+                           if v is not None})
         self._call("register", kwargs)
 
     def update_status(self, data: Any = None, *, partition: str | None = None,

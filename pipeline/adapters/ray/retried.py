@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.buffer import ReplayBuffer
 
+_PER_UID = ("prompt_ids", "dataset")     # shorthand keywords that hold one value per uid
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2, "sampled": 3}
 
 
@@ -43,7 +44,12 @@ def _shorthand(kwargs: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, 
     if not rows:
         return None
     if kwargs.get("data") is None:
-        return {**kwargs, "uids": [r["uid"] for r in rows]}
+        # per-uid lists of the shorthand (`register`'s prompt_ids, dataset) keep the uids left
+        at = {u: i for i, u in enumerate(kwargs["uids"])}
+        keep = [at[r["uid"]] for r in rows]
+        per_uid = {k: [v[i] for i in keep] for k, v in kwargs.items()
+                   if k in _PER_UID and isinstance(v, list)}
+        return {**kwargs, "uids": [r["uid"] for r in rows], **per_uid}
     return {"data": rows}
 
 

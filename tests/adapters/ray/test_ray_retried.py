@@ -31,6 +31,20 @@ def test_a_retried_register_drops_the_groups_the_lost_attempt_registered():
     assert register_left(buf, {"data": rows}) == {"data": [rows[1]]}
 
 
+
+def test_a_retried_register_keeps_the_prompt_ids_and_datasets_of_the_groups_it_leaves_in():
+    buf = ReplayBuffer.async_()
+    buf.register(partition="train", uids=["a"], global_steps=1, n=GROUP, prompt_ids=[7])
+    call = {"partition": "train", "uids": ["a", "b", "c"], "global_steps": 1, "n": GROUP,
+            "prompt_ids": [7, 8, 9], "dataset": ["x", "y", None]}
+    assert register_left(buf, call) == {**call, "uids": ["b", "c"], "prompt_ids": [8, 9],
+                                        "dataset": ["y", None]}
+    one_name = {**call, "dataset": "x"}                  # one name for all stays as it is
+    assert register_left(buf, one_name) == {**one_name, "uids": ["b", "c"],
+                                            "prompt_ids": [8, 9]}
+    buf.register(**register_left(buf, call))
+    assert [buf.lookup("train", u).prompt_id for u in "abc"] == [7, 8, 9]
+
 def test_a_retried_status_update_drops_the_groups_already_at_or_past_that_status():
     buf = ReplayBuffer.async_()
     _registered(buf, ["a", "b", "c"])

@@ -6,6 +6,7 @@ from dataclasses import fields
 
 import pytest
 from typer.core import TyperOption
+from typer.testing import CliRunner
 
 from jobs import cli
 from jobs.demo import flags
@@ -21,8 +22,8 @@ def options() -> dict[str, TyperOption]:
 def test_every_flag_is_a_config_field_marked_as_one_with_its_default_and_help():
     marked = {f.name: f for f in fields(DemoConfig) if "flag" in f.metadata}
     shown = options()
-    # besides the configuration: where the run goes, W&B, and resuming a run directory
-    assert set(shown) == {*marked, "out", "wandb", "resume", "reuse"}
+    # besides the configuration: where the run goes, W&B, resuming a run directory, and Ray
+    assert set(shown) == {*marked, "out", "wandb", "resume", "reuse", "ray"}
     assert {"n", "lr", "workers"}.isdisjoint(shown)     # knobs the command line does not offer
     for name, f in marked.items():
         default = "none" if f.default is None else f.default
@@ -44,3 +45,15 @@ def test_none_or_off_turns_a_field_that_may_be_none_off():
 def test_a_flag_that_is_not_a_number_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match=r"threshold='two': give an integer or 'none'"):
         flags.config({"threshold": "two"})
+
+
+def test_ray_with_resume_is_refused_naming_the_flag_before_anything_starts(tmp_path):
+    res = CliRunner().invoke(cli.app, ["demo", "--ray", "--resume", str(tmp_path / "nowhere")])
+    assert res.exit_code != 0
+    assert "--resume does not work with --ray" in res.output
+    assert list(tmp_path.iterdir()) == []               # nothing written
+
+
+def test_the_ray_flag_is_in_the_demo_help():
+    help_text = options()["ray"].help
+    assert "Ray actors" in help_text and "--resume" in help_text
