@@ -55,3 +55,22 @@ def test_the_reference_copies_the_data_and_fills_only_the_padding() -> None:
     assert real["input_ids"] < padded["input_ids"].numel() * 8      # the batch has padding
     packed = batch_to_torch(table, layout="packed")
     assert real_bytes(packed) == [t.numel() * t.element_size() for t in packed.values()]
+
+
+def test_the_report_fits_80_columns_without_cutting_a_cell() -> None:
+    from rich.console import Console
+
+    from jobs.bench.to_torch import views
+    row = {"batch_size": 1024, "layout": "packed", "shape": [1, 12345678],
+           "output_bytes": 1234 * 2**20, "ours_ms": 1234.5, "memcpy_ms": 1234.5,
+           "ours_over_memcpy": 12.34, "meets_goal": False, "pooled_ms": 1234.5,
+           "memcpy_warm_ms": 1234.5, "pooled_over_memcpy_warm": 12.34,
+           "pooled_meets_goal": None}
+    console = Console(width=80, record=True)
+    for view in views([row]):
+        console.print(view)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for cell in ("1x12345678", "1234", "1234.5", "12.34x", "MISSED", "memcpy warm"):
+        assert cell in text, cell
+    assert "…" not in text
