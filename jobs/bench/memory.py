@@ -28,7 +28,7 @@ from jobs.bench.out import result_path
 
 PER_GROUP = 4
 GROUPS_PER_PUT = 256
-STEP = 0
+STEP = 1          # the training step; rollouts carry the weights before it (version 0)
 
 
 def rss_bytes() -> int:
@@ -78,7 +78,7 @@ def measure(n_traj: int, prompt: tuple[int, int], response: tuple[int, int], see
         uids = [f"g{i}" for i in range(start, min(start + GROUPS_PER_PUT, n_groups))]
         buf.register(partition="train", uids=uids, global_steps=STEP, n=PER_GROUP)
         rewards = rng.integers(0, 2, size=len(uids) * PER_GROUP).astype(np.float64)
-        table = trajectories("train", uids, PER_GROUP, version=STEP, rewards=rewards,
+        table = trajectories("train", uids, PER_GROUP, version=STEP - 1, rewards=rewards,
                              prompt_len=prompt, response_len=response, rng=rng)
         payload += table.nbytes
         buf.put(table)
@@ -133,7 +133,7 @@ def main(sizes: str = typer.Option("100000,1000000", help="buffered trajectories
     table = Table(title="live memory: RSS growth vs the Arrow payload put")
     for col in ("trajectories", "payload MB", "RSS growth MB", "RSS/payload",
                 "left after release MB (trimmed)", "fill s"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=col == "trajectories")
     for r in results:
         table.add_row(f"{r['trajectories']:,}", f"{r['payload_bytes'] / 1e6:,.0f}",
                       f"{r['rss_growth_bytes'] / 1e6:,.0f}", f"{r['rss_over_payload']:.2f}x",
