@@ -23,9 +23,11 @@ import pyarrow.compute as pc
 
 from pipeline.decide import compile as declared
 from pipeline.ingest import metric_values
+from pipeline.state import candidates
 from sql.loader import SqlError
 
 if TYPE_CHECKING:
+    from pipeline.decide.policies.order import SelectionOrder
     from pipeline.state import PartitionState
 
 QUERY = "group_aggregates"
@@ -128,17 +130,42 @@ def complete(part: PartitionState) -> None:
     items = declared.compiled_items(QUERY)
     agg: dict[str, tuple] = {}
     names = list(items)
+    order = part.candidates.order
+    # a declared order whose key reads only aggregates is keyed in the same evaluation (where
+    # the aggregates come out in the candidate columns' types, as the index would key them)
+    keyed = order is not None and set(order.reads) <= set(names)
     if meta is not None:
         uids = list(unaggregated)
         # maintain_order: the single-threaded grouping (for a poll's few groups the parallel hash
         # grouping costs more in its threads than it saves); the order itself is not used
         out = meta.group_by(GROUP, maintain_order=True).agg(e.alias(k) for k, e in items.items())
+        keyed = keyed and all(out.schema[c] == candidates.POLARS_SCHEMA[c] for c in order.reads)
+        if keyed:
+            out = out.with_columns(order.key.alias(_KEY))
         agg = {uids[r[0]]: r[1:] for r in out.rows()}
     empty = empty_aggregates()
+    if keyed:
+        empty = (*empty, _empty_key(order))
     n_at = names.index("n_traj")
-    rows = []
+    rows, keys = [], []
     for uid, (gs, term_seq, status) in unaggregated.items():
         a = agg.get(uid, empty)
+        if keyed:
+            keys.append(a[-1])
+            a = a[:-1]
         rows.append((part.partition, uid, gs, term_seq, effective_status(status, a[n_at]), *a,
                      part.groups[uid].dataset))
-    part.candidates.complete(rows)
+    part.candidates.complete(rows, keys if keyed else None)
+
+
+_KEY = "__order_key"
+
+
+@cache
+def _empty_key(order: SelectionOrder) -> object:
+    """The declared order's key of a group without trajectories (every aggregate at its empty
+    value), evaluated once per order."""
+    names = list(declared.compiled_items(QUERY))
+    frame = pl.DataFrame([empty_aggregates()], schema={n: candidates.POLARS_SCHEMA[n] for n in names},
+                         orient="row")
+    return frame.select(order.key).item()

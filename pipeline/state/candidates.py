@@ -99,14 +99,15 @@ class CandidateIndex:
         self.fresh.append(uid)
         heapq.heappush(self._heap, _key(gs, term_seq, uid))
 
-    def complete(self, rows: list[tuple]) -> None:
-        """Store the candidate rows of unaggregated groups (their aggregates are now known)."""
+    def complete(self, rows: list[tuple], keys: list | None = None) -> None:
+        """Store the candidate rows of unaggregated groups (their aggregates are now known);
+        ``keys``: the declared order's key of each row when the caller computed them already."""
         for r in rows:
             uid = r[1]
             del self.unaggregated[uid]
             self.alive[uid] = r
         if self.order is not None and rows:
-            for key, r in zip(self._keys(rows), rows):
+            for key, r in zip(self._keys(rows) if keys is None else keys, rows):
                 heapq.heappush(self._ranked, (key, r[_TERM_SEQ], r[1]))
 
     def _keys(self, rows: list[tuple]) -> list:
