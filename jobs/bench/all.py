@@ -55,7 +55,7 @@ class Sizes:
     verl_lag_s: float       # that phase's mirror_max_lag
     ray_put_calls: int = 200
     ray_sample_calls: int = 20
-    ray_batches: int = 20   # batches the trainer samples per producer count
+    ray_batches: int = 40   # batches the trainer samples per producer count
     ray_producers: tuple[int, ...] = (1, 2, 4, 8)
 
 
@@ -235,8 +235,9 @@ def memory_figures(s: Sizes) -> list[dict[str, Any]]:
 
 def ray_figures(s: Sizes) -> list[dict[str, Any]]:
     """Put and sample through the Ray actor against the in-process buffer (same run), sample
-    throughput per count of producer processes against one producer's, and the saturation point."""
-    from jobs.bench.ray import BATCH, run
+    throughput per count of producer processes against one producer's, and the saturation point
+    (its ratio: the most any larger count adds over it, 0 when it is the largest measured)."""
+    from jobs.bench.ray import BATCH, processes, run
     r = run(s.ray_put_calls, s.ray_sample_calls, s.ray_batches, s.ray_producers)
     out = []
     for op, what in (("put", f"put of {r['put_trajectories']} trajectories"),
@@ -247,7 +248,7 @@ def ray_figures(s: Sizes) -> list[dict[str, Any]]:
     sweep = r["ray_actor_throughput"]
     one = sweep[0]["trajectories_per_s"]
     for t in sweep:
-        out.append(figure(f"actor sample throughput, {t['producers']} producer processes",
+        out.append(figure(f"actor sample throughput, {processes(t['producers'])}",
                           t["trajectories_per_s"], "trajectories/s",
                           f"{sweep[0]['producers']} producer's trajectories/s", one,
                           t["trajectories_per_s"] / one, f"x {sweep[0]['producers']} producer",
@@ -256,14 +257,17 @@ def ray_figures(s: Sizes) -> list[dict[str, Any]]:
     at = sat["producers"]
     last = sweep[-1]["producers"]
     at_row = next(t for t in sweep if t["producers"] == (at if at is not None else last))
-    nxt = next((g for p, g in sat["growth"].items() if p > at_row["producers"]), None)
-    path = (f"single actor saturates at {at} producer processes (the next count adds "
-            f"< {sat['min_growth']:.0%})" if at is not None else
-            f"single actor not saturated up to {last} producer processes (every step adds "
+    best_after = max((t["trajectories_per_s"] for t in sweep
+                      if t["producers"] > at_row["producers"]), default=None)
+    path = (f"single actor saturates at {processes(at)} (no larger count adds "
+            f">= {sat['min_growth']:.0%})" if at is not None else
+            f"single actor not saturated up to {processes(last)} (a larger count still adds "
             f">= {sat['min_growth']:.0%})")
+    gain = 0.0 if best_after is None else best_after / at_row["trajectories_per_s"] - 1
     out.append(figure(path, at_row["producers"], "producers", "its trajectories/s",
-                      at_row["trajectories_per_s"], nxt if nxt is not None else 0.0,
-                      "growth at the next count", "", None))
+                      at_row["trajectories_per_s"], gain,
+                      "most any larger count adds" if best_after is not None else
+                      "(no larger count measured)", "", None))
     return out
 
 
