@@ -3,8 +3,10 @@
 One run measures ingest (small puts in memory and on the lake, the register+put+finish lifecycle,
 large puts against `dd` to the same directory), `to_torch` against memcpy, the decision path
 against the naive reference buffer, the verl adapter against verl 0.9.1 through the same
-TransferQueue, and live memory against the Arrow payload. References are measured in the same
-run, so a busy machine slows both sides alike. Results go to one JSON file and one markdown table
+TransferQueue, live memory against the Arrow payload, and put / sample through the Ray actor
+against the in-process buffer, with the actor's sample throughput per count of producer processes
+and where it saturates (jobs/bench/ray.py). References are measured in the same run, so a busy
+machine slows both sides alike. Results go to one JSON file and one markdown table
 (jobs/bench/table.py renders it; `replaylake dev bench table` regenerates the docs' table from a JSON).
 
 ``--quick`` shrinks every size to a smoke test (seconds): the figures then only show that every
@@ -51,13 +53,17 @@ class Sizes:
     memory_sizes: tuple[int, ...]
     verl_step_s: float      # the trainer step between calls of the background-mirror phase
     verl_lag_s: float       # that phase's mirror_max_lag
+    ray_put_calls: int = 200
+    ray_sample_calls: int = 20
+    ray_batches: int = 40   # batches the trainer samples per producer count
+    ray_producers: tuple[int, ...] = (1, 2, 4, 8)
 
 
 FULL = Sizes(2000, 8, 256, 16384, 3, (256, 1024), (128, 1024), (1024, 4096), 7,
              (10_000, 100_000, 1_000_000), 15, (100, 10_000), 64, 15, (100_000, 1_000_000),
              1.0, 1.0)
 QUICK = Sizes(40, 2, 16, 1024, 1, (16,), (4, 32), (8, 64), 2, (2_000,), 3, (40,), 8, 1, (2_000,),
-              0.2, 0.2)
+              0.2, 0.2, ray_put_calls=5, ray_sample_calls=2, ray_batches=2, ray_producers=(1, 2))
 
 
 
@@ -227,11 +233,49 @@ def memory_figures(s: Sizes) -> list[dict[str, Any]]:
     return out
 
 
+def ray_figures(s: Sizes) -> list[dict[str, Any]]:
+    """Put and sample through the Ray actor against the in-process buffer (same run), sample
+    throughput per count of producer processes against one producer's, and the saturation point
+    (its ratio: the most any larger count adds over it, 0 when it is the largest measured)."""
+    from jobs.bench.ray import BATCH, processes, run
+    r = run(s.ray_put_calls, s.ray_sample_calls, s.ray_batches, s.ray_producers)
+    out = []
+    for op, what in (("put", f"put of {r['put_trajectories']} trajectories"),
+                     ("sample", f"sample of {BATCH} groups")):
+        ours, ref = r["ray_actor"][op]["median_ms"], r["in_process"][op]["median_ms"]
+        out.append(figure(f"{what} through the Ray actor (median)", ours, "ms",
+                          "in-process buffer ms", ref, ours / ref, "x in-process", "", None))
+    sweep = r["ray_actor_throughput"]
+    one = sweep[0]["trajectories_per_s"]
+    for t in sweep:
+        out.append(figure(f"actor sample throughput, {processes(t['producers'])}",
+                          t["trajectories_per_s"], "trajectories/s",
+                          f"{sweep[0]['producers']} producer's trajectories/s", one,
+                          t["trajectories_per_s"] / one, f"x {sweep[0]['producers']} producer",
+                          "", None))
+    sat = r["saturation"]
+    at = sat["producers"]
+    last = sweep[-1]["producers"]
+    at_row = next(t for t in sweep if t["producers"] == (at if at is not None else last))
+    best_after = max((t["trajectories_per_s"] for t in sweep
+                      if t["producers"] > at_row["producers"]), default=None)
+    path = (f"single actor saturates at {processes(at)} (no larger count adds "
+            f">= {sat['min_growth']:.0%})" if at is not None else
+            f"single actor not saturated up to {processes(last)} (a larger count still adds "
+            f">= {sat['min_growth']:.0%})")
+    gain = 0.0 if best_after is None else best_after / at_row["trajectories_per_s"] - 1
+    out.append(figure(path, at_row["producers"], "producers", "its trajectories/s",
+                      at_row["trajectories_per_s"], gain,
+                      "most any larger count adds" if best_after is not None else
+                      "(no larger count measured)", "", None))
+    return out
+
+
 # the decision path runs before to_torch: that section allocates and frees gigabytes of tensors,
 # and the first size timed right after it ran about twice as slow on both sides (ours and the
 # naive reference) while the allocator grew its heap back
 SECTIONS = (("ingest", ingest), ("decide", decide_figures), ("to_torch", torch_figures),
-            ("verl", verl_figures), ("memory", memory_figures))
+            ("verl", verl_figures), ("memory", memory_figures), ("ray", ray_figures))
 
 
 def run(sizes: Sizes, only: set[str] | None = None) -> dict[str, Any]:
@@ -266,7 +310,7 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
                                   "directory: all.json in it); the markdown table beside it "
                                   "(.md)"),
          only: str = typer.Option("", help="comma-separated sections "
-                                  "(ingest,to_torch,decide,verl,memory); default all"),
+                                  "(ingest,to_torch,decide,verl,memory,ray); default all"),
          doc: list[Path] = typer.Option([], help="also regenerate this markdown file's table "
                                         "(and summary); repeat for several")
          ) -> None:

@@ -1,13 +1,18 @@
-"""Benchmark: the buffer behind a Ray actor vs in-process, and actor throughput under 4 producers.
+"""Benchmark: the buffer behind a Ray actor vs in-process, and actor throughput as producers grow.
 
-Three figures from one run, on a local Ray cluster (``num_cpus=4``):
+Three measurements from one run, on a local Ray cluster (``num_cpus=4``) or the one already
+connected:
 
 1. per-call latency of `put` (16 trajectories: 4 groups x 4 sessions, realistic payloads) in
    process and through the actor (client-side conform + Arrow IPC + object store + actor thread);
 2. per-call latency of `sample` (batch of 64 groups, 256 trajectories) both ways, groups already
    finished so no call waits;
-3. actor `sample` throughput while 4 remote producer tasks stream groups in (register, put,
-   finish): batches/s and trajectories/s seen by the trainer from its first to its last batch.
+3. actor `sample` throughput while 1, 2, 4 and 8 producer processes (Ray actors, one process
+   each) stream groups in (register, put, finish): batches/s and trajectories/s seen by the
+   trainer from its first to its last batch, a fresh actor and lake per count; and the point
+   where the single actor saturates: the smallest count that no larger count beats by 10 % or
+   more in trajectories/s (`saturation`). On a machine with fewer cores than processes, the cores
+   saturate too; the figure then says where this host stops, and the docs say so.
 
 Both paths keep a lake on disk (a temporary directory), as a real run would.
 """
@@ -30,6 +35,8 @@ from jobs.bench.out import result_path
 
 PER_GROUP, GROUPS_PER_PUT, BATCH = 4, 4, 64
 PROMPT, RESPONSE = (64, 512), (128, 1024)
+PRODUCERS = (1, 2, 4, 8)   # producer processes of the throughput sweep
+MIN_GROWTH = 0.10          # more producers adding less than this share of throughput: saturated
 
 
 def _table(uids: list[str], rng: np.random.Generator):
@@ -74,23 +81,53 @@ def _sample_latency(buf: Any, calls: int, seed: int) -> list[float]:
     return out
 
 
-def produce(client: Any, producer: int, groups: int, seed: int) -> int:
-    """A remote rollout worker: 4 groups per round, registered, put (16 rows), finished."""
-    rng = np.random.default_rng(seed + producer)
-    sent = 0
-    for r in range(0, groups, GROUPS_PER_PUT):
-        uids = [f"w{producer}_{r + i}" for i in range(GROUPS_PER_PUT)]
-        client.register(partition="train", uids=uids, global_steps=1, n=PER_GROUP)
-        client.update_status(partition="train", uids=uids, status="running")
-        sent += client.put(_table(uids, rng))
-        client.update_status(partition="train", uids=uids, status="finished")
-    return sent
+class Producer:
+    """A remote rollout worker in a process of its own (the body of a Ray actor): 4 groups per
+    round, registered, put (16 rows) and finished. Its tables are made before the clock starts
+    and only get new uids per round, so what it costs while timed is the client's calls."""
+
+    def __init__(self, producer: int, seed: int, distinct: int = 4) -> None:
+        rng = np.random.default_rng(seed + producer)
+        self.producer = producer
+        self.tables = [_table([f"t{i}"] * GROUPS_PER_PUT, rng) for i in range(distinct)]
+
+    def ready(self) -> int:
+        import os
+        return os.getpid()
+
+    def run(self, client: Any, groups: int) -> int:
+        import pyarrow as pa
+        sent = 0
+        for r in range(0, groups, GROUPS_PER_PUT):
+            uids = [f"w{self.producer}_{r + i}" for i in range(GROUPS_PER_PUT)]
+            table = self.tables[(r // GROUPS_PER_PUT) % len(self.tables)]
+            table = table.set_column(table.schema.get_field_index("uid"), "uid",
+                                     pa.array(np.repeat(uids, PER_GROUP).tolist()))
+            client.register(partition="train", uids=uids, global_steps=1, n=PER_GROUP)
+            client.update_status(partition="train", uids=uids, status="running")
+            sent += client.put(table)
+            client.update_status(partition="train", uids=uids, status="finished")
+        return sent
+
+
+def check_producers(counts: tuple[int, ...], batches: int) -> None:
+    """Each count must split the run's groups into whole rounds of GROUPS_PER_PUT per producer."""
+    from pipeline.errors import ConfigError
+    total = batches * BATCH
+    bad = [p for p in counts if p < 1 or total % (p * GROUPS_PER_PUT)]
+    if not counts or bad or batches < 2:
+        raise ConfigError(
+            f"--producers {','.join(map(str, counts)) or '(none)'} with --batches {batches}: "
+            f"need --batches >= 2 and producer counts >= 1 that divide the run's {total} groups "
+            f"into rounds of {GROUPS_PER_PUT} per producer (e.g. 1,2,4,8); bad: {bad}")
 
 
 def _throughput(ray: Any, client: Any, producers: int, batches: int, seed: int) -> dict:
     per = batches * BATCH // producers
-    task = ray.remote(num_cpus=1)(produce)
-    refs = [task.remote(client, p, per, seed) for p in range(producers)]
+    actor = ray.remote(num_cpus=0)(Producer)
+    workers = [actor.remote(p, seed) for p in range(producers)]
+    pids = ray.get([w.ready.remote() for w in workers])      # every process up and its data made
+    refs = [w.run.remote(client, per) for w in workers]
     first = client.sample(1, "train", BATCH, timeout=600)
     t = time.perf_counter()
     rows = first.table.num_rows
@@ -101,9 +138,29 @@ def _throughput(ray: Any, client: Any, producers: int, batches: int, seed: int) 
         client.release(b)
     elapsed = time.perf_counter() - t
     ray.get(refs)
-    return {"producers": producers, "batches": batches, "seconds": elapsed,
-            "batches_per_s": (batches - 1) / elapsed,
+    for w in workers:
+        ray.kill(w)
+    return {"producers": producers, "processes": len(set(pids)), "batches": batches,
+            "seconds": elapsed, "batches_per_s": (batches - 1) / elapsed,
             "trajectories_per_s": (rows - first.table.num_rows) / elapsed}
+
+
+def saturation(rows: list[dict], min_growth: float = MIN_GROWTH) -> dict:
+    """Where the single actor saturates: the smallest producer count N (of those measured) that
+    no larger count beats by ``min_growth`` (0.10: 10 %) or more in trajectories/s; ``producers``
+    None when even the second-largest count is beaten so (not saturated within the counts
+    measured). Comparing N with every larger count, not only the next, keeps one slow
+    measurement (a dip at 2 on a busy host) from calling saturation while 8 still gains.
+    ``growth``: each step's relative gain over the count before it, keyed by the count it reaches."""
+    rows = sorted(rows, key=lambda r: r["producers"])
+    tput = [r["trajectories_per_s"] for r in rows]
+    growth = {r["producers"]: t / p - 1 for p, r, t in zip(tput, rows[1:], tput[1:])}
+    at = next((r["producers"] for k, r in enumerate(rows[:-1])
+               if max(tput[k + 1:]) - tput[k] < min_growth * tput[k]), None)
+    peak = max(rows, key=lambda r: r["trajectories_per_s"])
+    return {"producers": at, "min_growth": min_growth, "growth": growth,
+            "peak_producers": peak["producers"],
+            "peak_trajectories_per_s": peak["trajectories_per_s"]}
 
 
 def _stats(seconds: list[float]) -> dict:
@@ -112,14 +169,17 @@ def _stats(seconds: list[float]) -> dict:
             "p90_ms": float(np.percentile(ms, 90)), "mean_ms": statistics.fmean(ms)}
 
 
-def run(put_calls: int = 200, sample_calls: int = 20, batches: int = 40, producers: int = 4,
-        seed: int = 0) -> dict:
-    """All three measurements; returns the result dict (also what the JSON holds)."""
+def run(put_calls: int = 200, sample_calls: int = 20, batches: int = 40,
+        producers: tuple[int, ...] = PRODUCERS, seed: int = 0) -> dict:
+    """All the measurements; returns the result dict (also what the JSON holds)."""
     import ray
 
     from pipeline import ReplayBuffer
     from pipeline.adapters.ray import RayReplayBuffer
 
+    producers = tuple(sorted(set(producers)))
+    check_producers(producers, batches)
+    t0 = time.perf_counter()
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -136,9 +196,16 @@ def run(put_calls: int = 200, sample_calls: int = 20, batches: int = 40, produce
             res[name] = {"put": _stats(_put_latency(buf, put_calls, seed)),
                          "sample": _stats(_sample_latency(buf, sample_calls, seed))}
             buf.kill() if name == "ray_actor" else buf.close()
-        client = RayReplayBuffer.start(lake=tmp / "tput", name="bench-tput", **kw)
-        res["ray_actor_throughput"] = _throughput(ray, client, producers, batches, seed)
-        client.kill()
+        sweep = []
+        for p in producers:        # a fresh actor and lake per count: no count inherits a backlog
+            client = RayReplayBuffer.start(lake=tmp / f"tput-{p}", name=f"bench-tput-{tmp.name}-{p}",
+                                           **kw)
+            try:
+                sweep.append(_throughput(ray, client, p, batches, seed))
+            finally:
+                client.kill()
+        res["ray_actor_throughput"] = sweep
+        res["saturation"] = saturation(sweep)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if started:
@@ -146,26 +213,52 @@ def run(put_calls: int = 200, sample_calls: int = 20, batches: int = 40, produce
     for op in ("put", "sample"):
         res[f"{op}_overhead_ms"] = (res["ray_actor"][op]["median_ms"]
                                     - res["in_process"][op]["median_ms"])
+    res["seconds"] = time.perf_counter() - t0
     return res
+
+
+def processes(n: int) -> str:
+    """``n`` producer process(es), for the figures' names."""
+    return f"{n} producer process{'' if n == 1 else 'es'}"
+
+
+def saturation_line(sat: dict) -> str:
+    """The saturation point in one sentence."""
+    pct = f"{sat['min_growth']:.0%}"
+    steps = ", ".join(f"to {p}: {g:+.0%}" for p, g in sat["growth"].items())
+    if sat["producers"] is None:
+        return (f"the single actor did not saturate within the counts measured (a larger count "
+                f"still added >= {pct}; {steps})")
+    return (f"the single actor saturates at {processes(sat['producers'])}: no larger "
+            f"count adds >= {pct} throughput ({steps}); peak "
+            f"{sat['peak_trajectories_per_s']:,.0f} trajectories/s with {sat['peak_producers']}")
 
 
 def main(put_calls: int = typer.Option(200, help="timed put calls per path"),
          sample_calls: int = typer.Option(20, help="timed sample calls per path"),
-         batches: int = typer.Option(40, help="batches the trainer samples in the throughput run"),
-         producers: int = typer.Option(4, help="remote producer tasks in the throughput run"),
+         batches: int = typer.Option(40, help="batches the trainer samples per producer count"),
+         producers: str = typer.Option(",".join(map(str, PRODUCERS)),
+                                       help="producer processes (Ray actors) of the throughput "
+                                            "sweep, comma-separated"),
          out: Path = typer.Option(Path("runs/bench/ray.json"),
                                   help="where to write results (a directory: ray.json in it)"),
          seed: int = 0) -> None:
-    """Ray actor vs in-process: per-call put/sample latency, and sample throughput.
+    """Ray actor vs in-process: per-call put/sample latency, and sample throughput by producer count.
+
+    The sweep runs 1, 2, 4 and 8 producer processes (one Ray actor each, a fresh buffer actor
+    and lake per count) and names the count where the single actor saturates: the first that no
+    larger count beats by 10 % or more in trajectories/s. Starts a local Ray (num_cpus=4) unless one
+    is connected; about 1-2 minutes at the default sizes.
 
     Examples:
         replaylake dev bench ray
-        replaylake dev bench ray --put-calls 50 --sample-calls 5
+        replaylake dev bench ray --put-calls 50 --sample-calls 5 --producers 1,2
     """
+    counts = _counts(producers)
     out = result_path(out, "ray.json")
     console = Console()
     with console.status("benchmarking (starts a local Ray cluster) ..."):
-        res = run(put_calls, sample_calls, batches, producers, seed)
+        res = run(put_calls, sample_calls, batches, counts, seed)
     table = Table(title=f"Ray actor vs in-process (put: {res['put_trajectories']} trajectories, "
                         f"sample: {BATCH} groups x {PER_GROUP})")
     for col in ("call", "in-process median ms", "actor median ms", "overhead ms",
@@ -176,12 +269,27 @@ def main(put_calls: int = typer.Option(200, help="timed put calls per path"),
         table.add_row(op, f"{a['median_ms']:.2f}", f"{b['median_ms']:.2f}",
                       f"{res[f'{op}_overhead_ms']:+.2f}", f"{b['p90_ms']:.2f}")
     console.print(table)
-    t = res["ray_actor_throughput"]
-    console.print(f"actor sample throughput with {t['producers']} remote producers: "
-                  f"{t['batches_per_s']:.1f} batches/s, {t['trajectories_per_s']:,.0f} "
-                  f"trajectories/s ({t['batches']} batches of {BATCH} groups)")
+    sweep = Table(title=f"actor sample throughput ({batches} batches of {BATCH} groups per count)")
+    for col in ("producer processes", "batches/s", "trajectories/s", "x 1 producer"):
+        sweep.add_column(col, justify="right")
+    base = res["ray_actor_throughput"][0]["trajectories_per_s"]
+    for t in res["ray_actor_throughput"]:
+        sweep.add_row(str(t["producers"]), f"{t['batches_per_s']:.1f}",
+                      f"{t['trajectories_per_s']:,.0f}", f"{t['trajectories_per_s'] / base:.2f}")
+    console.print(sweep)
+    console.print(saturation_line(res["saturation"]))
+    console.print(f"wall time {res['seconds']:.0f} s")
     out.write_text(json.dumps(res, indent=2))
     console.print(f"written to {out}")
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    from pipeline.errors import ConfigError
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--producers {text!r}: give comma-separated whole numbers, "
+                          "e.g. 1,2,4,8") from None
 
 
 if __name__ == "__main__":

@@ -235,6 +235,9 @@ class BufferActor:
     def held_batches(self, partition_id: str) -> Envelope:
         return _guard(lambda: self.buf.held_batches(partition_id))
 
+    def held_batch(self, batch_id: int) -> Envelope:
+        return _guard(lambda: batch_to_wire(self.buf.held_batch(batch_id)))
+
     def reissue(self, global_steps: int, partition_id: str | None) -> Envelope:
         return _guard(lambda: self.buf.reissue(global_steps, partition_id))
 

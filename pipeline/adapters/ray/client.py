@@ -8,8 +8,8 @@ just its actor handle, so it can be passed to Ray tasks and actors (remote produ
 
 Payloads cross the object store as Arrow: `put` conforms rows to the trajectory schema *on the
 caller's side* (so a malformed row is rejected before anything is shipped, with the same
-IngestError as in-process) and sends one Arrow IPC buffer; `sample` returns the batch table the
-same way.
+IngestError as in-process) and sends one Arrow IPC buffer; `sample` (and `held_batch`) return the
+batch table the same way.
 
 ray is imported lazily (inside functions): importing this module needs no ray.
 """
@@ -37,7 +37,7 @@ _RESOURCE_SLIVER = 0.001     # of `place_on`: pins the actor without using the r
 # sent again when the actor died under them: idempotent, or made so by the actor (`retried`)
 _RETRIED = frozenset({"put", "register", "update_status", "release", "sample",
                       "wait_for_sampleable", "get_sampleable_count", "dispatch_capacity",
-                      "counts", "partitions", "held_batches", "info"})
+                      "counts", "partitions", "held_batches", "held_batch", "info"})
 _MARKED = frozenset({"register", "update_status", "release"})   # told that they are a retry
 _TRAJECTORY_DEFAULTS = {"index": 0, "is_padding": False, "versions_inferred": False}
 
@@ -234,6 +234,12 @@ class RayReplayBuffer:
     def held_batches(self, partition_id: str) -> dict[int, list[tuple[str, int, int]]]:
         """Selected, unreleased batches: batch id -> their (uid, session_id, index) keys."""
         return self._call("held_batches", partition_id)
+
+    def held_batch(self, batch_id: int) -> Batch:
+        """`ReplayBuffer.held_batch` in the actor: a held batch again, as `sample` returned it
+        (after the actor restarted, the batch the trainer held when it died), its table over
+        Arrow as `sample`'s is; `UnknownBatchError` when the actor holds no such batch."""
+        return batch_from_wire(*self._call("held_batch", batch_id))
 
     def info(self) -> dict[str, Any]:
         """Where the actor runs: ``pid``, ``node_id``, ``restarted`` (a restart of the first

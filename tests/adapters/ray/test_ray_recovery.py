@@ -13,10 +13,11 @@ import uuid
 import pytest
 
 from jobs.audit import run_audits
+from pipeline import ReplayBuffer
 from pipeline.adapters.ray.client import RayReplayBuffer
-from pipeline.errors import BufferUnavailableError
+from pipeline.errors import BufferUnavailableError, UnknownBatchError
 from pipeline.lake.writer import read_table
-from tests.support.ray_producers import GROUP, RolloutWorker
+from tests.support.ray_producers import GROUP, RolloutWorker, group_rows
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -100,3 +101,37 @@ def test_without_restarts_a_call_gives_up_after_the_retry_wait(tmp_path, ray_clu
         assert 1.0 <= time.monotonic() - t0 < 30
     finally:
         ray_cluster.kill(client.handle)
+
+
+def test_a_batch_held_when_the_actor_died_comes_back_through_a_new_client(tmp_path, ray_cluster):
+    name = f"held-{uuid.uuid4().hex[:8]}"
+    client = RayReplayBuffer.start(lake=tmp_path / "lake", name=name, place_on="lake",
+                                   poll_interval=0.05, retry_wait=60)
+    try:
+        for uid in ("a", "b", "c"):
+            client.register(partition="train", uids=[uid], global_steps=1, n=GROUP)
+            client.put(group_rows(uid, 1))
+            client.update_status(partition="train", uids=[uid], status="running")
+            client.update_status(partition="train", uids=[uid], status="finished")
+        held = client.sample(1, "train", 2, timeout=30)           # never released: the death
+        dead = client.info()["pid"]
+        os.kill(dead, signal.SIGKILL)
+        again = RayReplayBuffer.connect(name, retry_wait=60)      # the trainer, reconnecting
+        assert list(again.held_batches("train")) == [held.batch_id]
+        back = again.held_batch(held.batch_id)
+        assert again.info()["pid"] != dead and again.info()["restarted"]
+        assert (back.batch_id, back.step, back.partition, back.uids) == \
+            (held.batch_id, held.step, held.partition, held.uids)
+        assert back.table.drop_columns(["ts"]).equals(held.table.drop_columns(["ts"]))
+        assert back.off_policy_metrics == held.off_policy_metrics
+        assert back.eviction_metrics == {}                        # those were sample's
+        again.release(back)
+        with pytest.raises(UnknownBatchError) as remote:
+            again.held_batch(held.batch_id)
+    finally:
+        ray_cluster.kill(client.handle)
+    with ReplayBuffer.sync(lake=tmp_path / "local") as local, \
+            pytest.raises(UnknownBatchError) as in_process:
+        local.held_batch(held.batch_id)
+    assert str(remote.value) == str(in_process.value) and "held_batches" in str(remote.value)
+    assert any("Ray actor" in note for note in remote.value.__notes__)

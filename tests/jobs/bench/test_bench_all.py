@@ -15,7 +15,7 @@ from jobs.cli import app
 from tests.support.extras import need
 from tests.support.lake import ROOT, python_env
 
-SECTIONS = {"ingest", "to_torch", "decide", "verl", "memory"}
+SECTIONS = {"ingest", "to_torch", "decide", "verl", "memory", "ray"}
 
 
 def test_bench_all_quick_writes_every_section_with_its_reference_and_a_markdown_table(
@@ -46,6 +46,7 @@ def test_bench_all_quick_writes_every_section_with_its_reference_and_a_markdown_
     paths = [f["path"] for b in report["sections"].values() for f in b["figures"]]
     assert any("lake (no fsync)" in p for p in paths) and any("large puts" in p for p in paths)
     assert any("packed" in p for p in paths) and any("rewards mirror" in p for p in paths)
+    assert any("through the Ray actor" in p for p in paths) and any("saturat" in p for p in paths)
     text = doc.read_text()
     assert text.startswith("# Performance\n\nprose before\n") and text.endswith("prose after\n")
     assert "old" not in text and md in text
