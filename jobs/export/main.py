@@ -57,14 +57,15 @@ from jobs.export.manifest import (
 from jobs.export.rows import (
     attach_provenance,
     refuse_dropped_payload,
+    row_keys,
     trained_groups,
     trained_rows,
 )
 from pipeline.lake import mkdir_durably, read_table, require_lake
 from schemas import BATCH_PROVENANCE, TRAJECTORIES
 
-__all__ = ["ExportConfig", "ExportError", "attach_provenance", "export", "main", "parse_steps",
-           "trained_groups", "trained_rows", "write_shard"]
+__all__ = ["ExportConfig", "ExportError", "LocalRows", "attach_provenance", "export", "main",
+           "parse_steps", "trained_groups", "trained_rows", "write_shard"]
 
 FORMATS = ("parquet", "pt")
 
@@ -173,14 +174,39 @@ def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -
     return files
 
 
-def export(cfg: ExportConfig, rows_fn: Any = None) -> dict[str, Any]:
-    """Run the export; returns the manifest with this run's shard counts: ``written``,
-    ``skipped`` (complete already) and ``repaired`` (written again: a file no longer matched).
+class LocalRows:
+    """The in-process row source of `export`: every partition's trained rows read here
+    (`trained_rows`), its shards written here, one after the other.
 
-    ``rows_fn(lake, partition, selects)`` reads the trained rows (default `trained_rows`, in
-    this process; `jobs.export.ray.trained_rows_ray` reads them with Ray Data)."""
+    A row source has two steps. ``plan(lake, partition, selects)`` returns the partition's
+    `row_keys` in export order (batch_id, seq), which the export slices into shards and checks;
+    ``write(cfg, todo)`` writes the shards ``todo`` names (``(partition, index, keys slice)``)
+    and yields ``(partition, index, files, writer)`` as each completes, in any order; ``writer``
+    names the process that wrote it (None here). `jobs.export.ray.RayRows` is the other source."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, pa.Table] = {}
+
+    def plan(self, lake: Path, partition: str, selects: pa.Table) -> pa.Table:
+        self.tables[partition] = rows = trained_rows(lake, partition, selects)
+        return row_keys(rows).append_column("row", pa.array(np.arange(rows.num_rows)))
+
+    def write(self, cfg: ExportConfig, todo: list[tuple[str, int, pa.Table]]) -> Any:
+        for p, index, keys in todo:          # a plan slice is a run of consecutive rows
+            rows = self.tables[p].slice(keys.column("row")[0].as_py(), keys.num_rows)
+            yield p, index, write_shard(cfg, rows, p, index), None
+
+
+def export(cfg: ExportConfig, source: Any = None) -> dict[str, Any]:
+    """Run the export; returns the manifest with this run's shard counts: ``written``,
+    ``skipped`` (complete already) and ``repaired`` (written again: a file no longer matched),
+    and ``writers``: the distinct processes that wrote shards (``[]`` in this process).
+
+    ``source`` reads the trained rows and writes the shards (default `LocalRows`, in this
+    process; `jobs.export.ray.RayRows` does both on Ray workers)."""
     from tqdm import tqdm
 
+    source = source or LocalRows()
     selections = _selections(cfg)
     check_out(cfg.out)
     mkdir_durably(cfg.out)
@@ -192,49 +218,62 @@ def export(cfg: ExportConfig, rows_fn: Any = None) -> dict[str, Any]:
                 "selection": cfg.selection(), "complete": False, "partitions": {},
                 "schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable}
                            for f in schema], "shards": []}
-    tables = {p: (rows_fn or trained_rows)(cfg.lake, p, s) for p, s in selections.items()}
-    plan = []                                # (partition, index, rows, rows key, state)
+    tables = {p: source.plan(cfg.lake, p, s) for p, s in selections.items()}
+    plan = []                                # (partition, index, row keys, rows key, state)
     for p, t in tables.items():
         for index, lo in enumerate(range(0, t.num_rows, cfg.rows_per_shard)):
-            rows = t.slice(lo, cfg.rows_per_shard)
-            key = hashlib.sha256(rows.column("seq").to_numpy().tobytes()).hexdigest()
-            plan.append((p, index, rows, key, intact(cfg.out, done.get((p, index)), key,
+            keys = t.slice(lo, cfg.rows_per_shard)
+            key = hashlib.sha256(keys.column("seq").to_numpy().tobytes()).hexdigest()
+            plan.append((p, index, keys, key, intact(cfg.out, done.get((p, index)), key,
                                                      cfg.formats)))
-    refuse_dropped_payload([(p, rows) for p, _, rows, _, state in plan if state != "done"])
-    written = skipped = repaired = 0
-    with tqdm(total=len(plan), unit="shard", desc="export", disable=not cfg.progress) as bar:
-        for p, index, rows, key, state in plan:
-            if state == "done":
-                skipped += 1
-            else:
-                steps, batches = rows.column("step"), rows.column("batch_id")
-                done[(p, index)] = {
-                    "partition": p, "index": index, "rows": rows.num_rows, "rows_key": key,
-                    "first_step": pc.min(steps).as_py(), "last_step": pc.max(steps).as_py(),
-                    "first_batch_id": batches[0].as_py(), "last_batch_id": batches[-1].as_py(),
-                    "files": write_shard(cfg, rows, p, index)}
-                written += 1
-                repaired += state == "damaged"
-            manifest["shards"] = [done[(q, i)] for q, i, *_ in plan if (q, i) in done]
+    todo = [(p, index, keys) for p, index, keys, _, state in plan if state != "done"]
+    refuse_dropped_payload([(p, keys) for p, _, keys in todo])
+    for p in {p for p, *_ in todo}:
+        mkdir_durably(cfg.out / p)
+    order = [(p, index) for p, index, *_ in plan]
+    by_shard = {(p, index): (keys, key, state) for p, index, keys, key, state in plan}
+    skipped = sum(state == "done" for *_, state in plan)
+    written = repaired = 0
+    writers: set[Any] = set()
+    with tqdm(total=len(plan), initial=skipped, unit="shard", desc="export",
+              disable=not cfg.progress) as bar:
+        if not todo:                         # nothing to write: the manifest is still rewritten
+            manifest["shards"] = [done[s] for s in order if s in done]
+            write_manifest(cfg.out, manifest)
+        for p, index, files, writer in source.write(cfg, todo):
+            keys, key, state = by_shard[(p, index)]
+            steps, batches = keys.column("step"), keys.column("batch_id")
+            done[(p, index)] = {
+                "partition": p, "index": index, "rows": keys.num_rows, "rows_key": key,
+                "first_step": pc.min(steps).as_py(), "last_step": pc.max(steps).as_py(),
+                "first_batch_id": batches[0].as_py(), "last_batch_id": batches[-1].as_py(),
+                "files": files}
+            written += 1
+            repaired += state == "damaged"
+            if writer is not None:
+                writers.add(writer)
+            manifest["shards"] = [done[s] for s in order if s in done]
             write_manifest(cfg.out, manifest)
             bar.update(1)
             bar.set_postfix(written=written, skipped=skipped)
-    planned = {(p, i) for p, i, *_ in plan}
+    planned = set(order)
     for key, entry in done.items():          # shards of an earlier, longer plan
         if key not in planned:
             for f in entry["files"].values():
                 (cfg.out / f["path"]).unlink(missing_ok=True)
+    manifest["shards"] = [done[s] for s in order if s in done]
     for p, t in tables.items():
         steps = t.column("step")
         manifest["partitions"][p] = {
-            "rows": t.num_rows, "shards": sum(1 for q, *_ in plan if q == p),
+            "rows": t.num_rows, "shards": sum(1 for q, _ in order if q == p),
             "steps": [pc.min(steps).as_py(), pc.max(steps).as_py()],
             "batches": int(pc.count_distinct(t.column("batch_id")).as_py())}
     spans = [v["steps"] for v in manifest["partitions"].values() if v["rows"]]
     manifest["source_steps"] = [min(s[0] for s in spans), max(s[1] for s in spans)] if spans else None
     manifest["complete"] = True
     write_manifest(cfg.out, manifest)
-    return {**manifest, "written": written, "skipped": skipped, "repaired": repaired}
+    return {**manifest, "written": written, "skipped": skipped, "repaired": repaired,
+            "writers": sorted(writers)}
 
 
 def main(
@@ -263,8 +302,8 @@ def main(
     progress: Annotated[bool, typer.Option(
         "--progress", hidden=True, help="show the progress bar (the default)")] = True,
     ray: Annotated[bool, typer.Option(
-        "--ray", help="read the lake with Ray Data (joins a running cluster, else starts one)")]
-        = False,
+        "--ray", help="read the lake and write the shards on Ray workers (joins a running "
+        "cluster, else starts one)")] = False,
 ) -> None:
     """Export the trained data of chosen steps/partitions as shards with a manifest (resumable).
 
@@ -277,14 +316,20 @@ def main(
                        rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
                        tensor_layout=tensor_layout, pad_token_id=pad_token_id,
                        progress=progress and not no_progress)
+    source = None
     if ray:
-        from jobs.export.ray import trained_rows_ray
-    result = export(cfg, trained_rows_ray if ray else None)
+        from jobs.export.ray import RayRows
+        source = RayRows()
+    result = export(cfg, source)
     rows = sum(p["rows"] for p in result["partitions"].values())
     damaged = f", {result['repaired']} of them damaged and rewritten" if result["repaired"] else ""
     typer.echo(f"exported {rows} rows in {len(result['shards'])} shard(s) "
                f"({result['written']} written{damaged}, {result['skipped']} already complete) "
                f"to {out}")
+    if ray:
+        nodes = {node for node, _ in result["writers"]}
+        typer.echo(f"shards written by {len(result['writers'])} Ray worker process(es) on "
+                   f"{len(nodes)} node(s)")
 
 
 if __name__ == "__main__":

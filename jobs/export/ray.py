@@ -7,23 +7,27 @@ Ray task reads one file (IPC segment or compacted Parquet) with `pipeline.lake.w
 honouring the commit records the driver collected once; the result is the same rows
 `pipeline.lake.writer.read_table` returns, spread over the cluster.
 
-`lake_dataset` serves analysis (any lake table as a `ray.data.Dataset`); `trained_rows_ray` is
-the row source of ``replaylake export --ray``: the payload is read and filtered and the provenance
-computed on the workers; the driver only orders the (already filtered) rows and writes the shards
-with the same manifest as the in-process export. The lake directory must be visible at the same
-path from every node (a shared file system).
+`lake_dataset` serves analysis (any lake table as a `ray.data.Dataset`; the blocks stay in the
+cluster until a caller asks for them). `RayRows` is the row source of ``replaylake export --ray``:
+the payload is read and filtered and the provenance computed on the workers, and the shards are
+written there too; the driver sees only a few key columns per row (to order the rows, cut the
+shards and check them) and writes the manifest, the same as the in-process export's. The lake
+directory and the export directory must be visible at the same path from every node (a shared
+file system).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.lake import committed_calls, current_files, read_segment, require_lake
-from schemas import LAKE_TABLES
+from schemas import BATCH_PROVENANCE, LAKE_TABLES
 
 
 def _ray() -> Any:
@@ -57,25 +61,84 @@ def lake_dataset(lake: str | Path, table: str, partitions: list[str] | None = No
     return items.map_batches(read, batch_format="pyarrow", batch_size=1)
 
 
-def collect(ds: Any, schema: pa.Schema) -> pa.Table:
-    """Every block of ``ds`` as one Arrow table on the driver (blocks fetched by reference)."""
-    ray = _ray()
-    parts = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    return pa.concat_tables(parts) if parts else schema.empty_table()
+def _keys(block: pa.Table, index: int) -> pa.Table:
+    """On a worker: a block's `row_keys` with where each row lies (block index, row)."""
+    from jobs.export.rows import row_keys
+
+    if not block.num_rows:                   # Ray Data may hand out empty blocks without columns
+        return pa.table({})
+    keys = row_keys(block)
+    return (keys.append_column("block", pa.array(np.full(block.num_rows, index, np.int64)))
+                .append_column("row", pa.array(np.arange(block.num_rows, dtype=np.int64))))
 
 
-def trained_rows_ray(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
-    """`jobs.export.main.trained_rows`, with the payload read, filtered and given its provenance by
-    Ray Data workers; same rows, same order."""
-    from jobs.export.rows import attach_provenance, trained_groups
-    from schemas import BATCH_PROVENANCE
+def _write(cfg: Any, partition: str, index: int, where: pa.Table, blocks: list[int],
+           *tables: pa.Table) -> tuple[str, int, dict[str, Any], str, int]:
+    """On a worker: gather one shard's rows, in plan order, from the blocks it touches (handed
+    over by reference as the trailing arguments, in the order ``blocks`` names) and write it."""
+    import os
 
-    groups = trained_groups(lake, partition, selects)
-    uids = groups.column("uid").combine_chunks()
-    ds = lake_dataset(lake, "trajectories", [partition],
-                      keep=lambda seg: pc.is_in(seg.column("uid"), value_set=uids))
-    ds = ds.map_batches(lambda t: attach_provenance(t, groups), batch_format="pyarrow",
-                        batch_size=None)
-    schema = pa.unify_schemas([LAKE_TABLES["trajectories"], BATCH_PROVENANCE])
-    out = collect(ds, schema)
-    return out.sort_by([("batch_id", "ascending"), ("seq", "ascending")])
+    import ray
+
+    from jobs.export.main import write_shard
+
+    starts = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
+    offset = dict(zip(blocks, starts.tolist()))
+    at = np.array([offset[b] for b in where.column("block").to_pylist()], dtype=np.int64)
+    rows = pa.concat_tables(tables).take(pa.array(at + where.column("row").to_numpy()))
+    files = write_shard(cfg, rows, partition, index)
+    return partition, index, files, ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+class RayRows:
+    """The row source of ``replaylake export --ray`` (see `jobs.export.main.LocalRows` for the
+    two steps). ``plan``: Ray Data workers read the lake files, keep the trained groups' rows and
+    attach their provenance; the blocks stay in Ray's object store and only each row's
+    `jobs.export.rows.row_keys` (and where it lies) reach the driver, which orders them.
+    ``write``: one Ray task per shard gathers the shard's rows from the blocks it touches and
+    writes its files; the driver records each shard in the manifest as its task completes. A
+    failed task fails the export and the tasks still pending are cancelled; a re-run resumes."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, list[Any]] = {}
+
+    def plan(self, lake: Path, partition: str, selects: pa.Table) -> pa.Table:
+        from jobs.export.rows import KEYS, attach_provenance, trained_groups
+
+        ray = _ray()
+        groups = trained_groups(lake, partition, selects)
+        uids = groups.column("uid").combine_chunks()
+        ds = lake_dataset(lake, "trajectories", [partition],
+                          keep=lambda seg: pc.is_in(seg.column("uid"), value_set=uids))
+        ds = ds.map_batches(lambda t: attach_provenance(t, groups), batch_format="pyarrow",
+                            batch_size=None)
+        self.blocks[partition] = refs = ds.to_arrow_refs()
+        keys_of = ray.remote(_keys)
+        parts = [t for t in ray.get([keys_of.remote(r, i) for i, r in enumerate(refs)])
+                 if t.num_rows]
+        if not parts:
+            schema = pa.schema([LAKE_TABLES["trajectories"].field(k) if k in
+                                LAKE_TABLES["trajectories"].names else BATCH_PROVENANCE.field(k)
+                                for k in KEYS])
+            return schema.empty_table().append_column("dropped", pa.array([], pa.bool_()))
+        return pa.concat_tables(parts).sort_by([("batch_id", "ascending"), ("seq", "ascending")])
+
+    def write(self, cfg: Any, todo: list[tuple[str, int, pa.Table]]) -> Any:
+        ray = _ray()
+        # the workers do not share the driver's working directory
+        cfg = dataclasses.replace(cfg, lake=cfg.lake.resolve(), out=cfg.out.resolve())
+        write_on = ray.remote(_write)
+        pending = []
+        for p, index, keys in todo:
+            where = keys.select(["block", "row"])
+            blocks = sorted(set(where.column("block").to_pylist()))
+            pending.append(write_on.remote(cfg, p, index, where, blocks,
+                                           *[self.blocks[p][b] for b in blocks]))
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                p, index, files, node, pid = ray.get(ready[0])
+                yield p, index, files, (node, pid)
+        finally:
+            for ref in pending:              # an error (or an abandoned export): stop the rest
+                ray.cancel(ref)

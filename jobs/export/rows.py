@@ -94,6 +94,15 @@ def dropped_payload(rows: pa.Table) -> pa.Array:
     return pc.or_(shorter, empty).fill_null(False)
 
 
+KEYS = ("batch_id", "seq", "step", "n_response_tokens")
+
+
+def row_keys(rows: pa.Table) -> pa.Table:
+    """What the export plans and checks shards by, per row: `KEYS` and ``dropped``
+    (`dropped_payload`). A few bytes a row: with Ray, only these reach the driver."""
+    return rows.select(list(KEYS)).append_column("dropped", dropped_payload(rows))
+
+
 def step_ranges(steps: list[int]) -> str:
     """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
     out: list[str] = []
@@ -108,10 +117,11 @@ def step_ranges(steps: list[int]) -> str:
 def refuse_dropped_payload(todo: list[tuple[str, pa.Table]]) -> None:
     """Refuse (before writing anything) to write shards holding rows whose token payload
     retention dropped: a trainer reading them would get empty token lists where the rows say
-    there were tokens. Shards written before the retention stay complete and are kept."""
+    there were tokens. Shards written before the retention stay complete and are kept.
+    ``todo`` holds each shard's `row_keys`."""
     lost: dict[str, list[pa.Table]] = {}
     for p, rows in todo:
-        mask = dropped_payload(rows)
+        mask = rows.column("dropped")
         if pc.any(mask).as_py():
             lost.setdefault(p, []).append(rows.filter(mask).select(["step", "n_response_tokens"]))
     if not lost:

@@ -145,16 +145,19 @@ def naive_to_torch(table: pa.Table, layout: str = "padded", pad_token_id: int = 
 
 
 def sampled_lake(lake: Path, steps: int = 4, *, groups_per_step: int = 3, batch_groups: int = 2,
-                 seed: int = 0) -> dict[str, list[pa.Table]]:
+                 seed: int = 0, roll_bytes: int | None = None) -> dict[str, list[pa.Table]]:
     """Run a sync buffer over ``lake`` for ``steps`` steps and return its Batch tables per partition.
 
     Each step registers ``groups_per_step`` train groups (2 sessions each, random lengths, some
     null masks / log-probs) and samples ``batch_groups`` of them, so groups are left behind that
-    were never trained on; every other step also samples one `val` group.
+    were never trained on; every other step also samples one `val` group. ``roll_bytes=1``
+    finishes a lake segment after every call (a lake of many small files).
     """
     rng = np.random.default_rng(seed)
     out: dict[str, list[pa.Table]] = {"train": [], "val": []}
     with ReplayBuffer.sync(lake=lake, poll_interval=0.05) as buf:
+        if roll_bytes is not None:
+            buf.lake.roll_bytes = roll_bytes
         for step in range(1, steps + 1):
             for partition, count in (("train", groups_per_step), ("val", 1 if step % 2 else 0)):
                 uids = [f"{partition}-{step}-{i}" for i in range(count)]
