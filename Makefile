@@ -73,10 +73,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check pipeline schemas sql jobs tests
 
 # Maintainer tools (`replaylake dev ...`), not needed to use replaylake: every benchmark, which
-# rewrites the tables of docs/performance.md and README.md; one round of the crash soak (about 20
-# minutes on 2 cores).
+# rewrites the tables of docs/performance.md, README.md and docs/scaling.md; one round of the
+# crash soak (about 20 minutes on 2 cores).
 bench: $(STAMP)
-	$(BIN)/replaylake dev bench all --doc docs/performance.md --doc README.md
+	$(BIN)/replaylake dev bench all --doc docs/performance.md --doc README.md --doc docs/scaling.md
 
 soak: $(STAMP)
 	$(BIN)/replaylake dev soak --rounds 1

@@ -18,9 +18,10 @@ from typing import Any
 
 
 def result_path(out: Path, name: str) -> Path:
-    """``out``, or ``out / name`` when ``out`` is an existing directory; its directory made and
-    proven writable now (a temporary file is created in it and removed)."""
-    path = out / name if out.is_dir() else out
+    """``out / name`` when ``out`` names a directory (an existing one, or a path not there yet
+    whose name has no suffix: ``--out runs/bench``), else ``out`` itself (``--out r.json``); its
+    directory made and proven writable now (a temporary file is created in it and removed)."""
+    path = out / name if out.is_dir() or (not out.exists() and not out.suffix) else out
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=path.parent):
         pass

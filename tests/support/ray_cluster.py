@@ -118,6 +118,29 @@ class LocalCluster:
         want = 1 + len(self.others)
         self._wait(lambda: sum(n["Alive"] for n in ray.nodes()) == want, timeout, "every node")
 
+    def add(self, ray: Any, node: NodeSpec, timeout: float = 120.0) -> str:
+        """Start one more node into the running cluster; return its node id once it is alive."""
+        self.others.append(node)
+        self._launch(node)
+        self._wait(lambda: any(n["Alive"] and n["NodeManagerAddress"] == node.ip
+                               for n in ray.nodes()), timeout, f"the node at {node.ip}")
+        [node_id] = [n["NodeID"] for n in ray.nodes()
+                     if n["Alive"] and n["NodeManagerAddress"] == node.ip]
+        return node_id
+
+    def kill_raylet(self, node: NodeSpec) -> int:
+        """SIGKILL ``node``'s raylet, as a crash or the kernel's OOM killer would end it; return
+        its pid. Its workers (and the node's other processes) go down with it."""
+        import psutil
+        mine = str(self.temp_dir)
+        for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+            cmd = proc.info["cmdline"] or ()
+            if (proc.info["name"] == "raylet" or (cmd and Path(cmd[0]).name == "raylet")) and \
+                    any(mine in part for part in cmd) and any(f"={node.ip}" in part for part in cmd):
+                proc.kill()
+                return proc.info["pid"]
+        raise RuntimeError(f"no raylet of this cluster runs at {node.ip}")
+
     def _wait(self, ready: Any, timeout: float, what: str) -> None:
         end = time.monotonic() + timeout
         while not ready():

@@ -1,7 +1,8 @@
-"""The buffer actor's process killed (SIGKILL) while rollout workers on the other node put: Ray
-restarts the actor, the new process takes the lake's lock over from the dead one and restores the
-buffer, the clients send again the calls that were in flight, and the run goes on; every group
-is trained once and the lake passes every exactly-once audit."""
+"""The buffer actor's process killed (SIGKILL) while rollout workers on the other node put, or the
+raylet of the node it runs on: Ray restarts the actor (on a node holding the lake's resource), the
+new process takes the lake's lock over from the dead one and restores the buffer, the clients send
+again the calls that were in flight, and the run goes on; every group is trained once and the lake
+passes every exactly-once audit."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import threading
 import time
 import uuid
 
+import psutil
 import pytest
 
 from jobs.audit import run_audits
@@ -17,6 +19,7 @@ from pipeline import ReplayBuffer
 from pipeline.adapters.ray.client import RayReplayBuffer
 from pipeline.errors import BufferUnavailableError, UnknownBatchError
 from pipeline.lake.writer import read_table
+from tests.support.ray_cluster import NodeSpec
 from tests.support.ray_producers import GROUP, RolloutWorker, group_rows
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -77,16 +80,85 @@ def test_a_killed_buffer_actor_comes_back_and_the_run_loses_and_duplicates_nothi
         assert retried > 0, "no call was in flight at a kill"
         assert sorted(trained) == sorted(u for mine in uids for u in mine)
         client.close()
-        audits = {a.name: a for a in run_audits(lake)}
-        assert not [a.name for a in audits.values() if a.status == "FAIL"], audits
-        assert {"no_trajectory_twice", "no_group_in_two_batches",
-                "finished_groups_complete"} <= {n for n, a in audits.items() if a.status == "pass"}
-        stored = read_table(lake, "trajectories")
-        keys = list(zip(stored["uid"].to_pylist(), stored["session_id"].to_pylist()))
-        assert sorted(keys) == sorted((u, s) for mine in uids for u in mine for s in range(GROUP))
+        _exactly_once(lake, [u for mine in uids for u in mine])
         print(f"killed {killed}; calls sent again: {retried}")
     finally:
         ray.kill(client.handle)
+
+
+def _exactly_once(lake, uids: list[str]) -> None:
+    audits = {a.name: a for a in run_audits(lake)}
+    assert not [a.name for a in audits.values() if a.status == "FAIL"], audits
+    assert {"no_trajectory_twice", "no_group_in_two_batches",
+            "finished_groups_complete"} <= {n for n, a in audits.items() if a.status == "pass"}
+    stored = read_table(lake, "trajectories")
+    keys = list(zip(stored["uid"].to_pylist(), stored["session_id"].to_pylist()))
+    assert sorted(keys) == sorted((u, s) for u in uids for s in range(GROUP))
+
+
+def _finished(client: RayReplayBuffer, uid: str) -> None:
+    client.register(partition="train", uids=[uid], global_steps=1, n=GROUP)
+    client.put(group_rows(uid, 1))
+    client.update_status(partition="train", uids=[uid], status="running")
+    client.update_status(partition="train", uids=[uid], status="finished")
+
+
+def test_a_node_whose_raylet_dies_takes_the_actor_down_and_it_comes_back_on_another_lake_node(
+        tmp_path, ray_local_cluster, ray_cluster):
+    """A third node also carrying the ``lake`` resource (the lake is on a path both see), the
+    actor placed there (soft node affinity); its raylet SIGKILLed between calls: the node is
+    lost with the actor's process, Ray restarts the actor on the session's lake node, which
+    takes the lake over, and the calls sent meanwhile wait and go through."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray = ray_cluster
+    spare = NodeSpec("127.0.0.4", num_cpus=1, resources={"lake": 1})
+    head = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "lake" in n["Resources"]]
+    spare_id = ray_local_cluster.add(ray, spare)
+    lake, client, killed = tmp_path / "lake", None, None
+    try:
+        client = RayReplayBuffer.start(
+            lake=lake, name=f"raylet-{uuid.uuid4().hex[:8]}", place_on="lake",
+            poll_interval=0.05, retry_wait=120,
+            actor_options={"scheduling_strategy": NodeAffinitySchedulingStrategy(spare_id,
+                                                                                 soft=True)})
+        first = client.info()
+        assert first["node_id"] == spare_id
+        uids = [f"g{i}" for i in range(6)]
+        for uid in uids[:3]:
+            _finished(client, uid)
+        batch = client.sample(1, "train", 2, timeout=30)
+        client.release(batch)
+        trained = list(batch.uids)
+        killed = ray_local_cluster.kill_raylet(spare)
+        t0 = time.monotonic()
+        # the actor's process outlives its raylet for a moment (calls to an actor go straight to
+        # its process), then sees the raylet gone and exits
+        while psutil.pid_exists(first["pid"]) and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert not psutil.pid_exists(first["pid"]), "the actor's process outlived its raylet"
+        died = time.monotonic() - t0
+        for uid in uids[3:]:                 # sent while the actor is down: they wait, retry
+            _finished(client, uid)
+        gap = time.monotonic() - t0
+        while len(trained) < len(uids):
+            batch = client.sample(1, "train", 2, timeout=60)
+            trained.extend(batch.uids)
+            client.release(batch)
+        after = client.info()
+        assert after["restarted"] and after["node_id"] in head and after["pid"] != first["pid"]
+        assert f"pid {first['pid']} " in after["took_over_from"]   # the dead holder's lock
+        assert not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == spare_id)
+        assert sorted(trained) == sorted(uids)
+        client.close()
+        _exactly_once(lake, uids)
+        print(f"raylet {killed} killed; the actor's process gone after {died:.1f}s, the calls "
+              f"after it through at {gap:.1f}s; calls sent again: {client.retries}")
+    finally:
+        if client is not None:
+            ray.kill(client.handle)
+        if killed is None:                   # never leave a second lake node alive
+            ray_local_cluster.kill_raylet(spare)
 
 
 def test_without_restarts_a_call_gives_up_after_the_retry_wait(tmp_path, ray_cluster):
@@ -109,10 +181,7 @@ def test_a_batch_held_when_the_actor_died_comes_back_through_a_new_client(tmp_pa
                                    poll_interval=0.05, retry_wait=60)
     try:
         for uid in ("a", "b", "c"):
-            client.register(partition="train", uids=[uid], global_steps=1, n=GROUP)
-            client.put(group_rows(uid, 1))
-            client.update_status(partition="train", uids=[uid], status="running")
-            client.update_status(partition="train", uids=[uid], status="finished")
+            _finished(client, uid)
         held = client.sample(1, "train", 2, timeout=30)           # never released: the death
         dead = client.info()["pid"]
         os.kill(dead, signal.SIGKILL)

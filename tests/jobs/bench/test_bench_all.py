@@ -10,7 +10,16 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from jobs.bench.table import BEGIN, END, SUMMARY_BEGIN, SUMMARY_END, render, write_doc
+from jobs.bench.table import (
+    BEGIN,
+    END,
+    RAY_BEGIN,
+    RAY_END,
+    SUMMARY_BEGIN,
+    SUMMARY_END,
+    render,
+    write_doc,
+)
 from jobs.cli import app
 from tests.support.extras import need
 from tests.support.lake import ROOT, python_env
@@ -96,6 +105,25 @@ def test_the_readme_summary_holds_only_the_figures_with_a_goal(tmp_path: Path) -
     assert "pooled, B=8" in perf.read_text() and SUMMARY_BEGIN not in perf.read_text()
 
 
+def test_the_scaling_doc_gets_only_the_ray_figures_between_its_markers(tmp_path: Path) -> None:
+    fig = {"unit": "ms", "reference": "in-process buffer ms", "reference_value": 0.3,
+           "ratio": 12.0, "ratio_label": "x in-process", "goal": "", "meets_goal": None}
+    report = {"quick": False, "cpus": 2, "machine": "m", "sections": {
+        "ingest": {"figures": [{**fig, "path": "put, in memory", "value": 1.0}]},
+        "ray": {"figures": [{**fig, "path": "put through the Ray actor (median)", "value": 3.6}]}}}
+    src = tmp_path / "all.json"
+    src.write_text(json.dumps(report))
+    scaling = tmp_path / "scaling.md"
+    scaling.write_text(f"# s\n\nprose 1\n\n{RAY_BEGIN}\nold\n{RAY_END}\n\nprose 2\n")
+    result = CliRunner().invoke(app, ["dev", "bench", "table", str(src), "--doc", str(scaling)])
+    assert result.exit_code == 0, result.output
+    text = scaling.read_text()
+    assert text == (f"# s\n\nprose 1\n\n{RAY_BEGIN}\n{render(report, sections=('ray',))}"
+                    f"{RAY_END}\n\nprose 2\n")
+    assert "| ray | put through the Ray actor (median) | 3.60 ms |" in text
+    assert "put, in memory" not in text and BEGIN not in text
+
+
 def test_bench_memory_reports_rss_growth_against_the_payload_and_what_release_returns(
         tmp_path: Path) -> None:
     out = tmp_path / "memory.json"
@@ -107,3 +135,14 @@ def test_bench_memory_reports_rss_growth_against_the_payload_and_what_release_re
         assert r["payload_bytes"] > 0 and r["groups"] == r["trajectories"] // 4
         assert r["rss_over_payload"] == r["rss_growth_bytes"] / r["payload_bytes"]
         assert r["arrow_pool_after_release_bytes"] <= r["arrow_pool_growth_bytes"]
+
+
+def test_a_bench_out_names_a_directory_when_it_is_one_or_has_no_suffix(tmp_path: Path) -> None:
+    from jobs.bench.out import result_path
+    assert result_path(tmp_path / "new" / "bench", "all.json") == tmp_path / "new/bench/all.json"
+    assert (tmp_path / "new" / "bench").is_dir()
+    (tmp_path / "there.d").mkdir()
+    assert result_path(tmp_path / "there.d", "ray.json") == tmp_path / "there.d" / "ray.json"
+    assert result_path(tmp_path / "r.json", "all.json") == tmp_path / "r.json"
+    (tmp_path / "plain").write_text("{}")             # an existing file is written over
+    assert result_path(tmp_path / "plain", "all.json") == tmp_path / "plain"
