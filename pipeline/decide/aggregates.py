@@ -85,9 +85,26 @@ def _response_tokens(chunk: pa.Table, local: np.ndarray) -> np.ndarray:
     return lengths.to_numpy().astype(np.int64)
 
 
+def _floats(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
+    col = chunk.column(name)
+    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return arr.to_numpy(zero_copy_only=False)[local]
+
+
+def _metric(chunk: pa.Table, local: np.ndarray, metric: str) -> pa.Array:
+    """The filter metric of a stored chunk's ``local`` rows (a reward without nulls is read as a
+    numpy view, as the integer columns are)."""
+    if metric == "reward" and chunk.column("reward").null_count == 0:
+        return pa.array(_floats(chunk, "reward", local))
+    picked = chunk.select(["reward", "reward_info"]).take(pa.array(local))
+    return metric_values(picked, metric).cast(pa.float64())
+
+
 def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
-    """The GROUP_TRAJECTORIES rows of the stored trajectories of ``uids`` (None when none), each
-    with its group's position in ``uids`` (`GROUP`)."""
+    """The columns of GROUP_TRAJECTORIES the aggregates read, for the stored trajectories of
+    ``uids`` (None when none), each row with its group's position in ``uids`` (`GROUP`): the
+    aggregation groups by that one integer, as (partition, uid) would within one partition, and
+    needs neither the partition nor the uid of every row."""
     ids: list[int] = []
     owners: list[int] = []
     for k, u in enumerate(uids):
@@ -102,23 +119,28 @@ def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
     tokens, lo, hi = [], [], []
     for chunk, local in part.rows.chunks(id_arr):     # ascending ids, as `owner` now is
         if part.filter_metric is not None:
-            picked = chunk.select(["reward", "reward_info"]).take(pa.array(local))
-            metric.append(metric_values(picked, part.filter_metric))
+            metric.append(_metric(chunk, local, part.filter_metric))
         tokens.append(_response_tokens(chunk, local))
         lo.append(_ints(chunk, "min_global_steps", local))
         hi.append(_ints(chunk, "max_global_steps", local))
     n = len(owner)
     # every column assembled in Arrow and handed to polars as one record batch (about the cost
-    # of one polars series built from Python, paid once); `__group` numbers the groups so the
-    # aggregation groups by one integer, as (partition, uid) would within one partition
-    names = ["partition", "uid", "metric", "n_response_tokens", "min_global_steps",
-             "max_global_steps", GROUP]
-    arrays = [pa.array([part.partition] * n, pa.string()),
-              pa.array([uids[k] for k in owner.tolist()], pa.string()),
-              pa.concat_arrays(metric).cast(pa.float64()) if metric else pa.nulls(n, pa.float64()),
+    # of one polars series built from Python, paid once)
+    names = ["metric", "n_response_tokens", "min_global_steps", "max_global_steps", GROUP]
+    arrays = [pa.concat_arrays(metric) if metric else pa.nulls(n, pa.float64()),
               pa.array(np.concatenate(tokens), pa.int64()), pa.array(np.concatenate(lo), pa.int64()),
               pa.array(np.concatenate(hi), pa.int64()), pa.array(owner, pa.int64())]
     return pl.DataFrame(pa.RecordBatch.from_arrays(arrays, names=names))
+
+
+@cache
+def _reads_checked() -> None:
+    """The aggregates read only what `meta_frame` hands them (checked once per process)."""
+    reads = {n for e in declared.compiled_items(QUERY).values() for n in e.meta.root_names()}
+    extra = reads - {"metric", "n_response_tokens", "min_global_steps", "max_global_steps"}
+    if extra:
+        raise SqlError(f"{QUERY}: the live aggregates read {', '.join(sorted(extra))}, which "
+                       "pipeline.decide.aggregates.meta_frame does not gather; add them there")
 
 
 def complete(part: PartitionState) -> None:
@@ -126,6 +148,7 @@ def complete(part: PartitionState) -> None:
     unaggregated = part.candidates.unaggregated
     if not unaggregated:
         return
+    _reads_checked()
     meta = meta_frame(part, list(unaggregated))
     items = declared.compiled_items(QUERY)
     agg: dict[str, tuple] = {}

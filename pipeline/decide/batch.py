@@ -27,9 +27,10 @@ _SPAN_COLUMNS = ["span_tokens", "span_version_sum", "span_version_min"]
 KEPT = "__off_policy_kept"
 
 
-def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict[str, int]
-               ) -> pl.DataFrame:
+def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
+               group_steps: dict[str, int] | np.ndarray) -> pl.DataFrame:
     """The `batch_rows` relation of a batch (what provenance.sql reads), plus its provenance.
+    ``group_steps``: each group's dispatch step by uid, or already each row's (an array).
 
     Per-trajectory token counts come straight from the Arrow list offsets; the version-span sums
     only when some row reported spans. Every input column is assembled in Arrow and crosses into
@@ -37,11 +38,15 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
     has a fixed cost whatever its size, which is most of a batch's bookkeeping."""
     n = payload.num_rows
     meta = payload.select(_META)
-    uids = meta.column("uid").to_pylist()
+    if isinstance(group_steps, np.ndarray):
+        steps = group_steps.astype(np.int64, copy=False)
+    else:
+        steps = np.fromiter((group_steps[u] for u in meta.column("uid").to_pylist()),
+                            dtype=np.int64, count=n)
     ints = {
         "step": np.full(n, step, dtype=np.int64),
         "batch_id": np.full(n, batch_id, dtype=np.int64),
-        "global_steps": np.fromiter((group_steps[u] for u in uids), dtype=np.int64, count=n),
+        "global_steps": steps,
     }
     names = [*_META, *ints, "n_response_tokens"]
     arrays: list = [*meta.columns, *(pa.array(v) for v in ints.values()),
@@ -67,20 +72,25 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int, group_steps: dict
                               declared.compiled_predicate("off_policy").alias(KEPT))
 
 
-def with_provenance(payload: pa.Table, rows: pl.DataFrame, group_status: dict[str, str],
-                    stale: set[str] = frozenset()) -> pa.Table:
-    """Append the BATCH_PROVENANCE columns to the payload (``rows`` from `batch_rows`);
-    ``stale``: the groups masked stale (`StaleMask`), whose rows get ``is_stale``."""
+def with_provenance(payload: pa.Table, rows: pl.DataFrame, status: pa.Array,
+                    stale: np.ndarray | None = None) -> pa.Table:
+    """Append the BATCH_PROVENANCE columns to the payload (``rows`` from `batch_rows`):
+    ``status``, each row's group status; ``stale``, whether each row's group is masked stale
+    (`StaleMask`; None: none is), which becomes ``is_stale``."""
     n = payload.num_rows
-    uids = rows.get_column("uid").to_list()
-    made = {"status": pa.array([group_status[u] for u in uids], pa.string()),
+    made = {"status": status,
             "times_sampled": pa.array(np.ones(n, dtype=np.int32)),
-            "is_stale": pa.array([u in stale for u in uids] if stale else np.zeros(n, bool))}
+            "is_stale": pa.array(np.zeros(n, bool) if stale is None else stale)}
     extra = [made[f.name] if f.name in made else _as(rows.get_column(f.name).to_arrow(), f.type)
              for f in BATCH_PROVENANCE]
     return pa.Table.from_arrays([*payload.columns, *extra],
                                 schema=pa.schema([*payload.schema, *BATCH_PROVENANCE],
                                                  metadata=payload.schema.metadata))
+
+
+def per_row(values: list[Any], owner: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """A value per group spread to the rows (``owner``: each row's group position)."""
+    return pa.array(values, typ).take(pa.array(owner))
 
 
 def _as(array: pa.Array, typ: pa.DataType) -> pa.Array:

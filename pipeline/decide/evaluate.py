@@ -8,6 +8,7 @@ rule's horizon), so a poll's cost follows what changed, not the buffer's size.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import polars as pl
 
@@ -50,6 +51,43 @@ def _params(uses: tuple[RuleUse, ...], step: int) -> dict:
     return out
 
 
+@dataclass
+class Examined:
+    """What the rules said of each group at one step: `evaluate`'s memory, kept per partition.
+
+    A rule reads a group's candidate row (fixed once the group is terminal), the step, its
+    parameters and its lookup rows, and nothing else. So within one step and configuration
+    (``key``) a group's outcome cannot change, and a poll evaluates only the rows it has not
+    seen yet: a `sample` after `get_sampleable_count` or `dispatch_capacity` at the same step,
+    and every poll after the first of a waiting call, runs no rule evaluation for the groups
+    those already examined. An entry is kept with the group's terminal seq and answers only for
+    the very row it was computed from; another step, other parameters or another filter metric
+    start it afresh."""
+
+    key: tuple | None = None
+    # uid -> (term_seq, order key, group span, fired per rule, value per rule, metric missing)
+    rows: dict[str, tuple] = field(default_factory=dict)
+    kept: int = 0     # entries left by the last `prune`
+
+    def at(self, key: tuple) -> dict[str, tuple]:
+        if key != self.key:
+            self.key, self.rows, self.kept = key, {}, 0
+        return self.rows
+
+    def prune(self, alive: dict[str, tuple]) -> None:
+        """Forget the groups no longer alive, once the memory has doubled since it last did
+        (amortised O(1) per entry): a trainer that stays at one step long keeps at most about
+        twice its live groups here."""
+        if len(self.rows) > 2 * self.kept + 1024:
+            self.rows = {u: e for u, e in self.rows.items() if u in alive}
+            self.kept = len(self.rows)
+
+
+_SEQ_AT = candidates.COLUMNS.index("term_seq")
+_UID_AT = candidates.COLUMNS.index("uid")
+_ORDER_AT = tuple(candidates.COLUMNS.index(c) for c in candidates.ORDER)
+
+
 def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
              filter_metric: str | None) -> Eviction:
     """The evictions of one poll, reasons combined by union. Changes no group's fate."""
@@ -60,41 +98,76 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
     rows = part.candidates.to_examine(max(horizons) if horizons else None)
     if not rows:
         return Eviction()
-    frame = rules.with_lookups(declared.with_params(candidates.frame(rows), _params(uses, step)),
-                               uses)
-    frame = frame.hstack([pl.Series("step", [step], pl.Int64).new_from_index(0, frame.height)])
-    span_expr = declared.compiled_items("provenance")[_GROUP_SPAN]
-    exprs = [u.rule.expr.fill_null(False).alias(u.name) for u in uses]
-    check = rules.get("missing_metric")
+    if part.examined is None:
+        part.examined = Examined()
+    seen = part.examined.at((uses, step, filter_metric))
+    todo = [r for r in rows if (e := seen.get(r[_UID_AT])) is None or e[0] != r[_SEQ_AT]]
+    if todo:
+        _examine(todo, uses, step, filter_metric, seen)
+        part.examined.prune(part.candidates.alive)
+        seen = part.examined.rows
+    examined = [seen[r[_UID_AT]] for r in rows]
     if filter_metric is not None:
-        exprs.append(check.expr.alias(check.name))
-    # one evaluation for every rule; the few rows that fired are picked and ordered in Python
-    # (each further polars call has a fixed cost larger than the work on the rows themselves)
-    # (whether any rule fired is told from the rules' own columns in Python: an eager select
-    # does not share subexpressions, so a polars `any_horizontal` would evaluate each rule again)
-    out = frame.select(
-        "uid", "global_steps", "term_seq", span_expr.alias(_GROUP_SPAN),
-        *{u.rule.value for u in uses if u.rule.value}, *exprs)
-    if filter_metric is not None:
-        _raise_missing(out, part.partition, filter_metric)
-    col = {c: out.get_column(c).to_list() for c in out.columns}
-    fired_any = [any(f) for f in zip(*(col[u.name] for u in uses))]
+        _raise_missing([r[_UID_AT] for r, e in zip(rows, examined) if e[5]], part.partition,
+                       filter_metric)
     # oldest first, in the order selection declares (the candidate index's)
-    hit = sorted((i for i, h in enumerate(fired_any) if h),
-                 key=lambda i: tuple(col[c][i] for c in candidates.ORDER))
+    hit = sorted((e for e in examined if any(e[3])), key=lambda e: e[1])
     if not hit:
         return Eviction()
-    ev = Eviction(uids=[col["uid"][i] for i in hit],
-                  group_spans=[col[_GROUP_SPAN][i] for i in hit])
+    ev = Eviction(uids=[e[1][_ORDER_UID] for e in hit], group_spans=[e[2] for e in hit])
     credits = [0] * len(hit)
-    for u in uses:
-        fired = [col[u.name][i] for i in hit]
+    for k, u in enumerate(uses):
+        fired = [e[3][k] for e in hit]
         ev.reasons[u.name] = fired
         if u.rule.value:
-            ev.values[u.name] = [col[u.rule.value][i] for i in hit]
+            ev.values[u.name] = [e[4][k] for e in hit]
         credits = [max(c, u.rule.credit) if f else c for c, f in zip(credits, fired)]
     ev.credits = credits
     return ev
+
+
+_ORDER_UID = candidates.ORDER.index("uid")
+
+
+def _examine(rows: list[tuple], uses: tuple[RuleUse, ...], step: int, filter_metric: str | None,
+             seen: dict[str, tuple]) -> None:
+    """Evaluate every rule over ``rows`` (candidate rows) in one polars evaluation and remember
+    each group's outcome in ``seen``."""
+    exprs, columns = _plan(uses, filter_metric is not None)
+    # the candidate columns the expressions read, the parameters and the step, as one frame
+    literals = {declared.param_column(k): v for k, v in _params(uses, step).items()}
+    literals["step"] = step
+    frame = rules.with_lookups(candidates.frame(rows, columns, literals), uses)
+    # one evaluation for every rule; which fired is read in Python (each further polars call
+    # has a fixed cost larger than the work on the rows themselves; an eager select does not
+    # share subexpressions, so a polars `any_horizontal` would evaluate each rule again)
+    values = [u.rule.value for u in uses]
+    out = frame.select(exprs)
+    check = rules.get("missing_metric")
+    col = {c: out.get_column(c).to_list() for c in out.columns}
+    spans = col[_GROUP_SPAN]
+    fired = list(zip(*(col[u.name] for u in uses)))
+    got = list(zip(*(col[v] if v else [None] * len(rows) for v in values)))
+    missing = col[check.name] if filter_metric is not None else [False] * len(rows)
+    for i, r in enumerate(rows):
+        seen[r[_UID_AT]] = (r[_SEQ_AT], tuple(r[j] for j in _ORDER_AT), spans[i], fired[i],
+                            got[i], missing[i])
+
+
+@lru_cache(maxsize=64)
+def _plan(uses: tuple[RuleUse, ...], check_metric: bool) -> tuple[list[pl.Expr], tuple[str, ...]]:
+    """The expressions a poll evaluates (the group span, the values rules record, each rule and,
+    with a filter metric, the missing-metric check) and the candidate columns they read (those
+    a lookup joins on included), in CANDIDATES order."""
+    exprs = [declared.compiled_items("provenance")[_GROUP_SPAN].alias(_GROUP_SPAN)]
+    exprs += [pl.col(v) for v in dict.fromkeys(u.rule.value for u in uses if u.rule.value)]
+    exprs += [u.rule.expr.fill_null(False).alias(u.name) for u in uses]
+    if check_metric:
+        check = rules.get("missing_metric")
+        exprs.append(check.expr.fill_null(False).alias(check.name))
+    reads = {n for e in exprs for n in e.meta.root_names()}
+    reads |= {u.rule.lookup[1] for u in uses if u.rule.lookup is not None}
+    return exprs, tuple(c for c in candidates.COLUMNS if c in reads)
 
 
 def group_spans(step: int, dispatch_steps: list[int]) -> list[int]:
@@ -105,9 +178,9 @@ def group_spans(step: int, dispatch_steps: list[int]) -> list[int]:
     return frame.select(expr).to_series().to_list()
 
 
-def _raise_missing(out: pl.DataFrame, partition: str, metric: str) -> None:
-    missing = out.filter(pl.col("missing_metric").fill_null(False))["uid"].sort().to_list()
+def _raise_missing(missing: list[str], partition: str, metric: str) -> None:
     if missing:
+        missing = sorted(missing)
         raise MissingMetricError(
             f"{len(missing)} finished group(s) of partition {partition!r} have a trajectory "
             f"without reward metric {metric!r} (filter_groups_metric): {missing[:5]}; add it to "

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from pipeline.config import BufferConfig, metric_prefix
 from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
-from pipeline.decide.batch import Batch, batch_rows, with_provenance
+from pipeline.decide.batch import Batch, batch_rows, per_row, with_provenance
 from pipeline.decide.certificate import bound_in_force, group_bounds
 from pipeline.decide.metrics import (
     MASKED_SAMPLES,
@@ -54,26 +56,33 @@ def _warn_future(rows: pl.DataFrame, ctx: PollContext, staleness_min: int | None
                     extra={"replaylake_event": FUTURE_VERSIONS})
 
 
-def _spans(rows: pl.DataFrame, chosen: list[str], steps: dict[str, int], step: int
-           ) -> dict[str, int]:
-    """The group span of each chosen group: read from its rows' provenance (the same declared
-    formula over the same dispatch step), so only groups without any row need an evaluation."""
-    got = dict(zip(rows.get_column("uid").to_list(), rows.get_column("group_span").to_list()))
-    missing = [u for u in chosen if u not in got]
+def _spans(rows: pl.DataFrame, owner: np.ndarray, chosen: list[str], steps: np.ndarray,
+           step: int) -> dict[str, int]:
+    """The group span of each chosen group: read from the first of its rows' provenance (the
+    same declared formula over the same dispatch step), so only groups without any row need an
+    evaluation. ``owner``: each row's position in ``chosen``; ``steps``: each group's dispatch
+    step."""
+    spans = [None] * len(chosen)
+    groups, first = np.unique(owner, return_index=True)
+    row_spans = rows.get_column("group_span").to_numpy()[first].tolist()
+    for k, v in zip(groups.tolist(), row_spans):
+        spans[k] = v
+    missing = [k for k, v in enumerate(spans) if v is None]
     if missing:
-        got.update(zip(missing, decide.group_spans(step, [steps[u] for u in missing])))
-    return {u: got[u] for u in chosen}
+        for k, v in zip(missing, decide.group_spans(step, [int(steps[k]) for k in missing])):
+            spans[k] = v
+    return dict(zip(chosen, spans))
 
 
 def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: PollContext,
             call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
     aggregates.complete(part)
     chosen = part.candidates.first(ctx.batch_size)   # in the selection order
-    steps = {u: part.groups[u].dispatch_step for u in chosen}
-    payload = part.payload(chosen)
+    gs = np.array([part.groups[u].dispatch_step for u in chosen], dtype=np.int64)
+    payload, owner = part.payload_of(chosen)
     batch_id = state.next_batch_id()
-    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=steps)
-    spans = _spans(rows, chosen, steps, ctx.step)
+    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=gs[owner])
+    spans = _spans(rows, owner, chosen, gs, ctx.step)
     # each group its own bound in force (under per-dataset bounds its dataset's, else the default)
     bounds = group_bounds(cfg, {u: part.groups[u].dataset for u in chosen})
     if cfg.bound() is not None:
@@ -94,19 +103,21 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
             "replace failure groups that produced no trajectory")
         raise EmptyBatchError(f"the {len(chosen)} selected group(s) of partition "
                               f"{ctx.partition!r} hold no trajectory at all{hint}")
-    status = {u: part.candidates.status(u) for u in chosen}
+    status = [part.candidates.status(u) for u in chosen]
     # mask: the groups the stale rule would have evicted are kept, marked (None: no mask)
     stale = set() if cfg.mask is None else cfg.mask.stale(
-        ctx.step, {u: (steps[u], status[u]) for u in chosen})
+        ctx.step, {u: (int(g), s) for u, g, s in zip(chosen, gs, status)})
     # the batch is built whole before its selection is written: once that write is in the lake
     # the batch is the caller's, and `part.undelivered` keeps it (with its metric rows, until
     # they are written too) for a retry, should this call raise before returning it
-    table = with_provenance(payload, rows, status, stale)
+    table = with_provenance(payload, rows, per_row(status, owner, pa.string()),
+                            np.array([u in stale for u in chosen], bool)[owner] if stale else None)
     prefix = metric_prefix(ctx.partition)
     evm = acc.scalars(prefix)     # empty on a validation partition: nothing is evicted there
-    trained = {part.groups[u].dataset for u in set(table.column("uid").to_pylist())}
-    evm.update({f"{prefix}/{k}": v for k, v in cfg.starvation.observe(part, ctx.step,
-                                                                       trained).items()})
+    if cfg.starvation.steps is not None:     # the datasets with rows in the batch
+        trained = {part.groups[chosen[k]].dataset for k in np.unique(owner).tolist()}
+        evm.update({f"{prefix}/{k}": v for k, v in cfg.starvation.observe(part, ctx.step,
+                                                                           trained).items()})
     opm, weights = off_policy_metrics(rows, prefix=prefix)
     if cfg.mask is not None:
         opm[f"{prefix}/{MASKED_SAMPLES}"] = masked_rows(table)
@@ -144,13 +155,14 @@ def held(cfg: BufferConfig, part: PartitionState, batch_id: int) -> Batch:
     that call's and are not repeated; the off-policy metrics are the batch's own)."""
     chosen = part.batches[batch_id]
     step = part.batch_step[batch_id]
-    steps = {u: part.groups[u].dispatch_step for u in chosen}
-    payload = part.payload(chosen)
-    rows = batch_rows(payload, batch_id=batch_id, step=step, group_steps=steps)
-    status = {u: part.served_status(u) for u in chosen}
+    gs = np.array([part.groups[u].dispatch_step for u in chosen], dtype=np.int64)
+    payload, owner = part.payload_of(chosen)
+    rows = batch_rows(payload, batch_id=batch_id, step=step, group_steps=gs[owner])
+    status = [part.served_status(u) for u in chosen]
     stale = set() if cfg.mask is None else cfg.mask.stale(
-        step, {u: (steps[u], status[u]) for u in chosen})
-    table = with_provenance(payload, rows, status, stale)
+        step, {u: (int(g), s) for u, g, s in zip(chosen, gs, status)})
+    table = with_provenance(payload, rows, per_row(status, owner, pa.string()),
+                            np.array([u in stale for u in chosen], bool)[owner] if stale else None)
     opm, weights = off_policy_metrics(rows, prefix=metric_prefix(part.partition))
     in_force, strategy = bound_in_force(cfg)
     return Batch(table, batch_id, step, part.partition, list(chosen), {}, opm, weights,

@@ -149,6 +149,8 @@ class PartitionState:
         self.starving_step: int | None = None    # the last step the starvation signal counted
         self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
         #                  sample chose and has not returned yet (see pipeline.decide.selection)
+        self.examined: Any = None                # what the rules said of each group at the
+        #                  current step (pipeline.decide.evaluate.Examined), made by its first poll
 
     # --- producers ---------------------------------------------------------------------------
     def _fly(self, uid: str, gs: int) -> None:
@@ -319,7 +321,17 @@ class PartitionState:
         return h[0][0] if h else None
 
     def payload(self, uids: list[str]) -> pa.Table:
+        return self.payload_of(uids)[0]
+
+    def payload_of(self, uids: list[str]) -> tuple[pa.Table, np.ndarray]:
+        """The stored trajectories of ``uids`` in arrival order, and for each row its group's
+        position in ``uids`` (what per-group values are spread to the rows by)."""
         rows: list[int] = []
-        for u in uids:
-            rows.extend(self.groups[u].rows)
-        return self.rows.take(np.asarray(rows, dtype=np.int64))
+        owners: list[int] = []
+        for k, u in enumerate(uids):
+            got = self.groups[u].rows
+            rows.extend(got)
+            owners.extend([k] * len(got))
+        ids = np.asarray(rows, dtype=np.int64)
+        owner = np.asarray(owners, dtype=np.int64)[np.argsort(ids, kind="stable")]
+        return self.rows.take(ids), owner
