@@ -181,6 +181,9 @@ def torch_figures(s: Sizes) -> list[dict[str, Any]]:
     return out
 
 
+SAMPLE_GOAL_MS = 2.0     # a whole `sample` (batch 64) at 10k buffered trajectories, oldest first
+
+
 def decide_figures(s: Sizes) -> list[dict[str, Any]]:
     from jobs.bench.decide import run_size
     rng = np.random.default_rng(0)
@@ -188,14 +191,16 @@ def decide_figures(s: Sizes) -> list[dict[str, Any]]:
     for n in s.decide_sizes:
         r = run_size(n, s.decide_repeats, rng)
         # "after a count": get_sampleable_count ran first; "alone": sample pays the new groups'
-        # aggregates itself. Goals: <= 5 ms at 10k, <= 1.3x the 10k time at 1M.
+        # aggregates itself. Goals: <= 2 ms at 10k (the whole poll in a few polars evaluations;
+        # 5 ms was the first goal, and still is with a staleness policy or order on), <= 1.3x
+        # the 10k time at 1M.
         for how, key, speed in (("after a count", "ours_sample_ms", "speedup_sample"),
                                 ("alone", "ours_sample_alone_ms", "speedup_sample_alone")):
             ms = r[key]
             goal, meets = "", None
             if n == 10_000:
                 at_10k[key] = ms
-                goal, meets = "<= 5 ms", ms <= 5.0
+                goal, meets = f"<= {SAMPLE_GOAL_MS:g} ms", ms <= SAMPLE_GOAL_MS
             elif n == 1_000_000 and key in at_10k:
                 goal = f"<= 1.3x its 10k time ({1.3 * at_10k[key]:.2f} ms)"
                 meets = ms <= 1.3 * at_10k[key]

@@ -161,7 +161,7 @@ def complete(part: PartitionState) -> None:
         uids = list(unaggregated)
         # maintain_order: the single-threaded grouping (for a poll's few groups the parallel hash
         # grouping costs more in its threads than it saves); the order itself is not used
-        out = meta.group_by(GROUP, maintain_order=True).agg(e.alias(k) for k, e in items.items())
+        out = meta.group_by(GROUP, maintain_order=True).agg(declared.compiled_named(QUERY))
         keyed = keyed and all(out.schema[c] == candidates.POLARS_SCHEMA[c] for c in order.reads)
         if keyed:
             out = out.with_columns(order.key.alias(_KEY))

@@ -6,6 +6,7 @@ sql/metrics/provenance.sql, compiled for polars; the same frame feeds the off-po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -67,9 +68,13 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
             span_version_sum=pl.when(has).then(
                 _SPAN.list.eval(_N_TOKENS.cast(pl.Int128) * _VERSION).list.sum()),
             span_version_min=_SPAN.list.eval(_VERSION.filter(_N_TOKENS > 0)).list.min())
-    items = declared.compiled_items(PROVENANCE)
-    return frame.with_columns(*(e.alias(k) for k, e in items.items()),
-                              declared.compiled_predicate("off_policy").alias(KEPT))
+    return frame.with_columns(*declared.compiled_named(PROVENANCE), _kept_column())
+
+
+@cache
+def _kept_column() -> pl.Expr:
+    """The off-policy declaration's predicate, as the column `KEPT`."""
+    return declared.compiled_predicate("off_policy").alias(KEPT)
 
 
 def with_provenance(payload: pa.Table, rows: pl.DataFrame, status: pa.Array,

@@ -170,6 +170,13 @@ def compiled_items(name: str, step: str | None = None) -> dict[str, pl.Expr]:
 
 
 @cache
+def compiled_named(name: str, step: str | None = None) -> tuple[pl.Expr, ...]:
+    """`compiled_items` as expressions named by their items, ready for a select (aliased once
+    per process rather than on every evaluation)."""
+    return tuple(e.alias(k) for k, e in compiled_items(name, step).items())
+
+
+@cache
 def compiled_predicate(name: str) -> pl.Expr:
     """The predicate of the named query, compiled (cached per process)."""
     return to_polars(predicate(loader.load(name)))

@@ -200,8 +200,7 @@ def off_policy_metrics(rows: Any, step: int | None = None, prefix: str = "traini
     kept = _kept(rows)
     if kept.height == 0:
         return {}, {}
-    items = declared.compiled_items(OFF_POLICY)
-    row = kept.select(e.alias(k) for k, e in items.items()).row(0, named=True)
+    row = kept.select(declared.compiled_named(OFF_POLICY)).row(0, named=True)
     out: dict[str, Any] = {}
     for key, m in OFF_POLICY_KEYS.items():
         v = row[m.column]

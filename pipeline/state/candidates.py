@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 COLUMNS = tuple(CANDIDATES.names)
 POLARS_SCHEMA = pl.Schema(pl.from_arrow(CANDIDATES.empty_table()).schema)
 _TERM_SEQ = COLUMNS.index("term_seq")
+_STATUS = COLUMNS.index("status")
 SELECTION = "select_oldest"
 # What the index knows of a group the moment it turns terminal (its aggregates come later).
 _AT_TERMINAL = ("global_steps", "term_seq", "uid")
@@ -130,8 +131,13 @@ class CandidateIndex:
     def _pruned(self, h: list[tuple], uid: int, seq: int) -> list[tuple]:
         """``h`` without its dead front entries (selected/stale groups sit there: drop them now),
         rebuilt from its live entries once most of it is dead (amortised O(1) per group)."""
-        while h and not self._live(h[0], uid, seq):
-            heapq.heappop(h)
+        alive, pop = self.alive, heapq.heappop
+        while h:
+            r = alive.get(h[0][uid])      # `_live`, inlined for the common case
+            if r is not None and r[_TERM_SEQ] == h[0][seq] or \
+                    r is None and self._live(h[0], uid, seq):
+                break
+            pop(h)
         if len(h) > 64 and len(h) > 2 * self.alive_count:
             h = [e for e in h if self._live(e, uid, seq)]
             heapq.heapify(h)
@@ -191,17 +197,27 @@ class CandidateIndex:
             return [e[uid] for e in sorted(e for e in h if self._live(e, uid, seq))]
         out: list[str] = []
         front = [(h[0], 0)] if h else []
-        while front and len(out) < k:
-            entry, i = heapq.heappop(front)
-            if self._live(entry, uid, seq):
+        # the hottest loop of a selection: names bound locally, the liveness test inlined
+        # (`_live`), the children of node i at 2i+1 and 2i+2
+        pop, push, n, live, waiting = heapq.heappop, heapq.heappush, len(h), self._live, \
+            self.unaggregated
+        alive = self.alive
+        while front and k:
+            entry, i = pop(front)
+            r = alive.get(entry[uid])
+            if (r[_TERM_SEQ] == entry[seq]) if r is not None else \
+                    (entry[uid] in waiting and live(entry, uid, seq)):
                 out.append(entry[uid])
-            for j in (2 * i + 1, 2 * i + 2):
-                if j < len(h):
-                    heapq.heappush(front, (h[j], j))
+                k -= 1
+            j = 2 * i + 1
+            if j < n:
+                push(front, (h[j], j))
+                if j + 1 < n:
+                    push(front, (h[j + 1], j + 1))
         return out
 
     def status(self, uid: str) -> str:
-        return self.alive[uid][COLUMNS.index("status")]
+        return self.alive[uid][_STATUS]
 
 
 def frame(rows: list[tuple], columns: Sequence[str] | None = None,

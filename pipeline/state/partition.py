@@ -260,9 +260,11 @@ class PartitionState:
         self.candidates.remove(uids)
         if how == "sampled":
             self._count_selected(step, len(uids))
+        inflight = self.inflight
         for u in uids:
             self.removed_uids.add(u)
-            self._land(u)
+            if u in inflight:          # a group retired while in flight; terminal ones landed
+                self._land(u)
             if how == "sampled":
                 g = self.groups[u]
                 g.removed, g.batch_id = how, batch_id
