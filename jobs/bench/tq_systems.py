@@ -60,16 +60,18 @@ class System:
 
 def current() -> Any:
     """The client the module-level calls go to now (the system `transfer_queue.init` made)."""
-    from transfer_queue import interface
-    if not hasattr(interface, "_TQ_CLIENT"):
-        raise RuntimeError("bench verl: this TransferQueue has no transfer_queue.interface."
-                           "_TQ_CLIENT (the harness is written for TransferQueue 0.1.11)")
-    return interface._maybe_create_tq_client()
+    import transfer_queue
+    return transfer_queue.get_client()
 
 
 def use(client: Any) -> None:
-    """Make ``client`` the one every module-level `transfer_queue` call goes to."""
+    """Make ``client`` the one every module-level `transfer_queue` call goes to. TransferQueue
+    0.1.11 has no public way to do this: the harness sets the module global its calls read (the
+    only private name of TransferQueue it touches; a TransferQueue without it fails here)."""
     from transfer_queue import interface
+    if not hasattr(interface, "_TQ_CLIENT"):
+        raise RuntimeError("bench verl: transfer_queue.interface has no _TQ_CLIENT to point at "
+                           "each implementation's TransferQueue (written for TransferQueue 0.1.11)")
     interface._TQ_CLIENT = client
 
 
