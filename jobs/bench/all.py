@@ -2,8 +2,8 @@
 
 One run measures ingest (small puts in memory and on the lake, the register+put+finish lifecycle,
 large puts against `dd` to the same directory), `to_torch` against memcpy, the decision path
-against the naive reference buffer, the verl adapter against verl 0.9.1 through the same
-TransferQueue, live memory against the Arrow payload, and put / sample through the Ray actor
+against the naive reference buffer, the verl adapter against verl 0.9.1 through TransferQueue
+(each on one of its own), live memory against the Arrow payload, and put / sample through the Ray actor
 against the in-process buffer, with the actor's sample throughput per count of producer processes
 and where it saturates (jobs/bench/ray.py). References are measured in the same run, so a busy
 machine slows both sides alike. Results go to one JSON file and one markdown table

@@ -1,17 +1,21 @@
 """Benchmark: time per `sample` of verl 0.9.1's ReplayBufferAsync vs replaylake's verl adapter, both
-reading one real TransferQueue, at several buffer sizes (4 trajectories per group), in one run.
+reading real TransferQueues, at several buffer sizes (4 trajectories per group), in one run.
 
-Each implementation gets its own TransferQueue partition, filled once with the same finished
-groups (fields and tags as verl's agent loop writes them). Each implementation, as a fresh
-instance, makes one cold call; then `repeats` rounds follow, and in every round each
-implementation makes one timed call in turn (interleaved call by call, so a slow moment of a
-shared machine falls on every side alike). Before each timed call (untimed) the trainer clears
-that implementation's previous batch and 64 new groups arrive, so every partition keeps its size
-and every call has new data to take in, as in a run. Implementations: verl's buffer; ours reading
-only what decisions need (`mirror_fields=decisions`, the default without a lake); ours also
-mirroring every reward for the lake (`rewards`); and both with DAPO (`filter_groups_metric=
-"reward"`, which makes each read `rm_scores` of new groups). Each series reports its median, its
-quartiles and its extremes.
+Each implementation gets a TransferQueue of its own (tq_systems.py: verl lists every partition of
+its TransferQueue on each poll, so a shared one made it pay for the others' keys), with one
+partition filled once with the same finished groups (fields and tags as verl's agent loop writes
+them, verl_groups.py). Each implementation, as a fresh instance, makes one cold call; then
+`repeats` rounds follow, and in every round each implementation makes one timed call in turn
+(interleaved call by call, so a slow moment of a shared machine falls on every side alike).
+Before each timed call (untimed) the trainer clears that implementation's previous batch and 64
+new groups arrive, so every partition keeps its size and every call has new data to take in, as
+in a run. Implementations: verl's buffer; ours reading only what decisions need
+(`mirror_fields=decisions`, the default without a lake); ours also mirroring every reward for the
+lake (`rewards`); and both with DAPO (`filter_groups_metric="reward"`, which makes each read
+`rm_scores` of new groups). A sixth series, `tq_floor`, is no buffer (verl_floor.py): it times,
+on its own TransferQueue of the same size, the bare TransferQueue calls a default-mode `sample`
+of ours cannot leave out, so that a ratio bounded by TransferQueue itself shows its bound in the
+same run. Each series reports its median, its quartiles and its extremes.
 
 A second phase plays a trainer step between calls: after the untimed clear and writes, the
 benchmark sleeps `step_s` seconds (the trainer training) before the timed call. It times verl
@@ -37,17 +41,28 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.bench import tq_systems
 from jobs.bench.out import figure, result_path
+from jobs.bench.tq_systems import Systems
+from jobs.bench.verl_floor import FLOOR, Floor, floor_figures
+from jobs.bench.verl_groups import PART, PER_GROUP, STEP, spread, write_groups
 
-PART, STEP, PER_GROUP, CHUNK = "train", 10, 4, 500
 IMPLS = ("verl", "ours", "ours_rewards", "verl_dapo", "ours_dapo")
 STEP_IMPLS = ("verl", "ours_bg", "ours_rewards_bg")   # with a trainer step between calls
 
 
-def _stop(tq: Any, started: bool) -> None:
-    """Clear what the benchmark left in TransferQueue; stop TQ and Ray if this run started them."""
-    for part in _partitions(tq):
-        _clear(tq, part)
+def _stop(tq: Any, started: bool, systems: Systems) -> None:
+    """Clear what the benchmark left in TransferQueue, close the TransferQueues it added; stop
+    TQ and Ray if this run started them."""
+    try:
+        for client in [systems.main, *(s.client for s in systems.owned)]:
+            tq_systems.use(client)
+            for part in _partitions(tq):
+                _clear(tq, part)
+    finally:
+        tq_systems.use(systems.main)
+        for system in systems.owned:
+            system.close()
     if started:
         import ray
         tq.close()
@@ -82,35 +97,6 @@ def _start() -> tuple[Any, bool]:
     return tq, started
 
 
-def _write_groups(tq: Any, uids: list[str], part: str = PART) -> None:
-    """Finished groups as verl writes them: prompt tags, then 4 trajectories each, then status."""
-    import torch
-    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-    for c in range(0, len(uids), CHUNK):
-        chunk = uids[c:c + CHUNK]
-        tq.kv_batch_put(keys=chunk, partition_id=part, tags=[
-            {"is_prompt": True, "status": "running", "global_steps": STEP} for _ in chunk])
-        keys, fields, tags = [], [], []
-        for u in chunk:
-            for s in range(PER_GROUP):
-                rm = torch.zeros(8, dtype=torch.float32)
-                rm[-1] = float(s % 2)
-                fields.append({"prompts": torch.arange(6), "responses": torch.arange(8),
-                               "response_mask": torch.ones(8, dtype=torch.int64), "rm_scores": rm,
-                               "extra_fields": {"reward_extra_info": {"acc": float(s % 2)},
-                                                "global_steps": STEP - 1,
-                                                "min_global_steps": STEP - 1,
-                                                "max_global_steps": STEP - 1},
-                               "uid": u, "session_id": s, "global_steps": STEP})
-                tags.append({"status": "success", "prompt_len": 6, "response_len": 8,
-                             "seq_len": 14, "global_steps": STEP, "min_global_steps": STEP - 1,
-                             "max_global_steps": STEP - 1})
-                keys.append(f"{u}_{s}_0")
-        tq.kv_batch_put(keys=keys, partition_id=part, fields=list_of_dict_to_tensordict(fields),
-                        tags=tags)
-        tq.kv_batch_put(keys=chunk, partition_id=part, tags=[{"status": "finished"} for _ in chunk])
-
-
 def _make(impl: str, lag_s: float | None = None) -> Any:
     kw: dict[str, Any] = dict(trainer_mode="colocate_async", trainer_config={},
                               max_off_policy_threshold=8, max_off_policy_strategy="drop",
@@ -125,14 +111,6 @@ def _make(impl: str, lag_s: float | None = None) -> Any:
                 mirror_max_lag=lag_s if impl.endswith("_bg") else None)
 
 
-def _spread(times: list[float], first: float) -> dict[str, float]:
-    """A timed series in ms: the cold call, median, quartiles and extremes of the steady calls."""
-    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (times[0],) * 3
-    return {"first_ms": first * 1e3, "median_ms": statistics.median(times) * 1e3,
-            "p25_ms": q1 * 1e3, "p75_ms": q3 * 1e3, "min_ms": min(times) * 1e3,
-            "max_ms": max(times) * 1e3, "timed_calls": len(times)}
-
-
 class _Runner:
     """One implementation over its own TransferQueue partition, the same size as every other's.
 
@@ -141,8 +119,9 @@ class _Runner:
     size stays constant and every call has new data to take in, as in a run."""
 
     def __init__(self, tq: Any, impl: str, part: str, batch: int, fresh: list[int],
-                 step_s: float = 0.0, lag_s: float | None = None):
+                 systems: Systems, step_s: float = 0.0, lag_s: float | None = None):
         self.tq, self.impl, self.part, self.batch, self.fresh = tq, impl, part, batch, fresh
+        self.systems = systems
         self.step_s, self.buf = step_s, _make(impl, lag_s)
         self.times: list[float] = []
         self.cpu: list[float] = []
@@ -151,10 +130,11 @@ class _Runner:
 
     def _refill(self) -> None:
         self.tq.kv_clear(keys=self.last, partition_id=self.part)
-        _write_groups(self.tq, [f"n{self.fresh[0] + i}" for i in range(self.batch)], self.part)
+        write_groups(self.tq, [f"n{self.fresh[0] + i}" for i in range(self.batch)], self.part)
         self.fresh[0] += self.batch
 
     def call(self) -> None:
+        self.systems.of(self.part)             # this implementation's TransferQueue
         if self.last is not None:
             self._refill()
         if self.step_s:                        # the trainer trains; our thread may mirror
@@ -173,8 +153,9 @@ class _Runner:
         self.last = list(meta.keys)
 
     def finish(self) -> dict:
+        self.systems.of(self.part)
         self._refill()                          # keep the size constant for the next phase
-        out = _spread(self.times[1:], self.times[0])
+        out = spread(self.times[1:], self.times[0])
         if self.step_s:
             out["step_s"] = self.step_s
             out["step_cpu_ms"] = statistics.median(self.cpu[1:] or self.cpu) * 1e3
@@ -205,43 +186,50 @@ def one_by_one(runners: list[_Runner], repeats: int) -> dict[str, dict]:
     return out
 
 
-def _fill(tq: Any, part: str, n: int) -> float:
+def _fill(tq: Any, part: str, n: int, systems: Systems) -> float:
+    systems.of(part)
     _clear(tq, part)
     t = time.perf_counter()
-    _write_groups(tq, [f"b{i}" for i in range(n)], part)
+    write_groups(tq, [f"b{i}" for i in range(n)], part)
     return time.perf_counter() - t
 
 
-def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int],
+def run_size(tq: Any, n: int, batch: int, repeats: int, fresh: list[int], systems: Systems,
              step_s: float = 1.0, lag_s: float = 1.0) -> dict:
-    """One buffer size: every implementation, each on its own partition of ``n`` groups, timed
-    call by call in turn; then (``step_s`` > 0) the phase with a trainer step between calls."""
-    parts = {impl: f"{PART}-{impl}" for impl in IMPLS}
-    fill_s = sum(_fill(tq, part, n) for part in parts.values()) / len(parts)
+    """One buffer size: every implementation, each on its own TransferQueue holding one partition
+    of ``n`` groups, timed call by call in turn (with the bare TransferQueue calls, `Floor`);
+    then (``step_s`` > 0) the phase with a trainer step between calls."""
+    parts = {impl: f"{PART}-{impl}" for impl in (*IMPLS, FLOOR)}
+    fill_s = sum(_fill(tq, part, n, systems) for part in parts.values()) / len(parts)
     part = parts["verl"]
+    systems.of(part)
     t = time.perf_counter()
     tq.kv_list(partition_id=part)
     list_ms = (time.perf_counter() - t) * 1e3
-    impls = interleaved([_Runner(tq, impl, parts[impl], batch, fresh) for impl in IMPLS],
-                         repeats)
+    impls = interleaved([_Runner(tq, impl, parts[impl], batch, fresh, systems) for impl in IMPLS]
+                        + [Floor(tq, parts[FLOOR], n, batch, fresh, systems)], repeats)
+    floor = impls.pop(FLOOR)
     med = {k: v["median_ms"] for k, v in impls.items()}
     out = {"groups": n, "trajectories": n * PER_GROUP, "fill_s": round(fill_s, 2),
            "kv_list_ms": list_ms, "order": "interleaved", "impls": impls,
            "verl_over_ours": med["verl"] / med["ours"],
-           "verl_over_ours_rewards": med["verl"] / med["ours_rewards"],
+           "verl_over_ours_rewards": med["verl"] / med["ours_rewards"], "tq_floor": floor,
+           "verl_over_floor": med["verl"] / floor["decisions"]["median_ms"],
+           "verl_over_floor_rewards": med["verl"] / floor["rewards"]["median_ms"],
            "verl_dapo_over_ours_dapo": med["verl_dapo"] / med["ours_dapo"],
            "first_call_verl_dapo_over_ours_dapo":
                impls["verl_dapo"]["first_ms"] / impls["ours_dapo"]["first_ms"]}
     if step_s > 0:
         step_parts = {"verl": parts["verl"], "ours_bg": parts["ours"],
                       "ours_rewards_bg": parts["ours_rewards"]}
-        stepped = one_by_one([_Runner(tq, impl, step_parts[impl], batch, fresh, step_s, lag_s)
-                               for impl in STEP_IMPLS], repeats)
+        stepped = one_by_one([_Runner(tq, impl, step_parts[impl], batch, fresh, systems, step_s,
+                                      lag_s) for impl in STEP_IMPLS], repeats)
         sm = {k: v["median_ms"] for k, v in stepped.items()}
         out.update(step_s=step_s, lag_s=lag_s, stepped=stepped,
                    stepped_verl_over_ours_bg=sm["verl"] / sm["ours_bg"],
                    stepped_verl_over_ours_rewards_bg=sm["verl"] / sm["ours_rewards_bg"])
     for p in parts.values():                   # the next size starts from empty partitions
+        systems.of(p)
         _clear(tq, p)
     return out
 
@@ -250,10 +238,10 @@ def figures(sizes: tuple[int, ...], batch: int, repeats: int, step_s: float,
             lag_s: float) -> list[dict[str, Any]]:
     """`bench all`'s verl section: each size's figures, each beside verl's from the same run."""
     tq, started = _start()
-    out, fresh = [], [0]
+    out, fresh, systems = [], [0], Systems()
     try:
         for n in sizes:
-            r = run_size(tq, n, batch, repeats, fresh, step_s, lag_s)
+            r = run_size(tq, n, batch, repeats, fresh, systems, step_s, lag_s)
             med = {k: v["median_ms"] for k, v in r["impls"].items()}
             goal = 1.5 if n >= 10_000 else 1.0
             for mode, key, ratio in (("decisions", "ours", r["verl_over_ours"]),
@@ -263,9 +251,10 @@ def figures(sizes: tuple[int, ...], batch: int, repeats: int, step_s: float,
                                   f"(interleaved, {calls} calls each)",
                                   med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio,
                                   "x verl's speed", f">= {goal}x verl", ratio >= goal))
+            out.extend(floor_figures(r, n, med["verl"]))
             out.extend(_stepped_figures(r, n, goal))
     finally:
-        _stop(tq, started)
+        _stop(tq, started, systems)
     return out
 
 
@@ -311,13 +300,13 @@ def main(sizes: str = typer.Option("100,1000,10000", help="buffered groups, comm
     console = Console()
     with console.status("starting Ray and TransferQueue ..."):
         tq, started = _start()
-    results, fresh = [], [0]
+    results, fresh, systems = [], [0], Systems()
     try:
         for n in [int(s) for s in sizes.split(",")]:
             with console.status(f"{n:,} groups ..."):
-                results.append(run_size(tq, n, batch, repeats, fresh, step_s, lag_s))
+                results.append(run_size(tq, n, batch, repeats, fresh, systems, step_s, lag_s))
     finally:
-        _stop(tq, started)
+        _stop(tq, started, systems)
     console.print(_table(results, batch))
     if step_s > 0:
         console.print(_stepped_table(results, batch, step_s, lag_s))
@@ -339,9 +328,10 @@ def _table(results: list[dict], batch: int) -> Table:
     ours against the verl implementation with the same options."""
     kv = ", ".join(f"{r['groups']:,} groups {r['kv_list_ms']:.1f} ms" for r in results)
     table = _rows_table(f"sample(batch {batch}) through TransferQueue, interleaved call by call: "
-                        f"median, quartiles and first-call ms (kv_list of one partition alone: "
-                        f"{kv})", ("groups", "impl", "median ms", "p25-p75 ms", "first ms",
-                                   "verl/ours"))
+                        f"median, quartiles and first-call ms; each on its own TransferQueue; "
+                        f"'tq calls': the bare TransferQueue calls ours makes, the bound "
+                        f"(kv_list of one partition alone: {kv})",
+                        ("groups", "impl", "median ms", "p25-p75 ms", "first ms", "verl/ours"))
     for r in results:
         im = r["impls"]
         for i in IMPLS:
@@ -349,6 +339,11 @@ def _table(results: list[dict], batch: int) -> Table:
             ratio = "" if i.startswith("verl") else f"{im[ref]['median_ms'] / im[i]['median_ms']:.2f}x"
             f = im[i]
             table.add_row(f"{r['groups']:,}", i, f"{f['median_ms']:.1f}",
+                          f"{f['p25_ms']:.1f}-{f['p75_ms']:.1f}", f"{f['first_ms']:.0f}", ratio)
+        for mode in ("decisions", "rewards"):       # the bound TransferQueue sets, same run
+            f = r["tq_floor"][mode]
+            ratio = f"<={im['verl']['median_ms'] / f['median_ms']:.2f}x"
+            table.add_row(f"{r['groups']:,}", f"tq calls, {mode}", f"{f['median_ms']:.1f}",
                           f"{f['p25_ms']:.1f}-{f['p75_ms']:.1f}", f"{f['first_ms']:.0f}", ratio)
     return table
 

@@ -284,7 +284,7 @@ class PartitionMirror:
             s = tag.get("status")
             if s == cur or (s in _RANK and cur in _RANK and _RANK[s] < _RANK[cur]):
                 continue
-            if s in _TERMINAL and (uid in held or self._has_waiting(uid)):
+            if s in _TERMINAL and (uid in held or (self.waiting and self._has_waiting(uid))):
                 continue          # a trajectory of it is not readable yet: next poll
             uids.append(uid)
             statuses.append(s)
