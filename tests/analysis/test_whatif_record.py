@@ -6,17 +6,22 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from pipeline import ReplayBuffer
 from pipeline.analysis.views import read_lake
-from pipeline.analysis.whatif.record import PAYLOAD, read_metadata, stand_in
+from pipeline.analysis.whatif.record import PAYLOAD, Record, stand_in
 from pipeline.analysis.whatif.rerun import recorded, replay
+from pipeline.lake import compact
 from schemas import TRAJECTORIES_INPUT
 
 
-def _run(lake: Path, steps: int = 6, release_last: bool = True) -> Path:
-    """A recorded async run: two groups a step, answers of 0 to 3 tokens, log-probs reported by
-    session 1 only; every batch released except (``release_last=False``) the last one."""
+def _run(lake: Path, steps: int = 6, release_last: bool = True,
+         logged: tuple[int, ...] = (1,)) -> Path:
+    """A recorded async run: two groups a step, answers of 0 to 3 tokens (1 to 4 unless one
+    session of two reports log-probs), log-probs reported by the sessions in ``logged``; every
+    batch released except (``release_last=False``) the last one."""
+    short = 0 if len(logged) == 1 else 1
     buf = ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3, filter_groups_metric=None,
                               poll_interval=0.001)
     with buf:
@@ -26,8 +31,9 @@ def _run(lake: Path, steps: int = 6, release_last: bool = True) -> Path:
             buf.put([{"partition": "train", "uid": u, "session_id": s, "index": 0,
                       "min_global_steps": g - 1, "max_global_steps": g - 1,
                       "reward": float(s), "prompt_ids": [1, 2],
-                      "response_ids": list(range(10, 10 + (g + i + s) % 4)),
-                      "rollout_log_probs": [-0.5] * ((g + i + s) % 4) if s == 1 else None,
+                      "response_ids": list(range(10, 10 + short + (g + i + s) % 4)),
+                      "rollout_log_probs": [-0.5] * (short + (g + i + s) % 4)
+                      if s in logged else None,
                       "is_padding": False}
                      for i, u in enumerate(uids) for s in range(2)])
             buf.update_status(partition="train", uids=uids, status="finished")
@@ -35,6 +41,29 @@ def _run(lake: Path, steps: int = 6, release_last: bool = True) -> Path:
             if release_last or g < steps:
                 buf.release(batch)
     return lake
+
+
+def read_metadata(lake: Path) -> dict[str, pa.Table]:
+    """The recorded metadata of every window, joined (small lakes only)."""
+    with Record(lake) as record:
+        record.check()
+        windows = list(record.windows())
+    return {"group_events": pa.concat_tables([w[0] for w in windows]),
+            "trajectories": pa.concat_tables([w[1] for w in windows])}
+
+
+@pytest.mark.parametrize("logged", [(1,), (0, 1), ()])
+def test_a_compacted_record_reads_as_the_live_one(tmp_path: Path, logged) -> None:
+    # compacted files answer log-prob presence from their statistics where they can
+    lake = _run(tmp_path / "lake", logged=logged)
+    live = read_metadata(lake)
+    assert compact(lake).compacted
+    got = read_metadata(lake)
+    for name in ("group_events", "trajectories"):
+        assert got[name].equals(live[name]), name
+    assert set(got["trajectories"]["has_rollout_log_probs"].to_pylist()) == \
+        ({True, False} if len(logged) == 1 else {bool(logged)})
+    assert replay(lake, tmp_path / "replay").batches == recorded(lake).batches
 
 
 def _keyed(t: pa.Table, column: str) -> dict[tuple[str, int], object]:
