@@ -15,8 +15,8 @@ steps the sealed segments are compacted, as the scheduled `compact` job of a run
 (jobs/schedule.toml), so the lake at rest is mostly Parquet. ``--first-step`` goes on with an
 existing lake in a new buffer session (a run's restart).
 
-Defaults give about 0.64 GB of Parquet per step (512 groups x 16 responses of 2,000 to 22,000
-tokens; docs/lake_sql.md, "At the scale of a real run"). Deterministic for a given ``--seed``.
+Defaults give about 0.6 GB of Parquet per step (512 groups x 16 responses of 2,000 to 22,000
+tokens; docs/jobs.md, "At the scale of a real run"). Deterministic for a given ``--seed``.
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def main(
                                                  "exists and a new buffer session goes on "
                                                  "with it (a run's restart)")] = 1,
 ) -> None:
-    """Write a lake at the scale of a real RL run through the buffer (0.64 GB a step).
+    """Write a lake at the scale of a real RL run through the buffer (about 0.6 GB a step).
 
     Examples:
         replaylake dev big-lake --lake runs/big/lake --steps 80

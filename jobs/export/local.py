@@ -88,6 +88,7 @@ class LocalRows:
                 continue                  # no trained row can lie here
             files.append(path)
             keys = row_keys(self._rows(partition, len(files) - 1))
+            pa.default_memory_pool().release_unused()
             parts.append(keys.append_column("file", pa.array(
                 np.full(keys.num_rows, len(files) - 1, np.int64))).append_column(
                 "pos", pa.array(np.arange(keys.num_rows, dtype=np.int64))))
@@ -99,13 +100,18 @@ class LocalRows:
 
     def write(self, cfg: Any, todo: list[tuple[str, int, pa.Table]]) -> Any:
         from jobs.export.main import write_shard
+        pool = pa.default_memory_pool()
         for p, index, keys in todo:
             pieces = []
             files = keys.column("file").to_numpy()
             pos = keys.column("pos").to_numpy()
             for f in np.unique(files):
                 pieces.append(self._rows(p, int(f)).take(pa.array(pos[files == f])))
-            rows = pa.concat_tables(pieces).sort_by([("batch_id", "ascending"),
-                                                     ("seq", "ascending")])
+                pool.release_unused()        # the file read for them goes back at once
+            rows = pa.concat_tables(pieces)
             del pieces
-            yield p, index, write_shard(cfg, rows, p, index), None
+            # the shard's order across its files, taken row group by row group as it is written
+            order = np.lexsort((rows.column("seq").to_numpy(), rows.column("batch_id").to_numpy()))
+            yield p, index, write_shard(cfg, rows, p, index, order), None
+            del rows
+            pool.release_unused()

@@ -151,16 +151,29 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
                                 pc.less_equal(t.column("step"), hi))) for p, t in out.items()}
 
 
-def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -> dict[str, Any]:
-    """Write one shard in every requested format; returns the files' manifest entries."""
+def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int,
+                order: np.ndarray | None = None) -> dict[str, Any]:
+    """Write one shard in every requested format; returns the files' manifest entries.
+
+    ``order``: the shard's rows are ``rows.take(order)`` (None: ``rows`` as they are). The
+    Parquet file is written one row group at a time, each taken when it is written, so a shard
+    gathered from several lake files is never copied whole into its order."""
     base = cfg.out / partition / f"shard-{index:05d}"
     mkdir_durably(base.parent)
     files = {}
     if "parquet" in cfg.formats:
         per_row = max(1, rows.nbytes // max(rows.num_rows, 1))
-        group = int(min(rows.num_rows, max(1, cfg.row_group_mb * 2**20 // per_row)))
-        files["parquet"] = atomic(base.with_suffix(".parquet"), lambda tmp: pq.write_table(
-            rows, tmp, compression="zstd", row_group_size=max(group, 1)))
+        group = max(int(min(rows.num_rows, max(1, cfg.row_group_mb * 2**20 // per_row))), 1)
+
+        def write(tmp: Path) -> None:
+            with pq.ParquetWriter(tmp, rows.schema, compression="zstd") as writer:
+                for lo in range(0, max(rows.num_rows, 1), group):   # an empty shard: one group
+                    part = rows.slice(lo, group) if order is None else \
+                        rows.take(pa.array(order[lo:lo + group]))
+                    writer.write_table(part, row_group_size=group)
+        files["parquet"] = atomic(base.with_suffix(".parquet"), write)
+    if order is not None and "pt" in cfg.formats:
+        rows = rows.take(pa.array(order))
     if "pt" in cfg.formats:
         import torch
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 
 from pipeline import ReplayBuffer
 from pipeline.analysis.views import read_lake
@@ -16,12 +15,9 @@ from pipeline.lake import compact
 from schemas import TRAJECTORIES_INPUT
 
 
-def _run(lake: Path, steps: int = 6, release_last: bool = True,
-         logged: tuple[int, ...] = (1,)) -> Path:
-    """A recorded async run: two groups a step, answers of 0 to 3 tokens (1 to 4 unless one
-    session of two reports log-probs), log-probs reported by the sessions in ``logged``; every
-    batch released except (``release_last=False``) the last one."""
-    short = 0 if len(logged) == 1 else 1
+def _run(lake: Path, steps: int = 6, release_last: bool = True) -> Path:
+    """A recorded async run: two groups a step, answers of 0 to 3 tokens, log-probs reported by
+    session 1 only; every batch released except (``release_last=False``) the last one."""
     buf = ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3, filter_groups_metric=None,
                               poll_interval=0.001)
     with buf:
@@ -31,9 +27,8 @@ def _run(lake: Path, steps: int = 6, release_last: bool = True,
             buf.put([{"partition": "train", "uid": u, "session_id": s, "index": 0,
                       "min_global_steps": g - 1, "max_global_steps": g - 1,
                       "reward": float(s), "prompt_ids": [1, 2],
-                      "response_ids": list(range(10, 10 + short + (g + i + s) % 4)),
-                      "rollout_log_probs": [-0.5] * (short + (g + i + s) % 4)
-                      if s in logged else None,
+                      "response_ids": list(range(10, 10 + (g + i + s) % 4)),
+                      "rollout_log_probs": [-0.5] * ((g + i + s) % 4) if s == 1 else None,
                       "is_padding": False}
                      for i, u in enumerate(uids) for s in range(2)])
             buf.update_status(partition="train", uids=uids, status="finished")
@@ -43,26 +38,23 @@ def _run(lake: Path, steps: int = 6, release_last: bool = True,
     return lake
 
 
-def read_metadata(lake: Path) -> dict[str, pa.Table]:
+def read_metadata(lake: Path, window: int | None = None) -> dict[str, pa.Table]:
     """The recorded metadata of every window, joined (small lakes only)."""
-    with Record(lake) as record:
+    with Record(lake, window_seqs=window) as record:
         record.check()
         windows = list(record.windows())
     return {"group_events": pa.concat_tables([w[0] for w in windows]),
             "trajectories": pa.concat_tables([w[1] for w in windows])}
 
 
-@pytest.mark.parametrize("logged", [(1,), (0, 1), ()])
-def test_a_compacted_record_reads_as_the_live_one(tmp_path: Path, logged) -> None:
-    # compacted files answer log-prob presence from their statistics where they can
-    lake = _run(tmp_path / "lake", logged=logged)
+def test_a_compacted_record_reads_as_the_live_one_in_windows(tmp_path: Path) -> None:
+    lake = _run(tmp_path / "lake", steps=12)
     live = read_metadata(lake)
     assert compact(lake).compacted
-    got = read_metadata(lake)
-    for name in ("group_events", "trajectories"):
-        assert got[name].equals(live[name]), name
-    assert set(got["trajectories"]["has_rollout_log_probs"].to_pylist()) == \
-        ({True, False} if len(logged) == 1 else {bool(logged)})
+    for window in (None, 16):           # one window, and many: the rows and their order hold
+        got = read_metadata(lake, window)
+        for name in ("group_events", "trajectories"):
+            assert got[name].equals(live[name]), name
     assert replay(lake, tmp_path / "replay").batches == recorded(lake).batches
 
 
@@ -71,8 +63,7 @@ def _keyed(t: pa.Table, column: str) -> dict[tuple[str, int], object]:
                     t[column].to_pylist()))
 
 
-def test_the_metadata_holds_no_token_payload_and_keeps_lengths_and_log_prob_presence(
-        tmp_path: Path) -> None:
+def test_the_metadata_holds_no_token_payload_and_keeps_lengths(tmp_path: Path) -> None:
     lake = _run(tmp_path / "lake")
     meta = read_metadata(lake)["trajectories"]
     assert not set(PAYLOAD) & set(meta.column_names)
@@ -81,8 +72,6 @@ def test_the_metadata_holds_no_token_payload_and_keeps_lengths_and_log_prob_pres
     lengths = pc.list_value_length(whole["response_ids"]).cast(pa.int64())
     assert meta["n_response_tokens"].to_pylist() == lengths.to_pylist()
     assert 0 in lengths.to_pylist()         # an empty answer is a length too
-    assert meta["has_rollout_log_probs"].to_pylist() == \
-        pc.is_valid(whole["rollout_log_probs"]).to_pylist()
 
 
 def test_the_stand_in_payload_has_the_recorded_lengths_and_nulls_and_no_tokens(
@@ -93,24 +82,19 @@ def test_the_stand_in_payload_has_the_recorded_lengths_and_nulls_and_no_tokens(
     assert pc.list_value_length(made["response_ids"]).cast(pa.int64()).to_pylist() == \
         meta["n_response_tokens"].to_pylist()
     assert set(pc.list_flatten(made["response_ids"]).to_pylist()) <= {0}
-    assert pc.is_valid(made["rollout_log_probs"]).to_pylist() == \
-        meta["has_rollout_log_probs"].to_pylist()
-    logged = made.filter(pc.is_valid(made["rollout_log_probs"]))
-    assert logged.num_rows and pc.list_value_length(logged["rollout_log_probs"]).to_pylist() == \
-        pc.list_value_length(logged["response_ids"]).to_pylist()
+    assert made["rollout_log_probs"].null_count == made.num_rows
     assert made["response_mask"].null_count == made.num_rows
     assert pc.list_value_length(made["prompt_ids"]).to_pylist() == [0] * made.num_rows
 
 
-def test_the_replay_stores_the_recorded_lengths_and_log_prob_presence(tmp_path: Path) -> None:
+def test_the_replay_stores_the_recorded_lengths_and_no_log_probs(tmp_path: Path) -> None:
     lake = _run(tmp_path / "lake")
     got = replay(lake, tmp_path / "replay")
     rec = read_lake(lake, tables=("trajectories",))["trajectories"]
     out = read_lake(got.lake, tables=("trajectories",))["trajectories"]
     assert got.batches == recorded(lake).batches
     assert _keyed(out, "n_response_tokens") == _keyed(rec, "n_response_tokens")
-    assert {k: v is not None for k, v in _keyed(out, "rollout_log_probs").items()} == \
-        {k: v is not None for k, v in _keyed(rec, "rollout_log_probs").items()}
+    assert out["rollout_log_probs"].null_count == out.num_rows
 
 
 def _released(lake: Path) -> list[list[str]]:

@@ -167,6 +167,8 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
 def _replay_calls(buf: Any, feed: Feed, calls: list, result: Outcome) -> None:
     """Each recorded sample call repeated at its step with its batch size, the feed advanced
     to the next recorded decision point before each poll."""
+    import pyarrow as pa
+    pool = pa.default_memory_pool()
     points = sorted(s for c in calls for s in c.points.values())
     for c in calls:
         # the recorded points after the feed's position (sorted: one bisection per call)
@@ -204,6 +206,10 @@ def _replay_calls(buf: Any, feed: Feed, calls: list, result: Outcome) -> None:
         future = future_rows(b.table)
         if future:
             result.future_rows[c.step] = result.future_rows.get(c.step, 0) + future
+        # a batch holds its stand-in payload (the buffer copies it out of the groups' chunks):
+        # dropped here, not while the next call builds its own, and its memory handed back
+        del b
+        pool.release_unused()
 
 
 def _refills(lake: Path, settings: dict[str, Any]) -> bool:
