@@ -58,6 +58,7 @@ COMMANDS: dict[str, Job] = {
     "lake salvage": Job("jobs.lake_tool", "salvage"),
     "dev soak": Job("jobs.dev.soak"),
     "dev resume-harness": Job("jobs.dev.resume_harness"),
+    "dev big-lake": Job("jobs.dev.big_lake"),
     "dev gpu-check": Job("jobs.dev.gpu_check"),
     "dev bench ingest": Job("jobs.bench.ingest"),
     "dev bench decide": Job("jobs.bench.decide"),

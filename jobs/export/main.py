@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import typer
 
+from jobs.export.local import LocalRows
 from jobs.export.manifest import (
     MANIFEST_FORMAT,
     ExportError,
@@ -57,7 +58,6 @@ from jobs.export.manifest import (
 from jobs.export.rows import (
     attach_provenance,
     refuse_dropped_payload,
-    row_keys,
     trained_groups,
     trained_rows,
 )
@@ -151,16 +151,29 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
                                 pc.less_equal(t.column("step"), hi))) for p, t in out.items()}
 
 
-def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -> dict[str, Any]:
-    """Write one shard in every requested format; returns the files' manifest entries."""
+def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int,
+                order: np.ndarray | None = None) -> dict[str, Any]:
+    """Write one shard in every requested format; returns the files' manifest entries.
+
+    ``order``: the shard's rows are ``rows.take(order)`` (None: ``rows`` as they are). The
+    Parquet file is written one row group at a time, each taken when it is written, so a shard
+    gathered from several lake files is never copied whole into its order."""
     base = cfg.out / partition / f"shard-{index:05d}"
     mkdir_durably(base.parent)
     files = {}
     if "parquet" in cfg.formats:
         per_row = max(1, rows.nbytes // max(rows.num_rows, 1))
-        group = int(min(rows.num_rows, max(1, cfg.row_group_mb * 2**20 // per_row)))
-        files["parquet"] = atomic(base.with_suffix(".parquet"), lambda tmp: pq.write_table(
-            rows, tmp, compression="zstd", row_group_size=max(group, 1)))
+        group = max(int(min(rows.num_rows, max(1, cfg.row_group_mb * 2**20 // per_row))), 1)
+
+        def write(tmp: Path) -> None:
+            with pq.ParquetWriter(tmp, rows.schema, compression="zstd") as writer:
+                for lo in range(0, max(rows.num_rows, 1), group):   # an empty shard: one group
+                    part = rows.slice(lo, group) if order is None else \
+                        rows.take(pa.array(order[lo:lo + group]))
+                    writer.write_table(part, row_group_size=group)
+        files["parquet"] = atomic(base.with_suffix(".parquet"), write)
+    if order is not None and "pt" in cfg.formats:
+        rows = rows.take(pa.array(order))
     if "pt" in cfg.formats:
         import torch
 
@@ -172,29 +185,6 @@ def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int) -
     for fmt, entry in files.items():
         entry["path"] = shard_path(partition, index, fmt)
     return files
-
-
-class LocalRows:
-    """The in-process row source of `export`: every partition's trained rows read here
-    (`trained_rows`), its shards written here, one after the other.
-
-    A row source has two steps. ``plan(lake, partition, selects)`` returns the partition's
-    `row_keys` in export order (batch_id, seq), which the export slices into shards and checks;
-    ``write(cfg, todo)`` writes the shards ``todo`` names (``(partition, index, keys slice)``)
-    and yields ``(partition, index, files, writer)`` as each completes, in any order; ``writer``
-    names the process that wrote it (None here). `jobs.export.ray.RayRows` is the other source."""
-
-    def __init__(self) -> None:
-        self.tables: dict[str, pa.Table] = {}
-
-    def plan(self, lake: Path, partition: str, selects: pa.Table) -> pa.Table:
-        self.tables[partition] = rows = trained_rows(lake, partition, selects)
-        return row_keys(rows).append_column("row", pa.array(np.arange(rows.num_rows)))
-
-    def write(self, cfg: ExportConfig, todo: list[tuple[str, int, pa.Table]]) -> Any:
-        for p, index, keys in todo:          # a plan slice is a run of consecutive rows
-            rows = self.tables[p].slice(keys.column("row")[0].as_py(), keys.num_rows)
-            yield p, index, write_shard(cfg, rows, p, index), None
 
 
 def export(cfg: ExportConfig, source: Any = None) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 CONTINUATION = b"\xff\xff\xff\xff"
 SCHEMA, RECORD_BATCH, EOS = 1, 3, -1      # flatbuffer MessageHeader types; EOS: the marker
-_MESSAGE_HEADER_TYPE, _MESSAGE_BODY_LENGTH = 1, 3    # field ids in the flatbuffer `Message`
+_MESSAGE_HEADER_TYPE, _MESSAGE_HEADER, _MESSAGE_BODY_LENGTH = 1, 2, 3   # fields of `Message`
+_BATCH_COMPRESSION = 3                    # field id of `compression` in a `RecordBatch`
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,52 @@ def _header(meta: bytes) -> tuple[int, int] | None:
     return kind, body
 
 
+def _compressed(meta: bytes) -> bool:
+    """Whether a record batch message's `RecordBatch` names a body compression."""
+    try:
+        (table,) = struct.unpack_from("<I", meta, 0)
+        (back,) = struct.unpack_from("<i", meta, table)
+        vtable = table - back
+        (vt_size,) = struct.unpack_from("<H", meta, vtable)
+        at = 4 + 2 * _MESSAGE_HEADER
+        if at + 2 > vt_size:
+            return False
+        (offset,) = struct.unpack_from("<H", meta, vtable + at)
+        if not offset:
+            return False
+        (rel,) = struct.unpack_from("<I", meta, table + offset)
+        batch = table + offset + rel
+        (back,) = struct.unpack_from("<i", meta, batch)
+        return _field(meta, batch, batch - back, _BATCH_COMPRESSION, "<I") != 0
+    except struct.error:
+        return False
+
+
+def compressed(path: str | os.PathLike) -> bool:
+    """Whether the stream at ``path`` writes its first record batch compressed (a lake writer
+    with ``compression`` set writes every batch of a segment so). Reads message headers only."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        stop, pos = os.fstat(fd).st_size, 0
+        while pos + 8 <= stop:
+            head = os.pread(fd, 8, pos)
+            if len(head) < 8 or head[:4] != CONTINUATION:
+                return False
+            (size,) = struct.unpack_from("<i", head, 4)
+            if size <= 0:
+                return False
+            meta = os.pread(fd, size, pos + 8)
+            parsed = _header(meta)
+            if parsed is None:
+                return False
+            if parsed[0] == RECORD_BATCH:
+                return _compressed(meta)
+            pos += 8 + size + parsed[1]
+        return False
+    finally:
+        os.close(fd)
+
+
 def frames(fd: int, start: int, stop: int, limit: int | None = None) -> Frames:
     """The whole messages in bytes ``start..stop`` of the open file ``fd`` (at most ``limit``)."""
     kinds: list[int] = []
@@ -93,4 +140,4 @@ def frames(fd: int, start: int, stop: int, limit: int | None = None) -> Frames:
     return Frames(start, tuple(kinds), pos)
 
 
-__all__ = ["Frames", "frames", "SCHEMA", "RECORD_BATCH", "EOS"]
+__all__ = ["Frames", "frames", "compressed", "SCHEMA", "RECORD_BATCH", "EOS"]

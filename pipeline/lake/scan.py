@@ -18,7 +18,8 @@ cannot be scanned in place: only replaylake's reader knows which of their bytes 
 (checksum file), which batches belong to an uncommitted multi-partition call, and where a torn
 tail starts. So each open segment is read once through that reader (`lake.read.batches`, the very
 rules every reader applies) and its committed batches are streamed, gathered into record batches
-of about `SCRATCH_BATCH_BYTES`, to an uncompressed Arrow IPC file in a scratch directory
+of about `SCRATCH_BATCH_BYTES`, to an Arrow IPC file in a scratch directory (uncompressed, unless
+the segment was written compressed: see `lake.writer`)
 (`pipeline.lake.scratch`), which is mapped and unlinked at once: the scan reads the mapping lazily,
 and once `scan_lake` returns nothing of it is left on disk, however its process ends later.
 
@@ -50,6 +51,7 @@ from pipeline.errors import LakeError
 from pipeline.lake import kill as lake_kill
 from pipeline.lake import scratch
 from pipeline.lake.files import CALL_KEY, table_of
+from pipeline.lake.frames import compressed
 from pipeline.lake.names import newest_copy, read_newest
 from pipeline.lake.read import (
     LakeDamageError,
@@ -130,7 +132,10 @@ def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path
     pending: list[pa.RecordBatch] = []
     size = 0
     try:
-        with pa.ipc.new_file(out, schema) as w:
+        # a compressed segment (a writer with `compression`) is copied compressed: its scratch
+        # file takes about the segment's room, not what its batches take in memory
+        options = pa.ipc.IpcWriteOptions(compression="zstd") if compressed(path) else None
+        with pa.ipc.new_file(out, schema, options=options) as w:
             for batch, meta in batches(path):
                 call = (meta or {}).get(CALL_KEY)
                 if call is not None and (table, call.decode()) not in committed:

@@ -36,9 +36,20 @@ def _write_all(fd: int, data: bytes | pa.Buffer) -> None:
 
 
 def encode(schema: pa.Schema, schema_bytes: pa.Buffer, batch: pa.RecordBatch,
-           meta: dict[bytes, bytes] | None, with_schema: bool) -> pa.Buffer:
+           meta: dict[bytes, bytes] | None, with_schema: bool,
+           compression: str | None = None) -> pa.Buffer:
     """The bytes one append writes: ``batch``'s message as Arrow's stream writer writes it,
-    after the schema message when the stream is new. Always one buffer, filled by C++."""
+    after the schema message when the stream is new. Always one buffer, filled by C++.
+    ``compression`` ("zstd", "lz4"): the message's buffers compressed, as the stream writer's
+    option compresses them (every reader of the stream format decompresses them)."""
+    if compression is not None:
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression=compression)
+        with pa.ipc.new_stream(sink, schema, options=options) as writer:
+            writer.write_batch(batch, custom_metadata=meta)
+        out = sink.getvalue()
+        start = 0 if with_schema else schema_bytes.size
+        return out.slice(start, out.size - len(EOS) - start)
     if meta is None and not with_schema:
         return batch.serialize()                # the common case, exactly sized
     if meta is None:    # a segment's first write: schema and batch straight into one buffer
@@ -65,7 +76,8 @@ class UndoError(OSError):
 class Stream:
     """One open append-only stream and its checksum file."""
 
-    def __init__(self, path: Path, schema: pa.Schema, point: str, fsync: bool):
+    def __init__(self, path: Path, schema: pa.Schema, point: str, fsync: bool,
+                 compression: str | None = None):
         if any(pa.types.is_dictionary(f.type) for f in schema):
             # dictionary batches would have to be written between the messages assembled here
             raise pa.ArrowNotImplementedError(f"lake stream {path}: dictionary-encoded columns")
@@ -83,6 +95,7 @@ class Stream:
         self.opened_at = time.monotonic()
         self.schema = schema
         self.schema_bytes = schema.serialize()
+        self.compression = compression
         self.started = False      # the schema message goes out with the first write
 
     def write(self, data: bytes | pa.Buffer) -> None:
@@ -132,7 +145,8 @@ class Stream:
     def append(self, batch: pa.RecordBatch, meta: dict[bytes, bytes] | None) -> None:
         if batch.schema != self.schema:
             raise pa.ArrowInvalid(f"lake stream {self.path}: a batch of another schema")
-        self.write(encode(self.schema, self.schema_bytes, batch, meta, not self.started))
+        self.write(encode(self.schema, self.schema_bytes, batch, meta, not self.started,
+                          self.compression))
         self.started = True
 
     def finish(self) -> None:

@@ -22,6 +22,11 @@ each call; the next rows for its table, partition and window go to a new segment
 segment is sealed, so `replaylake compact` turns a running buffer's older data into Parquet
 without waiting for the buffer to close. Both limits are attributes of the writer (`buf.lake`).
 
+Compression: ``compression`` (an attribute of the writer too; None by default) set to "zstd" or
+"lz4" compresses the buffers of the record batches written from then on, as Arrow's IPC writer
+option does; every reader decompresses them. For a lake whose payload compresses to nothing (a
+what-if replay's stand-in zeros); a run's token ids are better left to compaction's Parquet.
+
 Atomicity of one call: a call's rows of one partition are one record batch in one file. A call
 spanning several partitions writes one batch per partition, each tagged with the call's name
 (writer + seq range), then a commit record with that name in the writer's log; readers skip tagged
@@ -85,6 +90,7 @@ class LakeWriter:
         self.fsync = fsync
         self.window = window
         self.roll_bytes = roll_bytes
+        self.compression: str | None = None      # see the module doc
         self.roll_seconds = roll_seconds
         self.tag = uuid.uuid4().hex[:12]
         self._streams: dict[tuple[str, str, int], Stream] = {}
@@ -218,7 +224,7 @@ class LakeWriter:
         d.mkdir(parents=True, exist_ok=True)
         if new_dirs:
             lake_kill.hit(point + ".mkdir")
-        stream = Stream(d / name, schema, point, self.fsync)
+        stream = Stream(d / name, schema, point, self.fsync, self.compression)
         lake_kill.hit(point + ".create")
         if self.fsync:
             for p in [d, *(q.parent for q in new_dirs)]:

@@ -9,8 +9,9 @@ import pyarrow.compute as pc
 
 from pipeline import ReplayBuffer
 from pipeline.analysis.views import read_lake
-from pipeline.analysis.whatif.record import PAYLOAD, read_metadata, stand_in
+from pipeline.analysis.whatif.record import PAYLOAD, Record, stand_in
 from pipeline.analysis.whatif.rerun import recorded, replay
+from pipeline.lake import compact
 from schemas import TRAJECTORIES_INPUT
 
 
@@ -37,13 +38,32 @@ def _run(lake: Path, steps: int = 6, release_last: bool = True) -> Path:
     return lake
 
 
+def read_metadata(lake: Path, window: int | None = None) -> dict[str, pa.Table]:
+    """The recorded metadata of every window, joined (small lakes only)."""
+    with Record(lake, window_seqs=window) as record:
+        record.check()
+        windows = list(record.windows())
+    return {"group_events": pa.concat_tables([w[0] for w in windows]),
+            "trajectories": pa.concat_tables([w[1] for w in windows])}
+
+
+def test_a_compacted_record_reads_as_the_live_one_in_windows(tmp_path: Path) -> None:
+    lake = _run(tmp_path / "lake", steps=12)
+    live = read_metadata(lake)
+    assert compact(lake).compacted
+    for window in (None, 16):           # one window, and many: the rows and their order hold
+        got = read_metadata(lake, window)
+        for name in ("group_events", "trajectories"):
+            assert got[name].equals(live[name]), name
+    assert replay(lake, tmp_path / "replay").batches == recorded(lake).batches
+
+
 def _keyed(t: pa.Table, column: str) -> dict[tuple[str, int], object]:
     return dict(zip(zip(t["uid"].to_pylist(), t["session_id"].to_pylist()),
                     t[column].to_pylist()))
 
 
-def test_the_metadata_holds_no_token_payload_and_keeps_lengths_and_log_prob_presence(
-        tmp_path: Path) -> None:
+def test_the_metadata_holds_no_token_payload_and_keeps_lengths(tmp_path: Path) -> None:
     lake = _run(tmp_path / "lake")
     meta = read_metadata(lake)["trajectories"]
     assert not set(PAYLOAD) & set(meta.column_names)
@@ -52,8 +72,6 @@ def test_the_metadata_holds_no_token_payload_and_keeps_lengths_and_log_prob_pres
     lengths = pc.list_value_length(whole["response_ids"]).cast(pa.int64())
     assert meta["n_response_tokens"].to_pylist() == lengths.to_pylist()
     assert 0 in lengths.to_pylist()         # an empty answer is a length too
-    assert meta["has_rollout_log_probs"].to_pylist() == \
-        pc.is_valid(whole["rollout_log_probs"]).to_pylist()
 
 
 def test_the_stand_in_payload_has_the_recorded_lengths_and_nulls_and_no_tokens(
@@ -64,24 +82,19 @@ def test_the_stand_in_payload_has_the_recorded_lengths_and_nulls_and_no_tokens(
     assert pc.list_value_length(made["response_ids"]).cast(pa.int64()).to_pylist() == \
         meta["n_response_tokens"].to_pylist()
     assert set(pc.list_flatten(made["response_ids"]).to_pylist()) <= {0}
-    assert pc.is_valid(made["rollout_log_probs"]).to_pylist() == \
-        meta["has_rollout_log_probs"].to_pylist()
-    logged = made.filter(pc.is_valid(made["rollout_log_probs"]))
-    assert logged.num_rows and pc.list_value_length(logged["rollout_log_probs"]).to_pylist() == \
-        pc.list_value_length(logged["response_ids"]).to_pylist()
+    assert made["rollout_log_probs"].null_count == made.num_rows
     assert made["response_mask"].null_count == made.num_rows
     assert pc.list_value_length(made["prompt_ids"]).to_pylist() == [0] * made.num_rows
 
 
-def test_the_replay_stores_the_recorded_lengths_and_log_prob_presence(tmp_path: Path) -> None:
+def test_the_replay_stores_the_recorded_lengths_and_no_log_probs(tmp_path: Path) -> None:
     lake = _run(tmp_path / "lake")
     got = replay(lake, tmp_path / "replay")
     rec = read_lake(lake, tables=("trajectories",))["trajectories"]
     out = read_lake(got.lake, tables=("trajectories",))["trajectories"]
     assert got.batches == recorded(lake).batches
     assert _keyed(out, "n_response_tokens") == _keyed(rec, "n_response_tokens")
-    assert {k: v is not None for k, v in _keyed(out, "rollout_log_probs").items()} == \
-        {k: v is not None for k, v in _keyed(rec, "rollout_log_probs").items()}
+    assert out["rollout_log_probs"].null_count == out.num_rows
 
 
 def _released(lake: Path) -> list[list[str]]:

@@ -1,23 +1,39 @@
-"""What a replay reads of the recorded lake: its metadata, never its token payload.
+"""What a replay reads of the recorded lake: its metadata, never its token payload, streamed in
+seq windows so that memory does not grow with the lake's length.
 
 The replay's decisions (eviction, selection, the zero-variance filter, the staleness bound, the
 overlong rule, the certificates) read a trajectory's keys, versions, reward, reward metrics,
-version spans and response length, and whether it reported rollout log-probs; no decision reads a
-token id. So the recorded trajectories are scanned with only those columns (`lake.scan`: the
-committed rows of every file, cut at one seq, one record batch at a time), the response length
-taken from the stored `n_response_tokens` and the presence of log-probs from the list's validity.
+version spans and response length; no decision reads a token id or a log-prob. So the recorded
+trajectories are scanned with only those columns (`lake.scan`: the committed rows of every file,
+cut at one seq), the response length taken from the stored `n_response_tokens`.
+
+`Record` holds one such scan open for a replay and reads it in three passes, none of which holds
+a table whole:
+
+* `Record.check` streams `group_events` and the keys of every table's rows once: a re-issued group
+  (not replayable) or an orphan row (refused as `read_lake` refuses it) stops the replay before it
+  starts. What it keeps: each registration's key and seq (the refill pool is drawn from them).
+* `Record.calls` streams the `decisions` that name a sample call or a release: per call its step,
+  partition, poll points, selected groups and batch id; per recorded batch the seq of its release.
+* `Record.windows` yields the group events and trajectory metadata of one window of `WINDOW_SEQS`
+  consecutive seqs at a time, in seq order (`_by_seq`), read with the window as the scan's filter.
+
+So what a replay holds of its record is one window of rows, plus a few integers per sample call
+and a key per group; not the rows of the run.
 
 The buffer takes trajectories with their token lists, so each put gets a stand-in payload
-(`stand_in`): response tokens and log-probs as zeros of the recorded length (exact lengths, so
-the replay's lake stores the recorded `n_response_tokens` and every length check holds), no
-prompt tokens and no loss mask. A replay's lake therefore holds zeros where the recorded one holds
-tokens; its metadata, decisions and lengths are what the figures read.
-
-The recorded tables are held as metadata alone: about a hundred bytes per trajectory and per
-event, whatever the length of the answers.
+(`stand_in`): response tokens as zeros of the recorded length (exact lengths, so the replay's
+lake stores the recorded `n_response_tokens` and every length check holds), no prompt tokens, no
+loss mask and no log-probs. A replay's lake therefore holds zeros where the recorded one holds
+tokens; its metadata, decisions and lengths are what the figures read. No log-probs: nothing a
+replay decides or reports reads them, and each batch the replay's buffer hands out holds its
+stand-in payload in memory (a real run's batch of 4,096 answers of 12,000 tokens: 196 MB of
+zeros as ids alone, twice that with log-probs).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,34 +41,147 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from pipeline.errors import LakeError
 from schemas import TRAJECTORIES_INPUT
 
 TABLES = ("group_events", "trajectories", "decisions")
 # the per-token columns a replay does not read (the buffer gets a stand-in for them)
 PAYLOAD = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
 LENGTH = "n_response_tokens"
-HAS_LOG_PROBS = "has_rollout_log_probs"
 METADATA = [n for n in TRAJECTORIES_INPUT.names if n not in PAYLOAD]
+# seqs per window of `Record.windows`: the journal numbers every table's rows from one counter,
+# so a window holds at most this many rows (about 100 bytes of metadata each)
+WINDOW_SEQS = 1 << 16
+_CALL_COLUMNS = ["call_id", "step", "partition", "poll", "seq", "kind", "uid", "batch_id"]
 
 
-def read_metadata(lake: Path) -> dict[str, pa.Table]:
-    """The recorded `group_events` and `decisions` and the trajectories' metadata (`METADATA`,
-    the response length and whether log-probs were reported, plus `seq`), each sorted by seq,
-    from one consistent snapshot of the committed rows. Refuses orphan rows as `read_lake` does."""
-    from pipeline.lake import orphans, require_lake, scan_lake
-    root = require_lake(lake)
-    scan = scan_lake(root)
-    try:
-        columns = {n: ds.field(n) for n in [*METADATA, LENGTH, "seq"]}
-        columns[HAS_LOG_PROBS] = ds.field("rollout_log_probs").is_valid()
-        tables = {"group_events": scan.tables["group_events"].to_table(),
-                  "trajectories": scan.tables["trajectories"].to_table(columns=columns),
-                  "decisions": scan.tables["decisions"].to_table()}
-    finally:
-        scan.close()
-    tables = {name: _by_seq(t) for name, t in tables.items()}
-    orphans.refuse(root, orphans.summary(orphans.orphans_in(tables)))
-    return tables
+@dataclass
+class Call:
+    """One recorded sample call that handed out a batch."""
+
+    call_id: int
+    step: int
+    partition: str
+    points: dict[int, int] = field(default_factory=dict)    # poll -> its first seq
+    selected: dict[int, tuple[str, int]] = field(default_factory=dict)  # seq -> (uid, batch)
+    last_seq: int = -1
+
+    @property
+    def uids(self) -> list[str]:
+        """The selected groups in the order they were selected."""
+        return [u for _, (u, _) in sorted(self.selected.items())]
+
+    @property
+    def batch_id(self) -> int:
+        return self.selected[min(self.selected)][1]
+
+
+class Record:
+    """One consistent snapshot of a recorded lake, read by streaming (see the module doc)."""
+
+    def __init__(self, lake: Path, window_seqs: int | None = None):
+        from pipeline.lake import require_lake, scan_lake
+        self.window_seqs = window_seqs or WINDOW_SEQS
+        self.root = require_lake(lake)
+        self.scan = scan_lake(self.root)
+        self.registered_seq = np.zeros(0, dtype=np.int64)   # every registration, in seq order
+        self.registered_key = pa.array([], pa.string())
+        self.last_seq = -1
+
+    def close(self) -> None:
+        self.scan.close()
+
+    def __enter__(self) -> Record:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _batches(self, table: str, columns, filter=None) -> Iterator[pa.RecordBatch]:
+        yield from self.scan.tables[table].to_batches(columns=columns, filter=filter)
+
+    def check(self) -> None:
+        """Refuse a lake a replay cannot follow: re-issued groups, orphan rows (module doc)."""
+        from pipeline.lake import orphans
+        seqs, keys = [], []
+        for b in self._batches("group_events", ["partition", "uid", "event", "seq"]):
+            if pc.any(pc.equal(b["event"], "reissued")).as_py():
+                raise LakeError("the lake holds re-issued groups (a restore); a what-if replay "
+                                "cannot re-issue through the public API")
+            reg = b.filter(pc.equal(b["event"], "registered"))
+            seqs.append(reg["seq"].to_numpy())
+            keys.append(orphans.key(reg))
+            self.last_seq = max(self.last_seq, _max_seq(b))
+        seq = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int64)
+        key = pa.concat_arrays(keys) if keys else pa.array([], pa.string())
+        seq, first = np.unique(seq, return_index=True)     # sorted; a compacted copy once
+        self.registered_seq, self.registered_key = seq, key.take(pa.array(first))
+        registered = pc.unique(self.registered_key)
+        found = {}
+        for name, cols in (("group_events", ["event"]), ("trajectories", []),
+                           ("decisions", [])):
+            parts = []
+            for b in self._batches(name, ["partition", "uid", "seq", *cols]):
+                self.last_seq = max(self.last_seq, _max_seq(b))
+                t = pa.Table.from_batches([b])
+                bad = t.filter(orphans.orphan_mask(name, t, registered))
+                if bad.num_rows:
+                    parts.append(bad)
+            if parts:
+                found[name] = pa.concat_tables(parts)
+        orphans.refuse(self.root, orphans.summary(found))
+
+    def calls(self) -> tuple[list[Call], dict[tuple[str, int], int]]:
+        """The recorded sample calls that handed out a batch, in call order, and the seq of each
+        recorded batch's release ((partition, batch id) -> its first release row)."""
+        calls: dict[int, Call] = {}
+        released: dict[tuple[str, int], int] = {}
+        keep = (ds.field("call_id") >= 0) | (ds.field("kind") == "release")
+        for b in self._batches("decisions", _CALL_COLUMNS, keep):
+            for r in b.to_pylist():
+                if r["kind"] == "release":
+                    k = (r["partition"], r["batch_id"])
+                    released[k] = min(released.get(k, r["seq"]), r["seq"])
+                if r["call_id"] is None or r["call_id"] < 0:
+                    continue
+                c = calls.setdefault(r["call_id"], Call(r["call_id"], r["step"],
+                                                        r["partition"]))
+                c.points[r["poll"]] = min(c.points.get(r["poll"], r["seq"]), r["seq"])
+                c.last_seq = max(c.last_seq, r["seq"])
+                if r["kind"] == "select":
+                    c.selected[r["seq"]] = (r["uid"], r["batch_id"])
+        return [c for _, c in sorted(calls.items()) if c.selected], released
+
+    def refills(self) -> list[tuple[int, int]]:
+        """(seq, count) of every refill the recorded run's refill_fn served, in seq order."""
+        rows = []
+        keep = ds.field("kind").isin(["refill", "refill_failed"])
+        for b in self._batches("decisions", ["partition", "call_id", "poll", "kind", "seq",
+                                             "count"], keep):
+            rows += b.to_pylist()
+        failed = {(r["partition"], r["call_id"], r["poll"]) for r in rows
+                  if r["kind"] == "refill_failed"}
+        served = {r["seq"]: r["count"] for r in rows if r["kind"] == "refill"
+                  and (r["partition"], r["call_id"], r["poll"]) not in failed}
+        return sorted(served.items())
+
+    def windows(self, first: int = 0) -> Iterator[tuple[pa.Table, pa.Table]]:
+        """(group events, trajectory metadata) of each window of ``window_seqs`` seqs
+        (`WINDOW_SEQS` by default) from ``first`` on, each sorted by seq; empty windows are
+        skipped. Call `check` first (it finds the last seq). The window is the scan's filter:
+        a compacted file whose seq statistics miss it is not read."""
+        columns = [*METADATA, LENGTH, "seq"]
+        span = self.window_seqs
+        for lo in range(first, self.last_seq + 1, span):
+            window = (ds.field("seq") >= lo) & (ds.field("seq") < lo + span)
+            ev = self.scan.tables["group_events"].to_table(filter=window)
+            tr = self.scan.tables["trajectories"].to_table(columns=columns, filter=window)
+            if ev.num_rows or tr.num_rows:
+                yield _by_seq(ev), _by_seq(tr)
+
+
+def _max_seq(b: pa.RecordBatch) -> int:
+    return int(pc.max(b["seq"]).as_py()) if b.num_rows else -1
 
 
 def _by_seq(table: pa.Table) -> pa.Table:
@@ -70,31 +199,23 @@ def _by_seq(table: pa.Table) -> pa.Table:
     return table
 
 
-def _lists(lengths: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None
-           ) -> pa.Array:
-    """A list array of zeros with the given lengths (null where ``valid`` is False)."""
-    if valid is not None:
-        lengths = np.where(valid, lengths, 0)
+def _lists(lengths: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    """A list array of zeros with the given lengths (the zeros are not touched: calloc'd)."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = pa.array(np.zeros(int(offsets[-1]), dtype=value_type.to_pandas_dtype()))
-    mask = None if valid is None else pa.array(~valid)
-    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(value_type),
-                                    mask=mask)
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(value_type))
 
 
 def stand_in(meta: pa.Table) -> pa.Table:
     """Trajectories as the buffer takes them (`TRAJECTORIES_INPUT`) from rows of the metadata
-    `read_metadata` returns, with the stand-in payload the module doc describes."""
+    `Record.windows` yields, with the stand-in payload the module doc describes."""
     n = meta.num_rows
-    lengths = meta.column(LENGTH).to_numpy()
-    logged = np.asarray(meta.column(HAS_LOG_PROBS).to_numpy(zero_copy_only=False), dtype=bool)
     made = {
         "prompt_ids": _lists(np.zeros(n, dtype=np.int64), pa.int32()),
-        "response_ids": _lists(lengths, pa.int32()),
+        "response_ids": _lists(meta.column(LENGTH).to_numpy(), pa.int32()),
         "response_mask": pa.nulls(n, pa.list_(pa.int8())),
-        "rollout_log_probs": (_lists(lengths, pa.float32(), logged) if logged.any()
-                              else pa.nulls(n, pa.list_(pa.float32()))),
+        "rollout_log_probs": pa.nulls(n, pa.list_(pa.float32())),
     }
     columns = [made[f.name] if f.name in made else meta.column(f.name) for f in TRAJECTORIES_INPUT]
     return pa.Table.from_arrays(columns, schema=TRAJECTORIES_INPUT)

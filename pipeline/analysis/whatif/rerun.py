@@ -30,13 +30,15 @@ weights, and a sample call can train rows whose newest version is not older than
 live buffer warns about such rows on every call; the replay counts them per step instead
 (`Outcome.future_rows`, see pipeline.analysis.whatif.outcome) and leaves the summary to its caller.
 
-Memory: the feed reads the recorded metadata once (`record.read_metadata`: no token payload; each
-put gets a stand-in payload of the recorded lengths, `record.stand_in`), keeps its rows to feed
-as three arrays in seq order and each group as an integer, and puts every run of consecutive
-trajectory rows in one call (not row by row: each call costs the buffer, its journal and the
-replay's lake a record batch). The replay buffer holds only what its own decisions keep: each
-replayed batch is released where the recorded run released its batch. The recorded batches of
-the replay are read back from its decision log alone, not its payload.
+Memory: the feed streams the recorded metadata one seq window at a time (`record.Record`: no
+token payload, no table held whole; each put gets a stand-in payload of the recorded lengths,
+`record.stand_in`), keeps a window's rows to feed as three arrays in seq order and each group as
+an integer (`feed.Feed`), and puts every run of consecutive trajectory rows in one call (not
+row by row: each call costs the buffer, its journal and the replay's lake a record batch). The
+replay buffer holds only what its own decisions keep: each replayed batch is released where the
+recorded run released its batch. The replay's lake writes its batches compressed (the stand-in
+zeros take no room). The recorded batches of the replay are read back from its decision log
+alone, not its payload.
 """
 from __future__ import annotations
 
@@ -46,16 +48,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
+from pipeline.analysis.whatif.feed import Feed
 from pipeline.analysis.whatif.outcome import Outcome, future_rows, future_warnings_held
-from pipeline.analysis.whatif.record import read_metadata, stand_in
+from pipeline.analysis.whatif.record import Record
 from pipeline.errors import ConfigError, LakeError, ReplayLakeError
 
 SAMPLE_TIMEOUT_S = 600.0   # a safety net only: an unfillable call ends when the feed runs dry
-_EVENT, _TRAJ, _RELEASE = 0, 1, 2   # what a row to feed is (`_Feed.kind`)
 IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch cannot fill
 
 
@@ -82,185 +80,6 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
     # recorded before the selection order was a setting chose oldest first
     return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules")),
             "selection_order": cfg.get("selection_order", "oldest")}
-
-
-def _calls(decisions: pa.Table) -> list[dict]:
-    """Recorded sample calls in order: call id, step, partition, groups selected, poll points."""
-    rows = decisions.filter(pc.greater_equal(decisions["call_id"], 0)).to_pylist()
-    calls: dict[int, dict] = {}
-    for r in rows:
-        c = calls.setdefault(r["call_id"], {"call_id": r["call_id"], "step": r["step"],
-                                            "partition": r["partition"], "uids": [],
-                                            "points": {}})
-        c["points"].setdefault(r["poll"], r["seq"])
-        c["points"][r["poll"]] = min(c["points"][r["poll"]], r["seq"])
-        if r["kind"] == "select":
-            c["uids"].append(r["uid"])
-    return [c for _, c in sorted(calls.items()) if c["uids"]]
-
-
-class _Feed:
-    """Feeds the recorded rows into the replay buffer in seq order, holding back refill groups
-    until the replay's refill asks for them."""
-
-    def __init__(self, buf: Any, tables: dict[str, pa.Table]):
-        self.buf = buf
-        ev = tables["group_events"]
-        if pc.any(pc.equal(ev["event"], "reissued")).as_py():
-            raise LakeError("the lake holds re-issued groups (a restore); a what-if replay "
-                            "cannot re-issue through the public API")
-        tr = tables["trajectories"]
-        self.traj = tr      # metadata only: each put gets a stand-in payload (`record.stand_in`)
-        self.events = ev
-        dec = tables["decisions"]
-        # a recorded release has one row per group of its batch; the first one releases it
-        rel = dec.filter(pc.equal(dec["kind"], "release"))
-        first: dict[tuple[str, int], int] = {}
-        for s, p, b in zip(rel["seq"].to_pylist(), rel["partition"].to_pylist(),
-                           rel["batch_id"].to_pylist()):
-            first.setdefault((p, b), s)
-        self.releases = list(first)
-        # every row to feed as three arrays in seq order (kind, row of its table, seq), and
-        # each event's and trajectory's group as one integer: no Python object per row
-        group = pc.dictionary_encode(pa.concat_arrays(
-            [_group_key(ev).combine_chunks(), _group_key(tr).combine_chunks()])).indices
-        group = np.asarray(group, dtype=np.int64)
-        self.ev_group, self.tr_group = group[:ev.num_rows], group[ev.num_rows:]
-        self.ev_registered = np.asarray(pc.equal(ev["event"], "registered"), dtype=bool)
-        seq = np.concatenate([ev["seq"].to_numpy(), tr["seq"].to_numpy(),
-                              np.asarray(list(first.values()), dtype=np.int64)])
-        kind = np.concatenate([np.full(ev.num_rows, _EVENT, np.int8),
-                               np.full(tr.num_rows, _TRAJ, np.int8),
-                               np.full(len(first), _RELEASE, np.int8)])
-        ref = np.concatenate([np.arange(ev.num_rows), np.arange(tr.num_rows),
-                              np.arange(len(first))])
-        order = np.argsort(seq, kind="stable")
-        self.seq, self.kind, self.ref = seq[order], kind[order], ref[order]
-        self.pool, self.refill_groups = self._refill_pool(dec)
-        self.held: dict[int, list[int]] = {}    # refill group -> positions held back
-        self.drawn: set[int] = set()
-        self.pos = 0
-        self.end: int | None = None     # feed no row with seq >= end (a window of the record)
-        # recorded (partition, batch_id) -> the replay's batch id for that call, until released
-        self.batch_of: dict[tuple[str, int], int] = {}
-
-    def _refill_pool(self, dec: pa.Table) -> tuple[list[int], set[int]]:
-        failed = {(r["partition"], r["call_id"], r["poll"]) for r in
-                  dec.filter(pc.equal(dec["kind"], "refill_failed")).to_pylist()}
-        refills = [r for r in dec.filter(pc.equal(dec["kind"], "refill")).to_pylist()
-                   if (r["partition"], r["call_id"], r["poll"]) not in failed]   # served asks
-        reg_seq = self.events["seq"].to_numpy()[self.ev_registered]
-        reg_group = self.ev_group[self.ev_registered]
-        pool: list[int] = []
-        j = 0
-        for r in sorted(refills, key=lambda x: x["seq"]):
-            j = max(j, int(np.searchsorted(reg_seq, r["seq"])))
-            take = reg_group[j:j + r["count"]].tolist()
-            pool += take
-            j += len(take)
-        return pool, set(pool)
-
-    def refill(self, n: int) -> None:
-        """The replay's refill_fn: hand out the next n recorded refill groups (what the feed
-        held back of them is applied in seq order, in as few calls as `_apply_all` can)."""
-        due: list[int] = []
-        for key in self.pool[:n]:
-            self.drawn.add(key)
-            due += self.held.pop(key, [])
-        self._apply_all(sorted(due))
-        self.shortfall = getattr(self, "shortfall", 0) + max(n - len(self.pool), 0)
-        del self.pool[:n]
-
-    def _key(self, pos: int) -> int | None:
-        kind, ref = self.kind[pos], self.ref[pos]
-        if kind == _EVENT:
-            return int(self.ev_group[ref])
-        if kind == _TRAJ:
-            return int(self.tr_group[ref])
-        return None
-
-    def advance(self, until: int | None) -> bool:
-        """Feed every row with seq < until (None: all). Returns whether anything was left."""
-        start = self.pos
-        if self.end is not None:         # a window of the record: nothing generated after it
-            until = self.end if until is None else min(until, self.end)
-        stop = len(self.seq) if until is None else int(np.searchsorted(self.seq, until))
-        due: list[int] = []
-        for pos in range(start, max(stop, start)):
-            key = self._key(pos)
-            if key in self.refill_groups and key not in self.drawn:
-                self.held.setdefault(key, []).append(pos)
-            else:
-                due.append(pos)
-        self.pos = max(stop, start)
-        self._apply_all(due)
-        return self.pos > start
-
-    def _apply_all(self, positions: list[int]) -> None:
-        """Apply the rows at ``positions`` in order, each run of consecutive rows of one kind (trajectories,
-        registrations, status changes) as one call.
-
-        Nothing polls between two rows of a run (polls happen only between feed steps), and no
-        recorded trajectory or registration can be refused (a group accepts rows until its
-        terminal event, which comes after them), so one call leaves the buffer as the rows one
-        by one would; a status run that is refused is applied row by row. Row-by-row calls
-        would cost the buffer, its journal and the replay's lake one record batch per row."""
-        run: list[int] = []
-        run_kind, run_keys = None, set()
-        for pos in positions:
-            kind = self._kind(pos)
-            # a group's rows of one put may repeat its key; one status call takes a group once
-            key = self._key(pos) if kind == "status" else None
-            if kind != run_kind or kind == "release" or key in run_keys:
-                self._apply_run(run_kind, run)
-                run, run_kind, run_keys = [], kind, set()
-            run.append(pos)
-            if key is not None:
-                run_keys.add(key)
-        self._apply_run(run_kind, run)
-
-    def _kind(self, pos: int) -> str:
-        kind = self.kind[pos]
-        if kind == _TRAJ:
-            return "traj"
-        if kind == _RELEASE:
-            return "release"
-        return "register" if self.ev_registered[self.ref[pos]] else "status"
-
-    def _apply_run(self, kind: str | None, run: list[int]) -> None:
-        if not run:
-            return
-        buf = self.buf
-        rows = self.ref[run]
-        if kind == "traj":
-            first = int(rows[0])
-            contiguous = int(rows[-1]) - first + 1 == len(rows)
-            buf.put(stand_in(self.traj.slice(first, len(rows)) if contiguous
-                             else self.traj.take(rows)))
-        elif kind == "release":
-            b = self.batch_of.pop(self.releases[int(rows[0])], None)
-            if b is not None:    # the replay's batch leaves memory when the recorded one did
-                buf.release(b)
-        elif kind == "register":
-            ev = self.events.take(rows)
-            buf.register({k: ev[k].to_pylist() for k in
-                          ("partition", "uid", "global_steps", "n", "prompt_id", "dataset")})
-        else:
-            ev = self.events.take(rows)
-            parts, uids, status = (ev[k].to_pylist() for k in ("partition", "uid", "event"))
-            try:
-                buf.update_status({"partition": parts, "uid": uids, "status": status})
-            except ReplayLakeError:
-                for p, u, st in zip(parts, uids, status):   # all-or-nothing: none was applied
-                    try:
-                        buf.update_status(partition=p, uids=[u], status=st)
-                    except ReplayLakeError:
-                        pass   # a status for a group this replay evicted already (what-if)
-
-
-def _group_key(t: pa.Table) -> pa.ChunkedArray:
-    """One string per row naming its group (partition and uid)."""
-    return pc.binary_join_element_wise(t["partition"], t["uid"], "\x00")
 
 
 # settings whose None is a value of its own (no filter, no bound), kept when given as None
@@ -311,74 +130,86 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
     from pipeline import ReplayBuffer
     lake = Path(lake)
     preset, kwargs = chosen_settings(lake, settings)
-    tables = read_metadata(lake)
-    calls = _calls(tables["decisions"])
-    if max_calls is not None:
-        if max_calls < 1:
-            raise ConfigError(f"max_calls={max_calls}: give a number of sample calls >= 1")
-        calls = calls[:max_calls]
-        dec = tables["decisions"]
-        last = pc.equal(dec["call_id"], calls[-1]["call_id"]) if calls else None
-        # the record up to the end of the window's last call: every policy gets the rollouts
-        # the recorded run had generated by then, and none from later
-        window_end = pc.max(dec.filter(last)["seq"]).as_py() + 1 if calls else 0
+    if max_calls is not None and max_calls < 1:
+        raise ConfigError(f"max_calls={max_calls}: give a number of sample calls >= 1")
     out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
-    holder: dict[str, _Feed] = {}
+    holder: dict[str, Feed] = {}
     make = ReplayBuffer.async_ if preset == "async" else ReplayBuffer.sync
     # a run recorded without refill_fn is replayed without one (unless the settings need it): a
     # refill the record cannot serve would end the poll, and the next one sees later rows, which
     # changes the batch of any order that does not rank new groups last
     refill_fn = (lambda n: holder["feed"].refill(n)) if _refills(lake, kwargs) else None
-    buf = make(lake=out / "lake", refill_fn=refill_fn, poll_interval=0.001, **kwargs)
     result = Outcome(lake=out / "lake")
-    with buf, future_warnings_held():
-        feed = holder["feed"] = _Feed(buf, tables)
+    with Record(lake) as record:
+        record.check()
+        calls, released = record.calls()
         if max_calls is not None:
-            feed.end = window_end
-        del tables["trajectories"], tables["group_events"]   # the feed holds what it needs
-        points = sorted(s for c in calls for s in c["points"].values())
-        for c in calls:
-            # the recorded points after the feed's position (sorted: one bisection per call)
-            ahead = points[bisect.bisect_right(points, feed_seq(feed)):]
-            # the first poll's feed step is taken before the call, so that the call finds its
-            # partition's groups registered as the recorded call did (a validation partition
-            # otherwise looks unknown to the buffer's typo check when the call starts)
-            first = [feed.advance(ahead.pop(0) if ahead else None)]
-            idle, idle_drawn = [0], [len(feed.drawn)]
-
-            def before_poll(ahead: list[int] = ahead, idle: list[int] = idle,
-                            idle_drawn: list[int] = idle_drawn, first: list = first) -> None:
-                # the replay is synchronous: a poll with nothing new to feed (and no refill
-                # drawn since the last one) sees exactly the state the last poll saw
-                drawn = len(feed.drawn)
-                if first:
-                    fed = first.pop()
-                else:
-                    fed = feed.advance(ahead.pop(0) if ahead else None)
-                if not fed and not ahead:
-                    fed = feed.advance(None)
-                idle[0] = 0 if fed or drawn != idle_drawn[0] else idle[0] + 1
-                idle_drawn[0] = len(feed.drawn)
-                if idle[0] >= IDLE_POLLS:
-                    raise _Unfillable
-            try:
-                b = buf.sample(c["step"], c["partition"], len(c["uids"]),
-                               timeout=SAMPLE_TIMEOUT_S, before_poll=before_poll)
-            except (ReplayLakeError, _Unfillable):
-                result.unfilled.append(c["step"])
-                result.batches.append([])
-                continue
-            feed.batch_of[(c["partition"], _recorded_batch_id(tables, c))] = b.batch_id
-            result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
-            future = future_rows(b.table)
-            if future:
-                result.future_rows[c["step"]] = result.future_rows.get(c["step"], 0) + future
-        if max_calls is None:          # the rest of the record: what was left at the end
-            feed.advance(None)
-        result.refill_shortfall = getattr(feed, "shortfall", 0)
+            calls = calls[:max_calls]
+        buf = make(lake=out / "lake", refill_fn=refill_fn, poll_interval=0.001, **kwargs)
+        # the stand-in payload is zeros: compressed, the replay's lake takes the room of its
+        # metadata, not of the recorded run's tokens (a 50 GB record's would be as large)
+        buf.lake.compression = "zstd"
+        with buf, future_warnings_held():
+            feed = holder["feed"] = Feed(buf, record, calls, released)
+            if max_calls is not None:
+                # the record up to the end of the window's last call: every policy gets the
+                # rollouts the recorded run had generated by then, and none from later
+                feed.end = calls[-1].last_seq + 1 if calls else 0
+            _replay_calls(buf, feed, calls, result)
+            if max_calls is None:          # the rest of the record: what was left at the end
+                feed.advance(None)
+            result.refill_shortfall = feed.shortfall
     # the batches as the replay's own decision log orders them (as `recorded` reads a lake)
     result.batches = recorded(result.lake).batches
     return result
+
+
+def _replay_calls(buf: Any, feed: Feed, calls: list, result: Outcome) -> None:
+    """Each recorded sample call repeated at its step with its batch size, the feed advanced
+    to the next recorded decision point before each poll."""
+    import pyarrow as pa
+    pool = pa.default_memory_pool()
+    points = sorted(s for c in calls for s in c.points.values())
+    for c in calls:
+        # the recorded points after the feed's position (sorted: one bisection per call)
+        ahead = points[bisect.bisect_right(points, feed.next_seq()):]
+        # the first poll's feed step is taken before the call, so that the call finds its
+        # partition's groups registered as the recorded call did (a validation partition
+        # otherwise looks unknown to the buffer's typo check when the call starts)
+        first = [feed.advance(ahead.pop(0) if ahead else None)]
+        idle, idle_drawn = [0], [len(feed.drawn)]
+
+        def before_poll(ahead: list[int] = ahead, idle: list[int] = idle,
+                        idle_drawn: list[int] = idle_drawn, first: list = first) -> None:
+            # the replay is synchronous: a poll with nothing new to feed (and no refill
+            # drawn since the last one) sees exactly the state the last poll saw
+            drawn = len(feed.drawn)
+            if first:
+                fed = first.pop()
+            else:
+                fed = feed.advance(ahead.pop(0) if ahead else None)
+            if not fed and not ahead:
+                fed = feed.advance(None)
+            idle[0] = 0 if fed or drawn != idle_drawn[0] else idle[0] + 1
+            idle_drawn[0] = len(feed.drawn)
+            if idle[0] >= IDLE_POLLS:
+                raise _Unfillable
+        try:
+            b = buf.sample(c.step, c.partition, len(c.selected),
+                           timeout=SAMPLE_TIMEOUT_S, before_poll=before_poll)
+        except (ReplayLakeError, _Unfillable):
+            result.unfilled.append(c.step)
+            result.batches.append([])
+            continue
+        feed.batch_of[(c.partition, c.batch_id)] = b.batch_id
+        result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
+        future = future_rows(b.table)
+        if future:
+            result.future_rows[c.step] = result.future_rows.get(c.step, 0) + future
+        # a batch holds its stand-in payload (the buffer copies it out of the groups' chunks):
+        # dropped here, not while the next call builds its own, and its memory handed back
+        del b
+        pool.release_unused()
 
 
 def _refills(lake: Path, settings: dict[str, Any]) -> bool:
@@ -390,20 +221,8 @@ def _refills(lake: Path, settings: dict[str, Any]) -> bool:
         settings.get("filter_groups_metric") is not None
 
 
-def feed_seq(feed: _Feed) -> int:
-    """The seq of the next row the feed has not applied (-1 before the first)."""
-    return int(feed.seq[feed.pos]) - 1 if feed.pos < len(feed.seq) else 2**62
-
-
-def _recorded_batch_id(tables: dict[str, pa.Table], call: dict) -> int:
-    dec = tables["decisions"]
-    sel = dec.filter(pc.and_(pc.equal(dec["call_id"], call["call_id"]),
-                             pc.equal(dec["kind"], "select")))
-    return sel["batch_id"][0].as_py()
-
-
 def recorded(lake: str | os.PathLike) -> Outcome:
     """What the recorded run handed out, in the same shape as a replay's outcome."""
-    from pipeline.analysis.views import read_lake
-    calls = _calls(read_lake(Path(lake), tables=("decisions",))["decisions"])
-    return Outcome(batches=[c["uids"] for c in calls], lake=Path(lake))
+    with Record(Path(lake)) as record:
+        calls, _ = record.calls()
+    return Outcome(batches=[c.uids for c in calls], lake=Path(lake))

@@ -119,17 +119,21 @@ _DYING_EXPORT = """
     import pyarrow.parquet as pq
     import jobs.export.main as ex
 
-    real, calls = pq.write_table, [0]
+    calls = [0]
 
-    def write_then_die(table, where, **kw):
-        calls[0] += 1
-        real(table, where, **kw)
-        if calls[0] == int(sys.argv[3]):        # leave half a file, then die like `kill -9`
-            data = Path(where).read_bytes()
-            Path(where).write_bytes(data[: len(data) // 2])
-            os.kill(os.getpid(), signal.SIGKILL)
+    class WriteThenDie(pq.ParquetWriter):      # a shard's Parquet file is written through one
+        def close(self):
+            was_open = self.is_open
+            super().close()
+            if not was_open:
+                return
+            calls[0] += 1
+            if calls[0] == int(sys.argv[3]):    # leave half a file, then die like `kill -9`
+                data = Path(self.where).read_bytes()
+                Path(self.where).write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
 
-    ex.pq.write_table = write_then_die
+    ex.pq.ParquetWriter = WriteThenDie
     ex.export(ex.ExportConfig(lake=Path(sys.argv[1]), out=Path(sys.argv[2]), rows_per_shard=3,
                               progress=False))
 """

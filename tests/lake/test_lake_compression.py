@@ -1,0 +1,78 @@
+"""A writer with ``compression`` writes compressed record batches: every reader reads the same
+rows, a scan's scratch copy stays compressed, and compaction turns the segment into Parquet."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.lake import compact, scan_lake
+from pipeline.lake.frames import compressed
+from pipeline.lake.read import read_table
+from pipeline.lake.writer import LakeWriter, segment_files
+from schemas import LAKE_TABLES
+
+TOKENS = 200_000      # zeros: 800 kB of int32 a row in memory, almost nothing compressed
+
+
+def _rows(first_seq: int, n: int) -> pa.Table:
+    schema = LAKE_TABLES["trajectories"]
+    offsets = np.arange(0, (n + 1) * TOKENS, TOKENS, dtype=np.int32)
+    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(n * TOKENS, np.int32)))
+    cols = {f.name: pa.nulls(n, f.type) for f in schema}
+    cols.update({"partition": pa.array(["train"] * n),
+                 "uid": pa.array([f"g{first_seq + i}" for i in range(n)]),
+                 "session_id": pa.array([0] * n), "index": pa.array([0] * n),
+                 "is_padding": pa.array([False] * n), "versions_inferred": pa.array([False] * n),
+                 "ts": pa.array([0] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                 "min_global_steps": pa.array([0] * n),
+                 "max_global_steps": pa.array([0] * n), "reward": pa.array([1.0] * n),
+                 "prompt_ids": pa.array([[1, 2]] * n, pa.list_(pa.int32())),
+                 "response_ids": ids, "n_response_tokens": pa.array([TOKENS] * n),
+                 "seq": pa.array(range(first_seq, first_seq + n))})
+    return pa.table({f.name: cols[f.name].cast(f.type) for f in schema}, schema=schema)
+
+
+def _write(lake: Path, compression: str | None) -> Path:
+    writer = LakeWriter(lake)
+    writer.compression = compression
+    for i in range(4):
+        writer.append("trajectories", _rows(i * 3, 3))
+    writer.close()
+    [seg] = segment_files(lake, "trajectories")
+    return seg
+
+
+def test_a_compressed_segment_reads_as_the_plain_one_and_takes_little_room(tmp_path):
+    plain = _write(tmp_path / "plain", None)
+    small = _write(tmp_path / "small", "zstd")
+    assert (compressed(plain), compressed(small)) == (False, True)
+    assert small.stat().st_size * 50 < plain.stat().st_size
+    assert read_table(tmp_path / "small", "trajectories").equals(
+        read_table(tmp_path / "plain", "trajectories"))
+    scan = scan_lake(tmp_path / "small")     # what SQL reads (the scratch copy)
+    try:
+        got = scan.tables["trajectories"].to_table(columns=["seq", "response_ids"])
+    finally:
+        scan.close()
+    assert got["seq"].to_pylist() == list(range(12))
+    assert pc.sum(pc.list_value_length(got["response_ids"])).as_py() == 12 * TOKENS
+
+
+def test_a_scan_copies_a_compressed_segment_compressed(tmp_path):
+    from pipeline.lake.scan import _live_copy
+    seg = _write(tmp_path / "lake", "zstd")
+    kind, mapped = _live_copy(seg, set(), tmp_path / "scratch.arrow")
+    assert kind == "ipc" and mapped.size < 20 * seg.stat().st_size
+    assert pa.ipc.open_file(mapped).read_all().num_rows == 12
+
+
+def test_compaction_turns_a_compressed_segment_into_parquet(tmp_path):
+    lake = tmp_path / "lake"
+    _write(lake, "zstd")
+    before = read_table(lake, "trajectories")
+    assert len(compact(lake).compacted) == 1
+    assert [p.suffix for p in segment_files(lake, "trajectories")] == [".parquet"]
+    assert read_table(lake, "trajectories").equals(before)
