@@ -62,25 +62,21 @@ class Examined:
     and every poll after the first of a waiting call, runs no rule evaluation for the groups
     those already examined. An entry is kept with the group's terminal seq and answers only for
     the very row it was computed from; another step, other parameters or another filter metric
-    start it afresh."""
+    start it afresh.
+
+    Only the rows of the latest evaluation are kept: within a step a row is handed to the rules
+    again only while it is fresh (not yet settled by a committed poll) or behind a rule's
+    horizon, and either way it was handed to the latest evaluation too. So the memory holds no
+    more than a poll examines (a few dozen rows in a running trainer), never the buffer."""
 
     key: tuple | None = None
     # uid -> (term_seq, order key, group span, fired per rule, value per rule, metric missing)
     rows: dict[str, tuple] = field(default_factory=dict)
-    kept: int = 0     # entries left by the last `prune`
 
     def at(self, key: tuple) -> dict[str, tuple]:
         if key != self.key:
-            self.key, self.rows, self.kept = key, {}, 0
+            self.key, self.rows = key, {}
         return self.rows
-
-    def prune(self, alive: dict[str, tuple]) -> None:
-        """Forget the groups no longer alive, once the memory has doubled since it last did
-        (amortised O(1) per entry): a trainer that stays at one step long keeps at most about
-        twice its live groups here."""
-        if len(self.rows) > 2 * self.kept + 1024:
-            self.rows = {u: e for u, e in self.rows.items() if u in alive}
-            self.kept = len(self.rows)
 
 
 _SEQ_AT = candidates.COLUMNS.index("term_seq")
@@ -104,9 +100,8 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
     todo = [r for r in rows if (e := seen.get(r[_UID_AT])) is None or e[0] != r[_SEQ_AT]]
     if todo:
         _examine(todo, uses, step, filter_metric, seen)
-        part.examined.prune(part.candidates.alive)
-        seen = part.examined.rows
     examined = [seen[r[_UID_AT]] for r in rows]
+    part.examined.rows = dict(zip((r[_UID_AT] for r in rows), examined))
     if filter_metric is not None:
         _raise_missing([r[_UID_AT] for r, e in zip(rows, examined) if e[5]], part.partition,
                        filter_metric)

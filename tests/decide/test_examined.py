@@ -69,16 +69,19 @@ def test_a_memory_never_answers_for_another_configuration():
         assert buf.get_sampleable_count(5, "train") == expected
 
 
-def test_the_memory_forgets_removed_groups_once_it_has_doubled():
-    """A trainer that stays at one step keeps about twice its live groups in the memory, not
-    every group it ever examined there."""
+def test_the_memory_holds_only_what_the_latest_poll_examined(examined_rows):
+    """A trainer that stays at one step long keeps in the memory only the rows its latest
+    evaluation handed the rules, not every group it ever examined there; and a row examined
+    again (fresh, not yet settled) is still answered from it."""
     buf = _async()
     step = 10
-    for round_ in range(12):
+    for round_ in range(6):
         for i in range(256):
             add_group(buf, f"r{round_}-{i}", step, [0.0, 1.0])
         assert buf.get_sampleable_count(step, "train") == 256
         buf.release(buf.sample(step, "train", 256))
     part = buf._state.part("train")
     assert part.candidates.alive_count == 0
-    assert len(part.examined.rows) <= 2 * part.examined.kept + 1024 < 12 * 256
+    assert sorted(part.examined.rows) == sorted(f"r5-{i}" for i in range(256))
+    # each round's groups were evaluated once (by the count), not again by the sample
+    assert [len(rows) for rows in examined_rows] == [256] * 6
