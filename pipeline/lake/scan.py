@@ -133,8 +133,14 @@ def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path
     size = 0
     try:
         # a compressed segment (a writer with `compression`) is copied compressed: its scratch
-        # file takes about the segment's room, not what its batches take in memory
-        options = pa.ipc.IpcWriteOptions(compression="zstd") if compressed(path) else None
+        # file takes about the segment's room, not what its batches take in memory. A segment
+        # compacted and removed since it was listed is told by `batches` (LakeDamageError,
+        # below), which then reads its Parquet copy
+        try:
+            packed = compressed(path)
+        except FileNotFoundError:
+            packed = False
+        options = pa.ipc.IpcWriteOptions(compression="zstd") if packed else None
         with pa.ipc.new_file(out, schema, options=options) as w:
             for batch, meta in batches(path):
                 call = (meta or {}).get(CALL_KEY)

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
 
 from pipeline.lake import compact, scan_lake
 from pipeline.lake.frames import compressed
@@ -76,3 +78,20 @@ def test_compaction_turns_a_compressed_segment_into_parquet(tmp_path):
     assert len(compact(lake).compacted) == 1
     assert [p.suffix for p in segment_files(lake, "trajectories")] == [".parquet"]
     assert read_table(lake, "trajectories").equals(before)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_segment_compacted_after_it_was_listed_is_read_from_its_parquet_copy(tmp_path,
+                                                                               compression):
+    """A scan lists an open segment, then compaction replaces it before the scan copies it (SQL
+    running beside the buffer): the copy must read the Parquet file, not fail on the missing
+    segment (which the check for compression opened first)."""
+    from pipeline.lake.scan import _live_copy
+    lake = tmp_path / "lake"
+    seg = _write(lake, compression)
+    before = read_table(lake, "trajectories")
+    assert len(compact(lake).compacted) == 1 and not seg.exists()
+    kind, mapped = _live_copy(seg, set(), tmp_path / "scratch.arrow")
+    assert kind == "parquet"
+    got = pq.read_table(pa.BufferReader(mapped))
+    assert got.num_rows == before.num_rows == 12
