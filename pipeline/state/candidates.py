@@ -233,7 +233,7 @@ def frame(rows: list[tuple], columns: Sequence[str] | None = None,
     n = len(rows)
     arrays = [pa.array([r[i] for r in rows], _TYPES[c]) for c, i in
               ((c, _AT[c]) for c in names)]
-    for k, v in (literals or {}).items():
+    for v in (literals or {}).values():
         arrays.append(pa.array([v] * n))
     return pl.DataFrame(pa.RecordBatch.from_arrays(
         arrays, names=[*names, *(literals or {})]))
