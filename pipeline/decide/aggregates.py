@@ -71,8 +71,8 @@ def effective_status(status: str, n_traj: int) -> str:
     return frame.select(_status_expr()).item()
 
 
-def _ints(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
-    """A non-null integer column of a stored chunk at ``local`` rows (zero-copy view, then index)."""
+def _values(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
+    """A non-null numeric column of a stored chunk at ``local`` rows (zero-copy view, then index)."""
     col = chunk.column(name)
     arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     return arr.to_numpy(zero_copy_only=False)[local]
@@ -80,22 +80,16 @@ def _ints(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
 
 def _response_tokens(chunk: pa.Table, local: np.ndarray) -> np.ndarray:
     if "n_response_tokens" in chunk.schema.names:   # stored at ingest
-        return _ints(chunk, "n_response_tokens", local)
+        return _values(chunk, "n_response_tokens", local)
     lengths = pc.list_value_length(chunk.column("response_ids").take(pa.array(local)))
     return lengths.to_numpy().astype(np.int64)
-
-
-def _floats(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
-    col = chunk.column(name)
-    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    return arr.to_numpy(zero_copy_only=False)[local]
 
 
 def _metric(chunk: pa.Table, local: np.ndarray, metric: str) -> pa.Array:
     """The filter metric of a stored chunk's ``local`` rows (a reward without nulls is read as a
     numpy view, as the integer columns are)."""
     if metric == "reward" and chunk.column("reward").null_count == 0:
-        return pa.array(_floats(chunk, "reward", local))
+        return pa.array(_values(chunk, "reward", local))
     picked = chunk.select(["reward", "reward_info"]).take(pa.array(local))
     return metric_values(picked, metric).cast(pa.float64())
 
@@ -121,8 +115,8 @@ def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
         if part.filter_metric is not None:
             metric.append(_metric(chunk, local, part.filter_metric))
         tokens.append(_response_tokens(chunk, local))
-        lo.append(_ints(chunk, "min_global_steps", local))
-        hi.append(_ints(chunk, "max_global_steps", local))
+        lo.append(_values(chunk, "min_global_steps", local))
+        hi.append(_values(chunk, "max_global_steps", local))
     n = len(owner)
     # every column assembled in Arrow and handed to polars as one record batch (about the cost
     # of one polars series built from Python, paid once)
