@@ -6,11 +6,12 @@ before writing the first shard cost the whole export's size in memory (10 steps 
 several GB). So the plan reads each trajectories file that can hold a trained row (its seq range,
 from the Parquet statistics, meets the trained groups'), keeps only each trained row's keys and
 where it lies (file, position), and drops the file; writing a shard reads again only the files
-its rows lie in, one at a time, and takes its rows. What is held: the keys (a few bytes a row),
-one file, and one shard.
+its rows lie in, one at a time, and gathers it one Parquet row group at a time. What is held: the
+keys (a few bytes a row), one file's trained rows, and one row group.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 
 from jobs.export.rows import attach_provenance, row_keys, trained_groups
 from pipeline.lake import committed_calls, current_files, read_log, read_newest, read_segment
+from pipeline.lake.read import seq_ranges
 from schemas import LAKE_TABLES
 from schemas.evolve import upgrade
 
@@ -31,22 +33,12 @@ def _seq_range(path: Path) -> tuple[int, int] | None:
     """(min, max) seq of a compacted file from its statistics; None: unknown (read it)."""
     if path.suffix != ".parquet":
         return None
-    meta = read_newest(path, pq.read_metadata)
-    if not meta.num_row_groups:
-        return (0, -1)
-    # the leaf column: list and struct columns before it make more leaves than fields
-    leaves = [meta.row_group(0).column(j).path_in_schema for j in range(meta.num_columns)]
-    if "seq" not in leaves:
+    ranges = seq_ranges(read_newest(path, pq.read_metadata))
+    if ranges is None:
         return None
-    col = leaves.index("seq")
-    lo, hi = None, None
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(col).statistics
-        if stats is None or not stats.has_min_max:
-            return None
-        lo = stats.min if lo is None else min(lo, stats.min)
-        hi = stats.max if hi is None else max(hi, stats.max)
-    return (lo, hi) if lo is not None else (0, -1)
+    if not ranges:
+        return (0, -1)
+    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
 
 
 class LocalRows:
@@ -63,6 +55,7 @@ class LocalRows:
         self.files: dict[str, list[Path]] = {}
         self.groups: dict[str, pa.Table] = {}
         self.committed: set[tuple[str, str]] = set()
+        self.held: dict[tuple[str, int], pa.Table] = {}   # the last file read by `write`
 
     def _rows(self, partition: str, file: int) -> pa.Table:
         """The trained rows of one file, with their provenance, in (batch_id, seq) order."""
@@ -70,8 +63,12 @@ class LocalRows:
         traj = read_segment(self.files[partition][file], self.committed)
         if traj.schema != SCHEMA:             # a file written before a column was added
             traj = upgrade("trajectories", traj)
-        traj = traj.filter(pc.is_in(traj.column("uid"), value_set=groups.column("uid")))
-        return attach_provenance(traj, groups)
+        # one take of the trained rows (a filter first would copy them once more: a lake file
+        # of a real run is about 100 MB of payload); the file read is handed back at once
+        rows = attach_provenance(traj, groups)
+        del traj
+        pa.default_memory_pool().release_unused()
+        return rows
 
     def plan(self, lake: Path, partition: str, selects: pa.Table) -> pa.Table:
         groups = trained_groups(lake, partition, selects)
@@ -88,7 +85,6 @@ class LocalRows:
                 continue                  # no trained row can lie here
             files.append(path)
             keys = row_keys(self._rows(partition, len(files) - 1))
-            pa.default_memory_pool().release_unused()
             parts.append(keys.append_column("file", pa.array(
                 np.full(keys.num_rows, len(files) - 1, np.int64))).append_column(
                 "pos", pa.array(np.arange(keys.num_rows, dtype=np.int64))))
@@ -98,20 +94,37 @@ class LocalRows:
                      .append_column("pos", pa.array([], pa.int64()))]
         return pa.concat_tables(parts).sort_by([("batch_id", "ascending"), ("seq", "ascending")])
 
+    def _gather(self, partition: str, keys: pa.Table) -> Callable[[int, int], pa.Table]:
+        """``gather(lo, hi)``: the rows ``keys[lo:hi]`` name, in that order. The last file read
+        is kept for the next call (and the next shard): a shard's rows walk its files in order
+        (a batch's rows are in seq order, and so are the lake's files), so each file is read
+        about once."""
+        files = keys.column("file").to_numpy()
+        pos = keys.column("pos").to_numpy()
+        held = self.held
+
+        def gather(lo: int, hi: int) -> pa.Table:
+            f, p = files[lo:hi], pos[lo:hi]
+            pieces, where = [], np.empty(hi - lo, np.int64)
+            at = 0
+            for file in dict.fromkeys(f.tolist()):    # in order of first use
+                if (partition, file) not in held:
+                    held.clear()
+                    pa.default_memory_pool().release_unused()   # before the next file is read
+                    held[(partition, file)] = self._rows(partition, file)
+                mine = np.flatnonzero(f == file)
+                pieces.append(held[(partition, file)].take(pa.array(p[mine])))
+                where[mine] = np.arange(at, at + len(mine))
+                at += len(mine)
+            if not pieces:
+                return attach_provenance(SCHEMA.empty_table(), self.groups[partition])
+            rows = pa.concat_tables(pieces)
+            return rows if len(pieces) == 1 else rows.take(pa.array(where))
+
+        return gather
+
     def write(self, cfg: Any, todo: list[tuple[str, int, pa.Table]]) -> Any:
         from jobs.export.main import write_shard
-        pool = pa.default_memory_pool()
         for p, index, keys in todo:
-            pieces = []
-            files = keys.column("file").to_numpy()
-            pos = keys.column("pos").to_numpy()
-            for f in np.unique(files):
-                pieces.append(self._rows(p, int(f)).take(pa.array(pos[files == f])))
-                pool.release_unused()        # the file read for them goes back at once
-            rows = pa.concat_tables(pieces)
-            del pieces
-            # the shard's order across its files, taken row group by row group as it is written
-            order = np.lexsort((rows.column("seq").to_numpy(), rows.column("batch_id").to_numpy()))
-            yield p, index, write_shard(cfg, rows, p, index, order), None
-            del rows
-            pool.release_unused()
+            yield p, index, write_shard(cfg, keys, self._gather(p, keys), p, index), None
+        self.held.clear()

@@ -34,6 +34,8 @@ complete.
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -151,36 +153,43 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
                                 pc.less_equal(t.column("step"), hi))) for p, t in out.items()}
 
 
-def write_shard(cfg: ExportConfig, rows: pa.Table, partition: str, index: int,
-                order: np.ndarray | None = None) -> dict[str, Any]:
+def write_shard(cfg: ExportConfig, keys: pa.Table, gather: Callable[[int, int], pa.Table],
+                partition: str, index: int) -> dict[str, Any]:
     """Write one shard in every requested format; returns the files' manifest entries.
 
-    ``order``: the shard's rows are ``rows.take(order)`` (None: ``rows`` as they are). The
-    Parquet file is written one row group at a time, each taken when it is written, so a shard
-    gathered from several lake files is never copied whole into its order."""
+    ``keys``: the shard's `jobs.export.rows.row_keys` in plan order; ``gather(lo, hi)`` returns
+    its rows ``lo:hi`` in that order. The Parquet file is written one row group at a time, each
+    gathered when it is written, so a shard is never held whole (the `.pt` format needs it
+    whole). The row groups are sized from the plan's ``nbytes`` (about ``row_group_mb`` each),
+    so every row source cuts a shard the same way and writes the same bytes."""
     base = cfg.out / partition / f"shard-{index:05d}"
     mkdir_durably(base.parent)
     files = {}
+    n = keys.num_rows
     if "parquet" in cfg.formats:
-        per_row = max(1, rows.nbytes // max(rows.num_rows, 1))
-        group = max(int(min(rows.num_rows, max(1, cfg.row_group_mb * 2**20 // per_row))), 1)
+        per_row = max(1, (pc.sum(keys.column("nbytes")).as_py() or 0) // max(n, 1))
+        group = max(int(min(n, max(1, cfg.row_group_mb * 2**20 // per_row))), 1)
 
         def write(tmp: Path) -> None:
-            with pq.ParquetWriter(tmp, rows.schema, compression="zstd") as writer:
-                for lo in range(0, max(rows.num_rows, 1), group):   # an empty shard: one group
-                    part = rows.slice(lo, group) if order is None else \
-                        rows.take(pa.array(order[lo:lo + group]))
+            parts = (gather(lo, min(lo + group, n))
+                     for lo in range(0, max(n, 1), group))   # an empty shard: one group
+            first = next(parts)
+            with pq.ParquetWriter(tmp, first.schema, compression="zstd") as writer:
+                parts = itertools.chain([first], parts)
+                del first
+                for part in parts:
                     writer.write_table(part, row_group_size=group)
+                    del part                 # dropped before the next one is gathered
         files["parquet"] = atomic(base.with_suffix(".parquet"), write)
-    if order is not None and "pt" in cfg.formats:
-        rows = rows.take(pa.array(order))
     if "pt" in cfg.formats:
         import torch
 
         from pipeline.to_torch import batch_to_torch
+        rows = gather(0, n)
         tensors = batch_to_torch(rows, layout=cfg.tensor_layout, pad_token_id=cfg.pad_token_id)
         tensors["batch_id"] = torch.from_numpy(rows.column("batch_id").to_numpy().copy())
         tensors["step"] = torch.from_numpy(rows.column("step").to_numpy().copy())
+        del rows
         files["pt"] = atomic(base.with_suffix(".pt"), lambda tmp: torch.save(tensors, tmp))
     for fmt, entry in files.items():
         entry["path"] = shard_path(partition, index, fmt)

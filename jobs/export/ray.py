@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.lake import committed_calls, current_files, read_segment, require_lake
-from schemas import BATCH_PROVENANCE, LAKE_TABLES
+from schemas import LAKE_TABLES
 
 
 def _ray() -> Any:
@@ -72,10 +72,11 @@ def _keys(block: pa.Table, index: int) -> pa.Table:
                 .append_column("row", pa.array(np.arange(block.num_rows, dtype=np.int64))))
 
 
-def _write(cfg: Any, partition: str, index: int, where: pa.Table, blocks: list[int],
+def _write(cfg: Any, partition: str, index: int, keys: pa.Table, blocks: list[int],
            *tables: pa.Table) -> tuple[str, int, dict[str, Any], str, int]:
-    """On a worker: gather one shard's rows, in plan order, from the blocks it touches (handed
-    over by reference as the trailing arguments, in the order ``blocks`` names) and write it."""
+    """On a worker: write one shard, gathering its rows in plan order (a row group at a time)
+    from the blocks it touches (handed over by reference as the trailing arguments, in the
+    order ``blocks`` names)."""
     import os
 
     import ray
@@ -84,9 +85,11 @@ def _write(cfg: Any, partition: str, index: int, where: pa.Table, blocks: list[i
 
     starts = np.cumsum([0] + [t.num_rows for t in tables[:-1]])
     offset = dict(zip(blocks, starts.tolist()))
-    at = np.array([offset[b] for b in where.column("block").to_pylist()], dtype=np.int64)
-    rows = pa.concat_tables(tables).take(pa.array(at + where.column("row").to_numpy()))
-    files = write_shard(cfg, rows, partition, index)
+    at = np.array([offset[b] for b in keys.column("block").to_pylist()], dtype=np.int64)
+    at += keys.column("row").to_numpy()
+    rows = pa.concat_tables(tables)          # no copy: the blocks' chunks side by side
+    files = write_shard(cfg, keys, lambda lo, hi: rows.take(pa.array(at[lo:hi])),
+                        partition, index)
     return partition, index, files, ray.get_runtime_context().get_node_id(), os.getpid()
 
 
@@ -103,7 +106,7 @@ class RayRows:
         self.blocks: dict[str, list[Any]] = {}
 
     def plan(self, lake: Path, partition: str, selects: pa.Table) -> pa.Table:
-        from jobs.export.rows import KEYS, attach_provenance, trained_groups
+        from jobs.export.rows import attach_provenance, row_keys, trained_groups
 
         ray = _ray()
         groups = trained_groups(lake, partition, selects)
@@ -117,10 +120,7 @@ class RayRows:
         parts = [t for t in ray.get([keys_of.remote(r, i) for i, r in enumerate(refs)])
                  if t.num_rows]
         if not parts:
-            schema = pa.schema([LAKE_TABLES["trajectories"].field(k) if k in
-                                LAKE_TABLES["trajectories"].names else BATCH_PROVENANCE.field(k)
-                                for k in KEYS])
-            return schema.empty_table().append_column("dropped", pa.array([], pa.bool_()))
+            return row_keys(attach_provenance(LAKE_TABLES["trajectories"].empty_table(), groups))
         return pa.concat_tables(parts).sort_by([("batch_id", "ascending"), ("seq", "ascending")])
 
     def write(self, cfg: Any, todo: list[tuple[str, int, pa.Table]]) -> Any:
@@ -130,9 +130,9 @@ class RayRows:
         write_on = ray.remote(_write)
         pending = []
         for p, index, keys in todo:
-            where = keys.select(["block", "row"])
-            blocks = sorted(set(where.column("block").to_pylist()))
-            pending.append(write_on.remote(cfg, p, index, where, blocks,
+            keys = keys.select(["block", "row", "nbytes"])
+            blocks = sorted(set(keys.column("block").to_pylist()))
+            pending.append(write_on.remote(cfg, p, index, keys, blocks,
                                            *[self.blocks[p][b] for b in blocks]))
         try:
             while pending:

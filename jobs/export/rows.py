@@ -97,10 +97,43 @@ def dropped_payload(rows: pa.Table) -> pa.Array:
 KEYS = ("batch_id", "seq", "step", "n_response_tokens")
 
 
+def _width(t: pa.DataType) -> int:
+    """Bytes one value of ``t`` takes in Arrow, about: exact for fixed-width types, their sum
+    for a struct, 16 for anything of variable size held inside a list (a string, a map)."""
+    if pa.types.is_struct(t):
+        return sum(_width(t.field(i).type) for i in range(t.num_fields))
+    try:
+        return max(t.bit_width // 8, 1)
+    except ValueError:
+        return 16
+
+
+def row_nbytes(rows: pa.Table) -> pa.Array:
+    """Per row: about how many bytes it holds in Arrow (its fixed-width values, and each list's
+    values and offset). It sizes a shard's Parquet row groups from the plan, before any row is
+    gathered, so that every writer cuts a shard into the same row groups."""
+    total = np.zeros(rows.num_rows, np.int64)
+    for field, col in zip(rows.schema, rows.columns):
+        t = field.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+            n = np.concatenate([np.diff(c.offsets.to_numpy()) for c in col.chunks] or
+                               [np.zeros(0, np.int64)])   # a null list has no values
+            total += n.astype(np.int64) * _width(t.value_type if not pa.types.is_map(t)
+                                                else pa.struct([t.key_field, t.item_field])) + 4
+        elif pa.types.is_string(t) or pa.types.is_binary(t):
+            total += pc.binary_length(col).fill_null(0).to_numpy(
+                zero_copy_only=False).astype(np.int64) + 4
+        else:
+            total += _width(t)
+    return pa.array(total, pa.int64())
+
+
 def row_keys(rows: pa.Table) -> pa.Table:
-    """What the export plans and checks shards by, per row: `KEYS` and ``dropped``
-    (`dropped_payload`). A few bytes a row: with Ray, only these reach the driver."""
-    return rows.select(list(KEYS)).append_column("dropped", dropped_payload(rows))
+    """What the export plans and checks shards by, per row: `KEYS`, ``dropped``
+    (`dropped_payload`) and ``nbytes`` (`row_nbytes`). A few bytes a row: with Ray, only these
+    reach the driver."""
+    return (rows.select(list(KEYS)).append_column("dropped", dropped_payload(rows))
+            .append_column("nbytes", row_nbytes(rows)))
 
 
 def step_ranges(steps: list[int]) -> str:

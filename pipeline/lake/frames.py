@@ -93,8 +93,9 @@ def _compressed(meta: bytes) -> bool:
 
 
 def compressed(path: str | os.PathLike) -> bool:
-    """Whether the stream at ``path`` writes its first record batch compressed (a lake writer
-    with ``compression`` set writes every batch of a segment so). Reads message headers only."""
+    """Whether the stream at ``path`` holds a compressed record batch (a lake writer with
+    ``compression`` set compresses every batch of a segment but small ones). Reads message
+    headers only, up to the first compressed one."""
     fd = os.open(path, os.O_RDONLY)
     try:
         stop, pos = os.fstat(fd).st_size, 0
@@ -109,8 +110,8 @@ def compressed(path: str | os.PathLike) -> bool:
             parsed = _header(meta)
             if parsed is None:
                 return False
-            if parsed[0] == RECORD_BATCH:
-                return _compressed(meta)
+            if parsed[0] == RECORD_BATCH and _compressed(meta):
+                return True
             pos += 8 + size + parsed[1]
         return False
     finally:

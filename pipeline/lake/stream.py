@@ -28,6 +28,9 @@ EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"     # the stream format's end-of-strea
 # pieces, as `dd bs=1M` writes them, which keep their speed every time.
 WRITE_PIECE = 1 << 20
 
+# a record batch smaller than this is written uncompressed even when the stream compresses
+COMPRESS_FROM = 32 * 1024
+
 
 def _write_all(fd: int, data: bytes | pa.Buffer) -> None:
     view = memoryview(data)
@@ -41,8 +44,9 @@ def encode(schema: pa.Schema, schema_bytes: pa.Buffer, batch: pa.RecordBatch,
     """The bytes one append writes: ``batch``'s message as Arrow's stream writer writes it,
     after the schema message when the stream is new. Always one buffer, filled by C++.
     ``compression`` ("zstd", "lz4"): the message's buffers compressed, as the stream writer's
-    option compresses them (every reader of the stream format decompresses them)."""
-    if compression is not None:
+    option compresses them (every reader of the stream format decompresses them); a batch
+    under `COMPRESS_FROM` bytes is written uncompressed (each message says whether it is)."""
+    if compression is not None and batch.nbytes >= COMPRESS_FROM:
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression=compression)
         with pa.ipc.new_stream(sink, schema, options=options) as writer:

@@ -25,7 +25,10 @@ without waiting for the buffer to close. Both limits are attributes of the write
 Compression: ``compression`` (an attribute of the writer too; None by default) set to "zstd" or
 "lz4" compresses the buffers of the record batches written from then on, as Arrow's IPC writer
 option does; every reader decompresses them. For a lake whose payload compresses to nothing (a
-what-if replay's stand-in zeros); a run's token ids are better left to compaction's Parquet.
+what-if replay's stand-in zeros); a run's token ids are better left to compaction's Parquet. A
+record batch under 32 kB is written as it is (Arrow compresses each message on its own, so a
+stream may mix both): compressing one costs about 0.3 ms however small it is, which was a sixth
+of a 300-step replay's time, spent on decisions and events.
 
 Atomicity of one call: a call's rows of one partition are one record batch in one file. A call
 spanning several partitions writes one batch per partition, each tagged with the call's name

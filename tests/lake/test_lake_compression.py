@@ -95,3 +95,42 @@ def test_a_segment_compacted_after_it_was_listed_is_read_from_its_parquet_copy(t
     assert kind == "parquet"
     got = pq.read_table(pa.BufferReader(mapped))
     assert got.num_rows == before.num_rows == 12
+
+
+def test_small_batches_of_a_compressed_segment_are_written_as_they_are(tmp_path):
+    """A batch under 32 kB is not compressed (compressing one costs about 0.3 ms however small
+    it is); the segment still counts as compressed when a later batch is, so a scan copies it
+    compressed, and every reader reads both kinds in one stream."""
+    from pipeline.lake.frames import RECORD_BATCH, _compressed, _header
+    from pipeline.lake.scan import _live_copy
+    lake = tmp_path / "lake"
+    writer = LakeWriter(lake)
+    writer.compression = "zstd"
+    small = _rows(0, 2).set_column(LAKE_TABLES["trajectories"].get_field_index("response_ids"),
+                                   LAKE_TABLES["trajectories"].field("response_ids"),
+                                   pa.array([[1, 2], [3]], pa.list_(pa.int32())))
+    small = small.set_column(small.schema.get_field_index("n_response_tokens"),
+                             small.schema.field("n_response_tokens"), pa.array([2, 1]))
+    writer.append("trajectories", small)
+    writer.append("trajectories", _rows(2, 3))
+    writer.close()
+    [seg] = segment_files(lake, "trajectories")
+    flags = []                                # per record batch message: compressed?
+    data = seg.read_bytes()
+    pos = 0
+    while pos + 8 <= len(data):
+        size = int.from_bytes(data[pos + 4:pos + 8], "little", signed=True)
+        if size <= 0:
+            break
+        meta = data[pos + 8:pos + 8 + size]
+        kind, body = _header(meta)
+        if kind == RECORD_BATCH:
+            flags.append(_compressed(meta))
+        pos += 8 + size + body
+    assert flags == [False, True]
+    assert compressed(seg)
+    got = read_table(lake, "trajectories")
+    assert got["seq"].to_pylist() == list(range(5))
+    assert got["response_ids"][0].as_py() == [1, 2]
+    kind, mapped = _live_copy(seg, set(), tmp_path / "scratch.arrow")
+    assert kind == "ipc" and mapped.size < 20 * seg.stat().st_size

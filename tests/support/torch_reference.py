@@ -145,13 +145,16 @@ def naive_to_torch(table: pa.Table, layout: str = "padded", pad_token_id: int = 
 
 
 def sampled_lake(lake: Path, steps: int = 4, *, groups_per_step: int = 3, batch_groups: int = 2,
-                 seed: int = 0, roll_bytes: int | None = None) -> dict[str, list[pa.Table]]:
+                 seed: int = 0, roll_bytes: int | None = None,
+                 min_response: int = 0) -> dict[str, list[pa.Table]]:
     """Run a sync buffer over ``lake`` for ``steps`` steps and return its Batch tables per partition.
 
     Each step registers ``groups_per_step`` train groups (2 sessions each, random lengths, some
     null masks / log-probs) and samples ``batch_groups`` of them, so groups are left behind that
     were never trained on; every other step also samples one `val` group. ``roll_bytes=1``
-    finishes a lake segment after every call (a lake of many small files).
+    finishes a lake segment after every call (a lake of many small files); ``min_response``
+    tokens are added to every response (rows of about 9 bytes a token: Parquet row groups of a
+    few rows).
     """
     rng = np.random.default_rng(seed)
     out: dict[str, list[pa.Table]] = {"train": [], "val": []}
@@ -167,7 +170,7 @@ def sampled_lake(lake: Path, steps: int = 4, *, groups_per_step: int = 3, batch_
                 rows = []
                 for uid in uids:
                     for session in range(2):
-                        r = int(rng.integers(0, 6))
+                        r = min_response + int(rng.integers(0, 6))
                         rows.append({
                             "partition": partition, "uid": uid, "session_id": session,
                             "min_global_steps": step - 1, "max_global_steps": step - 1,

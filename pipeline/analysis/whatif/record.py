@@ -25,13 +25,15 @@ The buffer takes trajectories with their token lists, so each put gets a stand-i
 (`stand_in`): response tokens as zeros of the recorded length (exact lengths, so the replay's
 lake stores the recorded `n_response_tokens` and every length check holds), no prompt tokens, no
 loss mask and no log-probs. A replay's lake therefore holds zeros where the recorded one holds
-tokens; its metadata, decisions and lengths are what the figures read. No log-probs: nothing a
-replay decides or reports reads them, and each batch the replay's buffer hands out holds its
-stand-in payload in memory (a real run's batch of 4,096 answers of 12,000 tokens: 196 MB of
-zeros as ids alone, twice that with log-probs).
+tokens; its metadata, decisions and lengths are what the figures read. The zeros of every put
+are one read-only mapping that takes no memory (`_Zeros`), so the groups the replay's buffer
+holds cost their metadata only; each batch it hands out copies its rows' zeros, though (a real
+run's batch of 4,096 answers of 12,000 tokens: 196 MB), which is why there are no log-probs:
+nothing a replay decides or reports reads them, and they would double that.
 """
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,11 +201,38 @@ def _by_seq(table: pa.Table) -> pa.Table:
     return table
 
 
+class _Zeros:
+    """Zeros that take no memory: slices of one read-only anonymous mapping, which the kernel
+    backs with its single zero page until written (and it is never written: Arrow does not
+    write into a buffer it was handed). A stand-in payload allocated as ordinary zeros is
+    written by the allocator whenever it reuses freed memory (glibc's calloc clears recycled
+    blocks), and then every group in flight in the replay held its tokens' bytes."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+        self._buf: pa.Buffer | None = None
+
+    def take(self, nbytes: int) -> pa.Buffer:
+        if self._buf is None or self._buf.size < nbytes:
+            size = max(nbytes, 2 * (self._buf.size if self._buf is not None else 0), 2**20)
+            # arrays made from the previous mapping keep it alive through their buffers
+            # private: a shared anonymous mapping (mmap's default) is counted once read
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                                  prot=mmap.PROT_READ)
+            self._buf = pa.py_buffer(self._map)
+        return self._buf.slice(0, nbytes)
+
+
+_ZEROS = _Zeros()
+
+
 def _lists(lengths: np.ndarray, value_type: pa.DataType) -> pa.Array:
-    """A list array of zeros with the given lengths (the zeros are not touched: calloc'd)."""
+    """A list array of zeros with the given lengths; the zeros take no memory (`_Zeros`)."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    values = pa.array(np.zeros(int(offsets[-1]), dtype=value_type.to_pandas_dtype()))
+    n = int(offsets[-1])
+    values = pa.Array.from_buffers(value_type, n,
+                                   [None, _ZEROS.take(n * value_type.bit_width // 8)])
     return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(value_type))
 
 

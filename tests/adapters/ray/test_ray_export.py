@@ -54,6 +54,17 @@ def test_export_with_ray_writes_the_shards_the_in_process_export_writes(lake, tm
     assert re.search(r"shards written by [1-9]\d* Ray worker process\(es\) on [1-9] node", said)
 
 
+def test_ray_export_cuts_a_shard_into_the_same_row_groups(tmp_path):
+    """Rows of about 360 kB and 1 MB row groups: both writers gather each shard a row group at a
+    time, sized from the plan, and write the same bytes."""
+    sampled_lake(tmp_path / "lake", steps=3, roll_bytes=1, min_response=40_000)
+    plain, _ = _export(tmp_path / "lake", tmp_path / "plain", "--row-group-mb", "1")
+    on_ray, _ = _export(tmp_path / "lake", tmp_path / "ray", "--ray", "--row-group-mb", "1")
+    assert [s["files"] for s in plain["shards"]] == [s["files"] for s in on_ray["shards"]]
+    first = tmp_path / "ray" / on_ray["shards"][0]["files"]["parquet"]["path"]
+    assert pq.ParquetFile(first).metadata.num_row_groups >= 2
+
+
 def test_ray_export_shards_are_written_by_workers_and_only_row_keys_reach_the_driver(lake,
                                                                                    tmp_path):
     from jobs.export.main import ExportConfig, export
@@ -69,7 +80,7 @@ def test_ray_export_shards_are_written_by_workers_and_only_row_keys_reach_the_dr
     assert result["written"] == len(result["shards"]) > 2
     assert result["writers"] and all(pid != os.getpid() for _, pid in result["writers"])
     for keys in plans:                       # no payload column came to the driver
-        assert keys.column_names == [*KEYS, "dropped", "block", "row"]
+        assert keys.column_names == [*KEYS, "dropped", "nbytes", "block", "row"]
     assert max(len(refs) for refs in source.blocks.values()) > 3      # gathered across blocks
     again = export(ExportConfig(lake=lake, out=tmp_path / "out", rows_per_shard=5,
                                 progress=False), RayRows())

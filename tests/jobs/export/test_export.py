@@ -65,6 +65,17 @@ def test_export_round_trips_through_polars_and_duckdb(lake, tmp_path: Path) -> N
     assert result["complete"] and result["written"] == len(result["shards"])
 
 
+def test_a_shard_is_written_a_row_group_at_a_time_in_plan_order(tmp_path: Path) -> None:
+    """Rows of about 360 kB, a lake segment per call, 1 MB row groups: each shard is gathered
+    from several lake files into several row groups, and reads back as the trainer's batches."""
+    batches = sampled_lake(tmp_path / "lake", steps=4, roll_bytes=1, min_response=40_000)
+    export(_config(tmp_path / "lake", tmp_path / "out", rows_per_shard=7, row_group_mb=1))
+    files = _shards(tmp_path / "out", "train")
+    groups = [pq.ParquetFile(f).metadata.num_row_groups for f in files]
+    assert len(files) == 3 and min(groups[:-1]) >= 2, groups
+    assert pl.read_parquet(files).equals(pl.from_arrow(pa.concat_tables(batches["train"])))
+
+
 def test_only_groups_handed_to_the_trainer_are_exported(lake, tmp_path: Path) -> None:
     lake_dir, batches = lake
     export(_config(lake_dir, tmp_path / "out", partitions=("train",)))
