@@ -10,9 +10,7 @@ import pyarrow as pa
 from pipeline.errors import InvariantError
 from schemas import TRAJECTORIES
 
-# `take` slices a chunk's runs when they are fewer than this (each slice costs about 10 us over
-# a table's columns; a `take` about 0.3 ms), or when the rows hold more than `_TAKE_BYTES`
-_RUNS = 32
+# `take` gathers rows scattered over a chunk run by run when they hold more than this
 _TAKE_BYTES = 8 * 2**20
 
 
@@ -74,31 +72,34 @@ class TrajectoryRows:
         """The rows with these ids, in ascending id (= arrival) order, in memory of their own (a
         batch never keeps a stored chunk alive after its rows are released).
 
-        The rows asked of a chunk are mostly a few runs (a group's rows usually arrive
-        together): each run is sliced (no copy) and everything is copied once at the end, column
-        by column. Arrow's `take` costs per column and chunk however few rows it takes, and for a
-        list column it first builds an index of every value it copies: a batch of 4,096 answers
-        of 12,000 tokens (188 MB of token ids) took about 600 MB while it was gathered. So a
-        `take` serves only rows scattered in many short runs of a chunk holding little."""
+        A group's rows usually arrive together, so the ids asked of a chunk are mostly one run:
+        that is sliced (no copy) and everything is copied once at the end by combining the
+        pieces. Rows scattered over a chunk are taken with Arrow's `take` (its cost is per
+        column and chunk, however few rows it takes), unless they hold more than `_TAKE_BYTES`:
+        for a list column `take` first builds an index of every value it copies (a batch of
+        4,096 answers of 12,000 tokens, 188 MB of token ids, held about 600 MB while gathered),
+        so large rows are sliced run by run instead and copied once."""
         located = list(self._locate(row_ids))
         if not located:
             return TRAJECTORIES.empty_table()
         parts, copied = [], False
         for c, local in located:
             chunk = self._chunks[c]
-            starts = (np.flatnonzero(np.diff(local) != 1) + 1).tolist()   # where a run begins
-            if len(starts) < _RUNS or len(local) * self._row_bytes(c) > _TAKE_BYTES:
-                bounds = [0, *starts, len(local)]
+            first, n = int(local[0]), len(local)
+            if int(local[-1]) - first + 1 == n:                  # sorted and unique: one run
+                parts.append(chunk.slice(first, n))
+            elif n * self._row_bytes(c) > _TAKE_BYTES:
+                starts = (np.flatnonzero(np.diff(local) != 1) + 1).tolist()   # where runs begin
+                bounds = [0, *starts, n]
                 parts.extend(chunk.slice(int(local[a]), b - a) for a, b in zip(bounds, bounds[1:]))
             else:
                 parts.append(chunk.take(pa.array(local)))
                 copied = True
         if copied and len(parts) == 1:
             return parts[0]
-        schema = parts[0].schema
-        return pa.Table.from_arrays(
-            [pa.concat_arrays([a for p in parts for a in p.column(i).chunks])
-             for i in range(len(schema))], schema=schema)
+        if len(parts) == 1:      # one slice: an empty piece beside it makes combining copy it
+            parts.append(parts[0].slice(0, 0))
+        return pa.concat_tables(parts).combine_chunks()
 
     def _row_bytes(self, c: int) -> float:
         """Arrow bytes per row of chunk ``c`` (measured once per chunk)."""

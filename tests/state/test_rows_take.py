@@ -77,7 +77,7 @@ def test_a_large_batch_in_many_runs_is_gathered_in_one_copy():
 
 
 def test_few_small_scattered_rows_are_taken():
-    """Rows of a small chunk scattered in more runs than slicing pays for come back the same."""
+    """Rows scattered over a chunk holding little are taken (one `take`): the same rows, copied."""
     store = TrajectoryRows()
     chunk = _long_rows(256, 4)
     first = store.append(chunk).start
