@@ -21,8 +21,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from jobs.export.rows import attach_provenance, row_keys, trained_groups
-from pipeline.lake import committed_calls, current_files, read_log, read_newest, read_segment
-from pipeline.lake.read import seq_ranges
+from pipeline.lake import (
+    committed_calls,
+    current_files,
+    read_log,
+    read_newest,
+    read_segment,
+    seq_ranges,
+)
 from schemas import LAKE_TABLES
 from schemas.evolve import upgrade
 
