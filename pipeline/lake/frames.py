@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 CONTINUATION = b"\xff\xff\xff\xff"
@@ -92,28 +93,37 @@ def _compressed(meta: bytes) -> bool:
         return False
 
 
+def _messages(fd: int, start: int, stop: int) -> Iterator[tuple[int, bytes, int]]:
+    """(header type, metadata, end) of each whole message in bytes ``start..stop`` of the open
+    file ``fd``, in order, up to the first that is not whole (EOS: empty metadata)."""
+    pos = start
+    while pos + 8 <= stop:
+        head = os.pread(fd, 8, pos)
+        if len(head) < 8 or head[:4] != CONTINUATION:
+            return
+        (size,) = struct.unpack_from("<i", head, 4)
+        if size == 0:
+            pos += 8
+            yield EOS, b"", pos
+            continue
+        if size < 0 or pos + 8 + size > stop:
+            return
+        meta = os.pread(fd, size, pos + 8)
+        parsed = _header(meta)
+        if parsed is None or pos + 8 + size + parsed[1] > stop:
+            return
+        pos += 8 + size + parsed[1]
+        yield parsed[0], meta, pos
+
+
 def compressed(path: str | os.PathLike) -> bool:
     """Whether the stream at ``path`` holds a compressed record batch (a lake writer with
     ``compression`` set compresses every batch of a segment but small ones). Reads message
     headers only, up to the first compressed one."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        stop, pos = os.fstat(fd).st_size, 0
-        while pos + 8 <= stop:
-            head = os.pread(fd, 8, pos)
-            if len(head) < 8 or head[:4] != CONTINUATION:
-                return False
-            (size,) = struct.unpack_from("<i", head, 4)
-            if size <= 0:
-                return False
-            meta = os.pread(fd, size, pos + 8)
-            parsed = _header(meta)
-            if parsed is None:
-                return False
-            if parsed[0] == RECORD_BATCH and _compressed(meta):
-                return True
-            pos += 8 + size + parsed[1]
-        return False
+        return any(kind == RECORD_BATCH and _compressed(meta)
+                   for kind, meta, _ in _messages(fd, 0, os.fstat(fd).st_size))
     finally:
         os.close(fd)
 
@@ -122,22 +132,11 @@ def frames(fd: int, start: int, stop: int, limit: int | None = None) -> Frames:
     """The whole messages in bytes ``start..stop`` of the open file ``fd`` (at most ``limit``)."""
     kinds: list[int] = []
     pos = start
-    while pos + 8 <= stop and (limit is None or len(kinds) < limit):
-        head = os.pread(fd, 8, pos)
-        if len(head) < 8 or head[:4] != CONTINUATION:
+    for kind, _, end in _messages(fd, start, stop):
+        if limit is not None and len(kinds) >= limit:
             break
-        (size,) = struct.unpack_from("<i", head, 4)
-        if size == 0:
-            kinds.append(EOS)
-            pos += 8
-            continue
-        if size < 0 or pos + 8 + size > stop:
-            break
-        parsed = _header(os.pread(fd, size, pos + 8))
-        if parsed is None or pos + 8 + size + parsed[1] > stop:
-            break
-        kinds.append(parsed[0])
-        pos += 8 + size + parsed[1]
+        kinds.append(kind)
+        pos = end
     return Frames(start, tuple(kinds), pos)
 
 

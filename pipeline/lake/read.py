@@ -161,11 +161,10 @@ def read_parquet(path: Path) -> pa.Table:
     return read_newest(path, _read_parquet)
 
 
-# a compacted file larger than this (uncompressed) is decoded in record batches of about a
-# quarter of it: `pq.read_table` decodes every column chunk whole, and a file of a real run's
-# payload (about 110 MB of Arrow) took about 540 MB of memory while it was read, 290 MB this way
+# a compacted file that decodes to more than this is read in record batches of about a quarter
+# of it (16 MB): `pq.read_table` decodes every column chunk whole, and a file of a real run's
+# payload (about 110 MB of Arrow) took about 540 MB of memory while it was read, 300 MB this way
 _WHOLE_BYTES = 64 * 2**20
-
 
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
 

@@ -46,25 +46,19 @@ def encode(schema: pa.Schema, schema_bytes: pa.Buffer, batch: pa.RecordBatch,
     ``compression`` ("zstd", "lz4"): the message's buffers compressed, as the stream writer's
     option compresses them (every reader of the stream format decompresses them); a batch
     under `COMPRESS_FROM` bytes is written uncompressed (each message says whether it is)."""
-    if compression is not None and batch.nbytes >= COMPRESS_FROM:
-        sink = pa.BufferOutputStream()
-        options = pa.ipc.IpcWriteOptions(compression=compression)
-        with pa.ipc.new_stream(sink, schema, options=options) as writer:
-            writer.write_batch(batch, custom_metadata=meta)
-        out = sink.getvalue()
-        start = 0 if with_schema else schema_bytes.size
-        return out.slice(start, out.size - len(EOS) - start)
-    if meta is None and not with_schema:
+    packed = compression is not None and batch.nbytes >= COMPRESS_FROM
+    if meta is None and not with_schema and not packed:
         return batch.serialize()                # the common case, exactly sized
-    if meta is None:    # a segment's first write: schema and batch straight into one buffer
+    if meta is None and not packed:    # a segment's first write: schema and batch in one buffer
         out = pa.allocate_buffer(schema_bytes.size + pa.ipc.get_record_batch_size(batch)
                                  + len(EOS))
         sink = pa.FixedSizeBufferWriter(out)
-    else:               # custom metadata changes the message's size: a sink that grows
+    else:   # custom metadata or compression changes the message's size: a sink that grows
         sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
+    options = pa.ipc.IpcWriteOptions(compression=compression) if packed else None
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
         writer.write_batch(batch, custom_metadata=meta)
-    if meta is None:
+    if isinstance(sink, pa.FixedSizeBufferWriter):
         end = sink.tell()
     else:
         out = sink.getvalue()
