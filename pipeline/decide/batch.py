@@ -6,7 +6,7 @@ sql/metrics/provenance.sql, compiled for polars; the same frame feeds the off-po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -23,44 +23,48 @@ _N_TOKENS = pl.element().struct.field("n_tokens")
 _VERSION = pl.element().struct.field("version")
 _META = ["partition", "uid", "seq", "min_global_steps", "max_global_steps", "is_padding",
          "version_spans"]
+# what the frame carries for its readers beyond what the formulas read (a certificate lists each
+# row by partition, uid and seq; a batch's own provenance needs none of them)
+CARRIED = ("partition", "uid", "seq")
 _SPAN_COLUMNS = ["span_tokens", "span_version_sum", "span_version_min"]
 # the rows the off-policy metrics keep (that declaration's predicate), computed with the rest
 KEPT = "__off_policy_kept"
 
 
 def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
-               group_steps: dict[str, int] | np.ndarray) -> pl.DataFrame:
+               group_steps: dict[str, int] | np.ndarray, carry: bool = True) -> pl.DataFrame:
     """The `batch_rows` relation of a batch (what provenance.sql reads), plus its provenance.
-    ``group_steps``: each group's dispatch step by uid, or already each row's (an array).
+    ``group_steps``: each group's dispatch step by uid, or already each row's (an array);
+    ``carry=False`` leaves out the row identity (`CARRIED`), which no formula reads.
 
-    Per-trajectory token counts come straight from the Arrow list offsets; the version-span sums
-    only when some row reported spans. Every input column is assembled in Arrow and crosses into
-    polars at once, and the declared formulas run in one frame evaluation: each eager polars call
-    has a fixed cost whatever its size, which is most of a batch's bookkeeping."""
+    Per-trajectory token counts are the stored `n_response_tokens` (or come from the Arrow list
+    offsets); the version-span sums only when some row reported spans. Every input column is
+    assembled in Arrow and crosses into polars at once, and the declared formulas run in one
+    frame evaluation: each eager polars call has a fixed cost whatever its size, and so does
+    every column handed over, which is most of a batch's bookkeeping."""
     n = payload.num_rows
-    meta = payload.select(_META)
+    spans_reported = payload.column("version_spans").null_count != n
+    take = [c for c in _META if (carry or c not in CARRIED)
+            and (spans_reported or c != "version_spans")]
     if isinstance(group_steps, np.ndarray):
         steps = group_steps.astype(np.int64, copy=False)
     else:
-        steps = np.fromiter((group_steps[u] for u in meta.column("uid").to_pylist()),
+        steps = np.fromiter((group_steps[u] for u in payload.column("uid").to_pylist()),
                             dtype=np.int64, count=n)
     ints = {
         "step": np.full(n, step, dtype=np.int64),
         "batch_id": np.full(n, batch_id, dtype=np.int64),
         "global_steps": steps,
     }
-    names = [*_META, *ints, "n_response_tokens"]
-    arrays: list = [*meta.columns, *(pa.array(v) for v in ints.values()),
-                    pc.list_value_length(payload.column("response_ids")).cast(pa.int64())]
-    spans_reported = payload.column("version_spans").null_count != n
+    names = [*take, *ints, "n_response_tokens"]
+    arrays: list = [*(payload.column(c) for c in take), *(pa.array(v) for v in ints.values()),
+                    _response_tokens(payload)]
     if not spans_reported:
         names += _SPAN_COLUMNS
         arrays += [pa.nulls(n, pa.int64())] * len(_SPAN_COLUMNS)
     # one record batch: polars takes it whole, for about what `from_arrow` of a chunked table
     # pays for each column it converts
-    frame = pl.DataFrame(pa.RecordBatch.from_arrays(
-        [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays],
-        names=names))
+    frame = pl.DataFrame(pa.RecordBatch.from_arrays([_one_chunk(a) for a in arrays], names=names))
     if spans_reported:
         has = _SPAN.is_not_null()
         frame = frame.with_columns(
@@ -69,6 +73,20 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
                 _SPAN.list.eval(_N_TOKENS.cast(pl.Int128) * _VERSION).list.sum()),
             span_version_min=_SPAN.list.eval(_VERSION.filter(_N_TOKENS > 0)).list.min())
     return frame.with_columns(*declared.compiled_named(PROVENANCE), _kept_column())
+
+
+def _one_chunk(a: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(a, pa.ChunkedArray):
+        return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
+    return a
+
+
+def _response_tokens(payload: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """Each row's response length: stored at ingest in the lake's trajectories (a batch's payload
+    has it), counted from the list offsets of a table without it."""
+    if "n_response_tokens" in payload.schema.names:
+        return payload.column("n_response_tokens")
+    return pc.list_value_length(payload.column("response_ids")).cast(pa.int64())
 
 
 @cache
@@ -83,9 +101,8 @@ def with_provenance(payload: pa.Table, rows: pl.DataFrame, status: pa.Array,
     ``status``, each row's group status; ``stale``, whether each row's group is masked stale
     (`StaleMask`; None: none is), which becomes ``is_stale``."""
     n = payload.num_rows
-    made = {"status": status,
-            "times_sampled": pa.array(np.ones(n, dtype=np.int32)),
-            "is_stale": pa.array(np.zeros(n, bool) if stale is None else stale)}
+    made = {"status": status, "times_sampled": _filled(pa.int32(), 1, n),
+            "is_stale": _filled(pa.bool_(), False, n) if stale is None else pa.array(stale)}
     extra = [made[f.name] if f.name in made else _as(rows.get_column(f.name).to_arrow(), f.type)
              for f in BATCH_PROVENANCE]
     return pa.Table.from_arrays([*payload.columns, *extra],
@@ -94,8 +111,17 @@ def with_provenance(payload: pa.Table, rows: pl.DataFrame, status: pa.Array,
 
 
 def per_row(values: list[Any], owner: np.ndarray, typ: pa.DataType) -> pa.Array:
-    """A value per group spread to the rows (``owner``: each row's group position)."""
+    """A value per group spread to the rows (``owner``: each row's group position); one value
+    shared by every group (the usual status) is a remembered filled column."""
+    if values and values.count(values[0]) == len(values) and values[0] is not None:
+        return _filled(typ, values[0], len(owner))
     return pa.array(values, typ).take(pa.array(owner))
+
+
+@lru_cache(maxsize=64)
+def _filled(typ: pa.DataType, value: Any, n: int) -> pa.Array:
+    """``n`` rows of ``value`` (an Arrow array is immutable: one serves every batch of n rows)."""
+    return pa.repeat(pa.scalar(value, typ), n)
 
 
 def _as(array: pa.Array, typ: pa.DataType) -> pa.Array:

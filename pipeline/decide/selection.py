@@ -40,19 +40,23 @@ log = logging.getLogger("replaylake")
 FUTURE_VERSIONS = "future_versions"
 
 
-def _warn_future(rows: pl.DataFrame, ctx: PollContext, staleness_min: int | None) -> None:
+def _warn_future(rows: pl.DataFrame, uids: pa.ChunkedArray, ctx: PollContext,
+                 staleness_min: int | None) -> None:
     """Rows whose newest version is not older than the training step are flagged, not changed
-    (verl computes its metrics over them as they are); audit `no_future_versions` lists them."""
+    (verl computes its metrics over them as they are); audit `no_future_versions` lists them.
+    ``uids``: each row's group (the payload's column; the provenance frame carries none)."""
     # the common case (no such row) is told by the batch's declared minimum staleness over its
     # non-padding rows, already computed with the off-policy metrics (None: no such row)
     if staleness_min is None or staleness_min >= 0:
         return
-    future = rows.filter(~pl.col("is_padding") & (pl.col("staleness") < 0))
+    future = rows.with_columns(uid=pl.Series(uids)).filter(
+        ~pl.col("is_padding") & (pl.col("staleness") < 0))
     if future.height:
         log.warning("sample(step=%d, %s): %d trained row(s) carry a weight version from the "
                     "future (max_global_steps >= step; staleness down to %d), e.g. groups %s: "
                     "check how the rollout side tags versions", ctx.step, ctx.partition,
-                    future.height, future["staleness"].min(), future["uid"].unique().to_list()[:5],
+                    future.height, future["staleness"].min(),
+                    future["uid"].unique(maintain_order=True).to_list()[:5],
                     extra={"replaylake_event": FUTURE_VERSIONS})
 
 
@@ -62,15 +66,21 @@ def _spans(rows: pl.DataFrame, owner: np.ndarray, chosen: list[str], steps: np.n
     same declared formula over the same dispatch step), so only groups without any row need an
     evaluation. ``owner``: each row's position in ``chosen``; ``steps``: each group's dispatch
     step."""
-    spans = [None] * len(chosen)
-    groups, first = np.unique(owner, return_index=True)
-    row_spans = rows.get_column("group_span").to_numpy()[first].tolist()
-    for k, v in zip(groups.tolist(), row_spans):
-        spans[k] = v
-    missing = [k for k, v in enumerate(spans) if v is None]
+    k, n = len(chosen), len(owner)
+    first = np.full(k, n, dtype=np.int64)     # each group's first row; n: it has none
+    np.minimum.at(first, owner, np.arange(n, dtype=np.int64))
+    has = first < n
+    spans: list = [None] * k
+    if has.all():
+        spans = rows.get_column("group_span").to_numpy()[first].tolist()
+    elif has.any():
+        for g, v in zip(np.flatnonzero(has).tolist(),
+                        rows.get_column("group_span").to_numpy()[first[has]].tolist()):
+            spans[g] = v
+    missing = [g for g, v in enumerate(spans) if v is None]
     if missing:
-        for k, v in zip(missing, decide.group_spans(step, [int(steps[k]) for k in missing])):
-            spans[k] = v
+        for g, v in zip(missing, decide.group_spans(step, [int(steps[g]) for g in missing])):
+            spans[g] = v
     return dict(zip(chosen, spans))
 
 
@@ -81,7 +91,8 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     gs = np.array([part.groups[u].dispatch_step for u in chosen], dtype=np.int64)
     payload, owner = part.payload_of(chosen)
     batch_id = state.next_batch_id()
-    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=gs[owner])
+    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=gs[owner],
+                      carry=False)
     spans = _spans(rows, owner, chosen, gs, ctx.step)
     # each group its own bound in force (under per-dataset bounds its dataset's, else the default)
     bounds = group_bounds(cfg, {u: part.groups[u].dataset for u in chosen})
@@ -121,7 +132,7 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     opm, weights = off_policy_metrics(rows, prefix=prefix)
     if cfg.mask is not None:
         opm[f"{prefix}/{MASKED_SAMPLES}"] = masked_rows(table)
-    _warn_future(rows, ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
+    _warn_future(rows, payload.column("uid"), ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
     in_force, strategy = bound_in_force(cfg)
     if cfg.stale.by_dataset and in_force is not None and bounds:
         in_force = max(bounds.values())     # the loosest of its groups', as the lake's `batches`
@@ -157,7 +168,7 @@ def held(cfg: BufferConfig, part: PartitionState, batch_id: int) -> Batch:
     step = part.batch_step[batch_id]
     gs = np.array([part.groups[u].dispatch_step for u in chosen], dtype=np.int64)
     payload, owner = part.payload_of(chosen)
-    rows = batch_rows(payload, batch_id=batch_id, step=step, group_steps=gs[owner])
+    rows = batch_rows(payload, batch_id=batch_id, step=step, group_steps=gs[owner], carry=False)
     status = [part.served_status(u) for u in chosen]
     stale = set() if cfg.mask is None else cfg.mask.stale(
         step, {u: (int(g), s) for u, g, s in zip(chosen, gs, status)})

@@ -258,21 +258,22 @@ class PartitionState:
         """Selected groups keep their rows until release; evicted/discarded groups leave memory
         now (the lake keeps them). Either way the uid is retired: never accepted again."""
         self.candidates.remove(uids)
-        if how == "sampled":
-            self._count_selected(step, len(uids))
-        inflight = self.inflight
+        inflight, groups, removed = self.inflight, self.groups, self.removed_uids
+        removed.update(uids)
         for u in uids:
-            self.removed_uids.add(u)
             if u in inflight:          # a group retired while in flight; terminal ones landed
                 self._land(u)
-            if how == "sampled":
-                g = self.groups[u]
+        if how == "sampled":
+            self._count_selected(step, len(uids))
+            batch = self.batches.setdefault(batch_id, [])
+            for u in uids:
+                g = groups[u]
                 g.removed, g.batch_id = how, batch_id
-                self.batches.setdefault(batch_id, []).append(u)
-                self.batch_step[batch_id] = step
-            else:
-                g = self.groups.pop(u)
-                self.rows.drop(g.rows)
+                batch.append(u)
+            self.batch_step[batch_id] = step
+        else:
+            for u in uids:
+                self.rows.drop(groups.pop(u).rows)
 
     def _count_selected(self, step: int, n: int) -> None:
         at = self.selected_at

@@ -14,6 +14,13 @@ from schemas import TRAJECTORIES
 _TAKE_BYTES = 8 * 2**20
 
 
+def _slices(chunk: pa.Table, at: int, n: int) -> list[pa.RecordBatch]:
+    """Rows ``at`` to ``at + n`` of a stored chunk as record batches, not copied. A put's rows
+    are one record batch, and slicing it is cheaper than slicing the table."""
+    whole = chunk.to_batches()
+    return [whole[0].slice(at, n)] if len(whole) == 1 else chunk.slice(at, n).to_batches()
+
+
 class TrajectoryRows:
     """Append-only chunks of trajectory rows; a chunk is freed once none of its rows is live.
 
@@ -27,6 +34,10 @@ class TrajectoryRows:
     def __init__(self) -> None:
         self._chunks: list[pa.Table | None] = []
         self._starts: list[int] = []
+        # the same starts as an int64 array for `_locate`'s vectorised search, grown by doubling
+        # (a chunk is appended per put and its entry stays: converting the list at every take
+        # cost a long run time in the number of puts it ever made)
+        self._starts_np = np.zeros(64, dtype=np.int64)
         self._live: list[int] = []
         self._nbytes: list[int | None] = []   # a chunk's Arrow bytes, measured when first asked
         self._unsized: list[int] = []         # chunks appended since `held_bytes` was last read
@@ -41,6 +52,10 @@ class TrajectoryRows:
         self._chunks.append(rows)
         self._nbytes.append(None)
         self._starts.append(first)
+        n = len(self._starts)
+        if n > len(self._starts_np):
+            self._starts_np = np.concatenate([self._starts_np, np.zeros_like(self._starts_np)])
+        self._starts_np[n - 1] = first
         self._live.append(rows.num_rows)
         self.size += rows.num_rows
         return range(first, self.size)
@@ -60,46 +75,53 @@ class TrajectoryRows:
         return self._sized_bytes
 
     def _locate(self, row_ids: list[int] | np.ndarray):
-        """(chunk index, local row ids) per chunk holding some of ``row_ids``, ascending."""
+        """(chunk index, local row ids) per chunk holding some of ``row_ids``, ascending: one
+        sort and one search, then a slice of the sorted ids per chunk (a batch of single-group
+        puts spans as many chunks as groups)."""
         ids = np.sort(np.asarray(row_ids, dtype=np.int64))
-        which = np.searchsorted(np.asarray(self._starts), ids, side="right") - 1
-        for c in np.unique(which):
+        if not len(ids):
+            return
+        which = np.searchsorted(self._starts_np[:len(self._starts)], ids, side="right") - 1
+        cuts = (np.flatnonzero(which[1:] != which[:-1]) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, len(ids)]):
+            c = int(which[a])
             if self._chunks[c] is None:
                 raise InvariantError("row ids of a released chunk were asked for")
-            yield int(c), ids[which == c] - self._starts[c]
+            yield c, ids[a:b] - self._starts[c]
 
     def take(self, row_ids: list[int] | np.ndarray) -> pa.Table:
         """The rows with these ids, in ascending id (= arrival) order, in memory of their own (a
         batch never keeps a stored chunk alive after its rows are released).
 
         A group's rows usually arrive together, so the ids asked of a chunk are mostly one run:
-        that is sliced (no copy) and everything is copied once at the end by combining the
-        pieces. Rows scattered over a chunk are taken with Arrow's `take` (its cost is per
-        column and chunk, however few rows it takes), unless they hold more than `_TAKE_BYTES`:
-        for a list column `take` first builds an index of every value it copies (a batch of
-        4,096 answers of 12,000 tokens, 188 MB of token ids, held about 600 MB while gathered),
-        so large rows are sliced run by run instead and copied once."""
+        that is sliced (no copy) and everything is copied once at the end, by concatenating the
+        pieces' record batches into one (no table of pieces to build and combine: a batch of
+        single-group puts has a piece per group). Rows scattered over a chunk are taken with
+        Arrow's `take` (its cost is per column and chunk, however few rows it takes), unless they
+        hold more than `_TAKE_BYTES`: for a list column `take` first builds an index of every
+        value it copies (a batch of 4,096 answers of 12,000 tokens, 188 MB of token ids, held
+        about 600 MB while gathered), so large rows are sliced run by run instead and copied
+        once."""
+        pieces: list[pa.RecordBatch] = []
         located = list(self._locate(row_ids))
-        if not located:
-            return TRAJECTORIES.empty_table()
-        parts, copied = [], False
         for c, local in located:
             chunk = self._chunks[c]
             first, n = int(local[0]), len(local)
             if int(local[-1]) - first + 1 == n:                  # sorted and unique: one run
-                parts.append(chunk.slice(first, n))
+                pieces.extend(_slices(chunk, first, n))
             elif n * self._row_bytes(c) > _TAKE_BYTES:
                 starts = (np.flatnonzero(np.diff(local) != 1) + 1).tolist()   # where runs begin
                 bounds = [0, *starts, n]
-                parts.extend(chunk.slice(int(local[a]), b - a) for a, b in zip(bounds, bounds[1:]))
+                for a, b in zip(bounds, bounds[1:]):
+                    pieces.extend(_slices(chunk, int(local[a]), b - a))
+            elif len(located) == 1:
+                return chunk.take(pa.array(local))      # the whole batch, a copy already
             else:
-                parts.append(chunk.take(pa.array(local)))
-                copied = True
-        if copied and len(parts) == 1:
-            return parts[0]
-        if len(parts) == 1:      # one slice: an empty piece beside it makes combining copy it
-            parts.append(parts[0].slice(0, 0))
-        return pa.concat_tables(parts).combine_chunks()
+                pieces.extend(chunk.take(pa.array(local)).to_batches())
+        if not pieces:
+            return TRAJECTORIES.empty_table()
+        # concatenating copies, a single piece too
+        return pa.Table.from_batches([pa.concat_batches(pieces)])
 
     def _row_bytes(self, c: int) -> float:
         """Arrow bytes per row of chunk ``c`` (measured once per chunk)."""

@@ -108,6 +108,33 @@ def test_all_padding_batch_emits_no_off_policy_metrics():
     assert off_policy_metrics(t, step=3) == ({}, {})
 
 
+_SPANS = [{"version": 2, "n_tokens": 1}, {"version": 4, "n_tokens": 1}]
+
+
+@pytest.mark.parametrize("spans", [
+    [None, None, None],                 # no row reported spans: the exact aggregates are fixed
+    [_SPANS, None, None],               # one did: every aggregate is evaluated
+    [None, None, _SPANS],               # only the padding row did: null over the kept rows
+], ids=["none", "one", "padding-only"])
+def test_aggregates_over_null_inputs_equal_a_whole_evaluation(spans):
+    """The aggregates whose inputs are all null are taken from one evaluation over null rows
+    (remembered): the metrics must equal evaluating every declared aggregate over the rows."""
+    from pipeline.decide import compile as declared
+    from pipeline.decide.batch import batch_rows
+    from pipeline.decide.metrics import _aggregated, _kept
+    t = _batch([{"min_global_steps": 3, "max_global_steps": 4, "version_spans": spans[0]},
+                {"min_global_steps": 1, "max_global_steps": 4, "response_ids": [1] * 6,
+                 "version_spans": spans[1]},
+                {"min_global_steps": 0, "max_global_steps": 0, "is_padding": True,
+                 "version_spans": spans[2]}])
+    t = t.append_column("uid", pa.array(["a", "a", "b"])).append_column(
+        "partition", pa.array(["p"] * 3)).append_column("seq", pa.array([1, 2, 3]))
+    kept = _kept(batch_rows(t, batch_id=1, step=6, group_steps={"a": 5, "b": 5}))
+    whole = kept.select(declared.compiled_named("off_policy")).row(0, named=True)
+    for _ in range(2):                  # the second time from what was remembered
+        assert _aggregated(kept) == whole
+
+
 # --- each mean's weight is declared beside its metric (off_policy.sql's `weights` header) -------
 
 # The reductions and weights the off-policy keys had before the weights were declared: reading

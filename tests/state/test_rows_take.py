@@ -85,3 +85,21 @@ def test_few_small_scattered_rows_are_taken():
     got = store.take(first + scattered)
     assert got.equals(chunk.take(pa.array(scattered)))
     assert not _addresses(got) & _addresses(chunk)
+
+
+def test_rows_are_found_after_many_puts_and_releases():
+    """A chunk is kept per put for the life of the partition; locating rows must stay right as
+    their number passes the growth of the starts' array (every 64, 128, ... puts)."""
+    store = TrajectoryRows()
+    chunks, ids = [], []
+    for k in range(300):
+        chunks.append(_chunk(f"g{k}", 1 + k % 3))
+        ids.append(store.append(chunks[-1]))
+    for k in range(0, 250):                       # most of the early puts released
+        store.drop(ids[k])
+    for k in (250, 255, 256, 299):
+        got = store.take(list(ids[k]))
+        assert got.equals(chunks[k])
+    got = store.take([ids[299][0], ids[251][0], ids[280][-1]])
+    assert got.equals(pa.concat_tables([chunks[251].slice(0, 1), chunks[280].slice(
+        len(ids[280]) - 1, 1), chunks[299].slice(0, 1)]))
