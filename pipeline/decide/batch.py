@@ -51,17 +51,13 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
     else:
         steps = np.fromiter((group_steps[u] for u in payload.column("uid").to_pylist()),
                             dtype=np.int64, count=n)
-    ints = {
-        "step": np.full(n, step, dtype=np.int64),
-        "batch_id": np.full(n, batch_id, dtype=np.int64),
-        "global_steps": steps,
-    }
+    ints = {"step": _filled(pa.int64(), step, n), "batch_id": _filled(pa.int64(), batch_id, n),
+            "global_steps": pa.array(steps)}
     names = [*take, *ints, "n_response_tokens"]
-    arrays: list = [*(payload.column(c) for c in take), *(pa.array(v) for v in ints.values()),
-                    _response_tokens(payload)]
+    arrays: list = [*(payload.column(c) for c in take), *ints.values(), _response_tokens(payload)]
     if not spans_reported:
         names += _SPAN_COLUMNS
-        arrays += [pa.nulls(n, pa.int64())] * len(_SPAN_COLUMNS)
+        arrays += [_filled(pa.int64(), None, n)] * len(_SPAN_COLUMNS)
     # one record batch: polars takes it whole, for about what `from_arrow` of a chunked table
     # pays for each column it converts
     frame = pl.DataFrame(pa.RecordBatch.from_arrays([_one_chunk(a) for a in arrays], names=names))
@@ -120,8 +116,9 @@ def per_row(values: list[Any], owner: np.ndarray, typ: pa.DataType) -> pa.Array:
 
 @lru_cache(maxsize=64)
 def _filled(typ: pa.DataType, value: Any, n: int) -> pa.Array:
-    """``n`` rows of ``value`` (an Arrow array is immutable: one serves every batch of n rows)."""
-    return pa.repeat(pa.scalar(value, typ), n)
+    """``n`` rows of ``value`` (None: null). An Arrow array is immutable: one serves every batch
+    of n rows (a batch id is used once and ages out)."""
+    return pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
 
 
 def _as(array: pa.Array, typ: pa.DataType) -> pa.Array:
