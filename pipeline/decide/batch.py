@@ -6,7 +6,7 @@ sql/metrics/provenance.sql, compiled for polars; the same frame feeds the off-po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.decide import compile as declared
+from pipeline.state.constants import constant
 from schemas import BATCH_PROVENANCE
 
 PROVENANCE = "provenance"
@@ -51,13 +52,14 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
     else:
         steps = np.fromiter((group_steps[u] for u in payload.column("uid").to_pylist()),
                             dtype=np.int64, count=n)
-    ints = {"step": _filled(pa.int64(), step, n), "batch_id": _filled(pa.int64(), batch_id, n),
+    ints = {"step": constant(step, n, pa.int64()),
+            "batch_id": pa.repeat(pa.scalar(batch_id, pa.int64()), n),   # a new one every batch
             "global_steps": pa.array(steps)}
     names = [*take, *ints, "n_response_tokens"]
     arrays: list = [*(payload.column(c) for c in take), *ints.values(), _response_tokens(payload)]
     if not spans_reported:
         names += _SPAN_COLUMNS
-        arrays += [_filled(pa.int64(), None, n)] * len(_SPAN_COLUMNS)
+        arrays += [constant(None, n, pa.int64())] * len(_SPAN_COLUMNS)
     # one record batch: polars takes it whole, for about what `from_arrow` of a chunked table
     # pays for each column it converts
     frame = pl.DataFrame(pa.RecordBatch.from_arrays([_one_chunk(a) for a in arrays], names=names))
@@ -97,8 +99,8 @@ def with_provenance(payload: pa.Table, rows: pl.DataFrame, status: pa.Array,
     ``status``, each row's group status; ``stale``, whether each row's group is masked stale
     (`StaleMask`; None: none is), which becomes ``is_stale``."""
     n = payload.num_rows
-    made = {"status": status, "times_sampled": _filled(pa.int32(), 1, n),
-            "is_stale": _filled(pa.bool_(), False, n) if stale is None else pa.array(stale)}
+    made = {"status": status, "times_sampled": constant(1, n, pa.int32()),
+            "is_stale": constant(False, n, pa.bool_()) if stale is None else pa.array(stale)}
     extra = [made[f.name] if f.name in made else _as(rows.get_column(f.name).to_arrow(), f.type)
              for f in BATCH_PROVENANCE]
     return pa.Table.from_arrays([*payload.columns, *extra],
@@ -110,15 +112,8 @@ def per_row(values: list[Any], owner: np.ndarray, typ: pa.DataType) -> pa.Array:
     """A value per group spread to the rows (``owner``: each row's group position); one value
     shared by every group (the usual status) is a remembered filled column."""
     if values and values.count(values[0]) == len(values) and values[0] is not None:
-        return _filled(typ, values[0], len(owner))
+        return constant(values[0], len(owner), typ)
     return pa.array(values, typ).take(pa.array(owner))
-
-
-@lru_cache(maxsize=64)
-def _filled(typ: pa.DataType, value: Any, n: int) -> pa.Array:
-    """``n`` rows of ``value`` (None: null). An Arrow array is immutable: one serves every batch
-    of n rows (a batch id is used once and ages out)."""
-    return pa.nulls(n, typ) if value is None else pa.repeat(pa.scalar(value, typ), n)
 
 
 def _as(array: pa.Array, typ: pa.DataType) -> pa.Array:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -29,6 +28,7 @@ import pyarrow as pa
 
 from pipeline.decide import compile as declared
 from pipeline.errors import InvariantError
+from pipeline.state.constants import constant
 from schemas import CANDIDATES
 from sql import loader
 from sql.loader import SqlError
@@ -240,17 +240,9 @@ def frame(rows: list[tuple], columns: Sequence[str] | None = None,
     arrays = [pa.array([r[i] for r in rows], _TYPES[c]) for c, i in
               ((c, _AT[c]) for c in names)]
     for v in (literals or {}).values():
-        arrays.append(_literal(type(v), v, n))
+        arrays.append(constant(v, n))
     return pl.DataFrame(pa.RecordBatch.from_arrays(
         arrays, names=[*names, *(literals or {})]))
-
-
-@lru_cache(maxsize=256)
-def _literal(kind: type, v: Any, n: int) -> pa.Array:
-    """``n`` rows of ``v`` in the type Arrow infers for it (``kind``, its Python type, is part of
-    the key: True and 1 are equal keys but not equal columns). Remembered: a poll's parameters
-    and step repeat from poll to poll, and an Arrow array is immutable."""
-    return pa.array([v] * n)
 
 
 _AT = {c: i for i, c in enumerate(COLUMNS)}

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from pipeline.errors import InvariantError
 from pipeline.lake import LakeWriter
+from pipeline.state.constants import constant
 from schemas import LAKE_TABLES
 
 _HISTORY_ONLY = ("metrics",)
@@ -106,7 +107,7 @@ def by_column(table: str, n: int, values: Mapping[str, Any]) -> pa.Table:
 
     A shared string is built from ``[v] * n`` (cheaper than `pa.repeat` of a string scalar at a
     poll's row counts), any other shared value by `pa.repeat` (cheaper than from a list); both
-    are remembered (`_shared`)."""
+    are remembered (`pipeline.state.constants`)."""
     unknown = values.keys() - _NAMES[table]
     if unknown:
         raise InvariantError(f"table {table!r} has no column(s) {sorted(unknown)}")
@@ -118,28 +119,6 @@ def by_column(table: str, n: int, values: Mapping[str, Any]) -> pa.Table:
                 raise InvariantError(f"column {name!r}: {len(v)} values for {n} rows")
             arrays.append(pa.array(v, typ))
         else:
-            arrays.append(_shared(typ, v, n))
+            arrays.append(constant(v, n, typ))
     return pa.Table.from_arrays(arrays, schema=_HEADS[table])
 
-
-_SHARED: dict[tuple, pa.Array] = {}
-_SHARED_MAX = 256
-
-
-def _shared(typ: pa.DataType, v: Any, n: int) -> pa.Array:
-    """``n`` rows of one value (None: null) of type ``typ``. Remembered by (type, value, n):
-    the decisions of successive polls repeat their partition, kind, poll and nulls at the same
-    row counts, and an Arrow array is immutable, so one can serve them all."""
-    key = (typ, type(v), v, n)
-    got = _SHARED.get(key)
-    if got is None:
-        if v is None:
-            got = pa.nulls(n, typ)
-        elif typ == _STRING:
-            got = pa.array([v] * n, typ)
-        else:
-            got = pa.repeat(pa.scalar(v, typ), n)
-        if len(_SHARED) >= _SHARED_MAX:      # values that never repeat (a call id) age out
-            _SHARED.clear()
-        _SHARED[key] = got
-    return got
