@@ -58,7 +58,6 @@ _HEADS = {name: _unstamped(schema) for name, schema in LAKE_TABLES.items()}
 _COLUMNS = {name: [(f.name, f.type) for f in schema if f.name not in ("seq", "ts")]
             for name, schema in LAKE_TABLES.items()}
 _NAMES = {name: frozenset(c for c, _ in cols) for name, cols in _COLUMNS.items()}
-_STRING = pa.string()
 
 
 class Journal:
