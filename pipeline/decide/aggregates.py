@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.decide import compile as declared
-from pipeline.ingest import metric_values
+from pipeline.ingest import metric_values, one_array
 from pipeline.state import candidates
 from sql.loader import SqlError
 
@@ -73,9 +73,7 @@ def effective_status(status: str, n_traj: int) -> str:
 
 def _values(chunk: pa.Table, name: str, local: np.ndarray) -> np.ndarray:
     """A non-null numeric column of a stored chunk at ``local`` rows (zero-copy view, then index)."""
-    col = chunk.column(name)
-    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    return arr.to_numpy(zero_copy_only=False)[local]
+    return one_array(chunk.column(name)).to_numpy(zero_copy_only=False)[local]
 
 
 def _response_tokens(chunk: pa.Table, local: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.decide import compile as declared
+from pipeline.ingest import one_array
 from pipeline.state.constants import constant
 from schemas import BATCH_PROVENANCE
 
@@ -62,7 +63,7 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
         arrays += [constant(None, n, pa.int64())] * len(_SPAN_COLUMNS)
     # one record batch: polars takes it whole, for about what `from_arrow` of a chunked table
     # pays for each column it converts
-    frame = pl.DataFrame(pa.RecordBatch.from_arrays([_one_chunk(a) for a in arrays], names=names))
+    frame = pl.DataFrame(pa.RecordBatch.from_arrays([one_array(a) for a in arrays], names=names))
     if spans_reported:
         has = _SPAN.is_not_null()
         frame = frame.with_columns(
@@ -71,12 +72,6 @@ def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
                 _SPAN.list.eval(_N_TOKENS.cast(pl.Int128) * _VERSION).list.sum()),
             span_version_min=_SPAN.list.eval(_VERSION.filter(_N_TOKENS > 0)).list.min())
     return frame.with_columns(*declared.compiled_named(PROVENANCE), _kept_column())
-
-
-def _one_chunk(a: pa.Array | pa.ChunkedArray) -> pa.Array:
-    if isinstance(a, pa.ChunkedArray):
-        return a.chunk(0) if a.num_chunks == 1 else a.combine_chunks()
-    return a
 
 
 def _response_tokens(payload: pa.Table) -> pa.ChunkedArray | pa.Array:

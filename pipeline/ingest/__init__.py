@@ -9,6 +9,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'STEP_RULE': 'conform',
     'check_partition': 'conform',
     'metric_values': 'conform',
+    'one_array': 'conform',
     'validate_groups': 'conform',
     'validate_status': 'conform',
     'validate_trajectories': 'conform',

@@ -252,10 +252,16 @@ def _partition_list_problems(partitions: list) -> list[Problem]:
     return out
 
 
-def _one_chunk(table: pa.Table, name: str) -> pa.Array:
-    """A column as one array (conformed tables already are: no concatenation then)."""
-    col = table.column(name)
+def one_array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one array: its only chunk as it is (conformed and gathered tables have one:
+    no concatenation then), the chunks combined otherwise."""
+    if isinstance(col, pa.Array):
+        return col
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
+def _one_chunk(table: pa.Table, name: str) -> pa.Array:
+    return one_array(table.column(name))
 
 
 def _np(table: pa.Table, name: str) -> np.ndarray:
