@@ -104,9 +104,7 @@ def by_column(table: str, n: int, values: Mapping[str, Any]) -> pa.Table:
     Python list holds one value per row, any other value is shared by every row, and a column
     not named (or None) is null. A shared value of a list-typed column is written ``[v] * n``.
 
-    A shared string is built from ``[v] * n`` (cheaper than `pa.repeat` of a string scalar at a
-    poll's row counts), any other shared value by `pa.repeat` (cheaper than from a list); both
-    are remembered (`pipeline.state.constants`)."""
+    A shared value is a remembered constant column (`pipeline.state.constants`)."""
     unknown = values.keys() - _NAMES[table]
     if unknown:
         raise InvariantError(f"table {table!r} has no column(s) {sorted(unknown)}")
