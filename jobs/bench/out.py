@@ -30,14 +30,26 @@ def result_path(out: Path, name: str) -> Path:
 
 def figure(path: str, value: float, unit: str, reference: str, ref_value: float,
            ratio: float, ratio_label: str, goal: str, meets: bool | None,
-           in_summary: bool = False) -> dict[str, Any]:
+           in_summary: bool = False, bound: dict[str, Any] | None = None) -> dict[str, Any]:
     """One row of the results: our figure beside the reference measured in the same run, their
     ratio, and the goal it is held to (``meets`` None where there is none). ``in_summary``: a
     figure without a goal that the README's summary still shows, because a figure with a goal
-    is only the whole story beside it (what the background mirror costs per step)."""
-    return {"path": path, "value": value, "unit": unit, "reference": reference,
-            "reference_value": ref_value, "ratio": ratio, "ratio_label": ratio_label,
-            "goal": goal, "meets_goal": meets, "in_summary": in_summary}
+    is only the whole story beside it (what the background mirror costs per step). ``bound``:
+    the most the ratio could reach in this run, where something outside our code sets it (see
+    `bound`)."""
+    out = {"path": path, "value": value, "unit": unit, "reference": reference,
+           "reference_value": ref_value, "ratio": ratio, "ratio_label": ratio_label,
+           "goal": goal, "meets_goal": meets, "in_summary": in_summary}
+    if bound is not None:
+        out["bound"] = bound
+    return out
 
 
-__all__ = ["figure", "result_path"]
+def bound(ratio: float, by: str, reachable: bool) -> dict[str, Any]:
+    """The most a figure's ratio could reach in its run (``ratio``), what sets it (``by``: calls
+    of a system every implementation makes, timed bare in the same rounds) and whether the goal
+    lies within it: a goal beyond it is out of reach for any code of ours in that run."""
+    return {"ratio": ratio, "by": by, "reachable": reachable}
+
+
+__all__ = ["bound", "figure", "result_path"]

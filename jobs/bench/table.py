@@ -19,7 +19,8 @@ SUMMARY_BEGIN, SUMMARY_END = "<!-- bench-summary:begin -->", "<!-- bench-summary
 RAY_BEGIN, RAY_END = "<!-- bench-ray:begin -->", "<!-- bench-ray:end -->"
 
 
-def _num(x: Any) -> str:
+def number(x: Any) -> str:
+    """A figure as the tables print it (three significant digits, thousands separated)."""
     if x is None:
         return ""
     if isinstance(x, float) and x != x:
@@ -33,8 +34,8 @@ def _num(x: Any) -> str:
 
 def figure_line(f: dict[str, Any]) -> str:
     """One figure on one line: path, value, the reference from the same run, ratio and goal."""
-    return (f"{f['path']}: {_num(f['value'])} {f['unit']} against {_num(f['reference_value'])} "
-            f"({f['reference']}), {_num(f['ratio'])} {f['ratio_label']}; goal {f['goal']}")
+    return (f"{f['path']}: {number(f['value'])} {f['unit']} against {number(f['reference_value'])} "
+            f"({f['reference']}), {number(f['ratio'])} {f['ratio_label']}; goal {f['goal']}")
 
 
 def render(report: dict[str, Any], goals_only: bool = False,
@@ -57,9 +58,9 @@ def render(report: dict[str, Any], goals_only: bool = False,
                 continue
             met = {True: "yes", False: "no", None: ""}[f["meets_goal"]]
             lines.append(
-                f"| {section} | {f['path']} | {_num(f['value'])} {f['unit']} | "
-                f"{_num(f['reference_value'])} ({f['reference']}) | "
-                f"{_num(f['ratio'])} {f['ratio_label']} | {f['goal']} | {met} |")
+                f"| {section} | {f['path']} | {number(f['value'])} {f['unit']} | "
+                f"{number(f['reference_value'])} ({f['reference']}) | "
+                f"{number(f['ratio'])} {f['ratio_label']} | {f['goal']} | {met} |")
     return head + "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from jobs.bench.out import figure
+from jobs.bench.out import bound, figure
+from jobs.bench.verl import default_figures
 from jobs.cli import app
 
 
@@ -40,12 +41,43 @@ def test_every_miss_and_failed_section_is_listed_and_the_run_fails(tmp_path: Pat
         "decide": {"figures": [MET, NO_GOAL]}, "verl": {"figures": [MISSED, MET]},
         "memory": {"error": "MemoryError: boom"}}))
     assert result.exit_code == 1, result.output
-    lines = result.output.splitlines()
-    assert ("MISSED  verl: verl adapter sample, 100 groups: 19.9 ms against 7.50 "
-            "(verl 0.9.1 ms), 0.38 x verl's speed; goal >= 1.0x verl") in lines
-    assert "FAILED  memory: failed to run: MemoryError: boom" in lines
-    assert not any("10,000 buffered" in line for line in lines)       # met: not listed
-    assert "1 of 3 goals missed, 1 section(s) failed" in result.output
+    entries = _entries(result.output)
+    assert ("MISSED verl: verl adapter sample, 100 groups: 19.9 ms against 7.50 "
+            "(verl 0.9.1 ms), 0.38 x verl's speed; goal >= 1.0x verl") in entries
+    assert "FAILED memory: failed to run: MemoryError: boom" in entries
+    assert not any("10,000 buffered" in e for e in entries)       # met: not listed
+    assert entries[-1].startswith("1 of 3 goals missed, 1 section(s) failed")
+    assert all(len(line) <= 80 for line in result.output.splitlines()[:-1])   # the path may not
+
+
+def _entries(output: str) -> list[str]:
+    """The report's entries, each unwrapped into one line (a continuation line is indented)."""
+    entries: list[str] = []
+    for line in output.splitlines():
+        if line.startswith(" ") and entries:
+            entries[-1] += " " + line.strip()
+        else:
+            entries.append(" ".join(line.split()))
+    return entries
+
+
+def test_a_miss_its_run_put_out_of_reach_is_listed_apart_with_its_bound(tmp_path: Path) -> None:
+    """A verl figure carries the most TransferQueue's bare calls let any adapter reach in that
+    run: a goal beyond it is BOUNDED, one within it stays MISSED; both fail the run."""
+    by = "TransferQueue's bare calls"
+    within = figure("verl, 100 groups, decisions", 13.4, "ms", "verl 0.9.1 ms", 6.15, 0.46,
+                    "x verl's speed", ">= 1.0x verl", False, bound=bound(1.24, by, True))
+    beyond = figure("verl, 100 groups, rewards", 30.6, "ms", "verl 0.9.1 ms", 6.15, 0.20,
+                    "x verl's speed", ">= 1.0x verl", False, bound=bound(0.34, by, False))
+    result = _check(_report(tmp_path, {"verl": {"figures": [within, beyond, MET]}}))
+    assert result.exit_code == 1, result.output
+    entries = _entries(result.output)
+    assert [e.split()[0] for e in entries[:2]] == ["MISSED", "BOUNDED"]
+    assert "out of reach" not in entries[0]
+    assert entries[1].endswith("0.20 x verl's speed; goal >= 1.0x verl; out of reach in this "
+                               "run: TransferQueue's bare calls allow at most 0.34x")
+    assert entries[-1].startswith("2 of 3 goals missed (1 of them out of reach in this run: "
+                                  "BOUNDED)")
 
 
 def test_a_quick_run_or_a_file_that_is_no_report_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -57,3 +89,18 @@ def test_a_quick_run_or_a_file_that_is_no_report_is_refused_in_one_line(tmp_path
     assert result.exit_code == 2 and "no 'sections'" in result.output
     result = _check(tmp_path / "missing.json")
     assert result.exit_code == 2 and "run `replaylake dev bench all` first" in result.output
+
+
+def test_the_verl_default_mode_figures_carry_the_bound_transfer_queue_sets() -> None:
+    """verl's time over the bare TransferQueue calls of each mode (same rounds) is the most the
+    mode's ratio can reach: the goal is reachable exactly when that bound meets it."""
+    r = {"impls": {"verl": {"median_ms": 6.0, "timed_calls": 15},
+                   "ours": {"median_ms": 12.0, "timed_calls": 15},
+                   "ours_rewards": {"median_ms": 30.0, "timed_calls": 15}},
+         "tq_floor": {"decisions": {"median_ms": 6.0}, "rewards": {"median_ms": 18.0}}}
+    decisions, rewards = default_figures(r, 100, 1.0)
+    assert decisions["ratio"] == 0.5 and decisions["meets_goal"] is False
+    assert decisions["bound"]["ratio"] == 1.0 and decisions["bound"]["reachable"] is True
+    assert rewards["ratio"] == 0.2
+    assert rewards["bound"]["ratio"] == 6.0 / 18.0 and rewards["bound"]["reachable"] is False
+    assert "decisions mirror (interleaved, 15 calls each)" in decisions["path"]
