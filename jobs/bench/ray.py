@@ -226,6 +226,10 @@ def saturation_line(sat: dict) -> str:
     """The saturation point in one sentence."""
     pct = f"{sat['min_growth']:.0%}"
     steps = ", ".join(f"to {p}: {g:+.0%}" for p, g in sat["growth"].items())
+    if not sat["growth"]:           # one count measured: nothing to compare it with
+        return (f"saturation not judged: one producer count measured "
+                f"({sat['peak_trajectories_per_s']:,.0f} trajectories/s with "
+                f"{processes(sat['peak_producers'])}); give --producers two counts or more")
     if sat["producers"] is None:
         return (f"the single actor did not saturate within the counts measured (a larger count "
                 f"still added >= {pct}; {steps})")

@@ -42,3 +42,10 @@ def test_producer_counts_that_do_not_split_the_groups_into_rounds_are_refused():
         check_producers((1,), 1)
     with pytest.raises(ConfigError, match=r"bad: \[0\]"):
         check_producers((0, 1), 20)
+
+
+def test_one_producer_count_is_not_judged_and_says_what_to_give() -> None:
+    line = saturation_line(saturation(_rows(100)))
+    assert line.startswith("saturation not judged: one producer count measured (100 "
+                           "trajectories/s with 1 producer process)")
+    assert "--producers two counts or more" in line and "; )" not in line
