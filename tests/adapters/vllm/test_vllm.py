@@ -159,7 +159,8 @@ def test_log_probs_survive_the_float32_column_within_float32_precision(buf, lake
                for a, b in zip(stored["rollout_log_probs"], values))
 
 
-@pytest.mark.skipif(not shapes.REAL, reason="needs vllm 0.33 (make test-vllm)")
+@pytest.mark.skipif(not shapes.REAL, reason="needs vllm 0.33: runs in the session of vLLM's "
+                    "real classes (test_vllm_real_classes.py; make test-vllm)")
 def test_vllm_shapes_match_vllm_field_for_field():
     import vllm
     from vllm import logprobs as real_lp
