@@ -118,4 +118,3 @@ def by_column(table: str, n: int, values: Mapping[str, Any]) -> pa.Table:
         else:
             arrays.append(constant(v, n, typ))
     return pa.Table.from_arrays(arrays, schema=_HEADS[table])
-
