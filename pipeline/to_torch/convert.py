@@ -77,7 +77,7 @@ from pipeline.to_torch import masks as to_torch_masks
 from pipeline.to_torch import packed as to_torch_packed
 from pipeline.to_torch import rows as to_torch_rows
 from pipeline.to_torch import versions as to_torch_versions
-from pipeline.to_torch.pool import TensorPool
+from pipeline.to_torch.pool import TensorPool, output
 from pipeline.to_torch.ragged import (
     BatchFormatError,
     Pieces,
@@ -92,12 +92,11 @@ LAYOUTS = ("padded", "packed")
 PER_ROW_INT64 = ("global_steps", "min_global_steps", "max_global_steps", "staleness")
 LIST_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
 REQUIRED_COLUMNS = (*LIST_COLUMNS, "reward", *PER_ROW_INT64, "is_padding")
-_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
-                 np.dtype(np.float32): torch.float32, np.dtype(bool): torch.bool}
 
 
 class _Outputs:
-    """The large output tensors of one call, with numpy views to fill them through.
+    """The large output tensors of one call (`pool.output` allocates each), with numpy views to
+    fill them through.
 
     ``zeroed``: the mask path writes only the real tokens and needs zeros elsewhere; the row-copy
     path writes every byte itself, so it takes uninitialised memory (no fill pass).
@@ -111,20 +110,8 @@ class _Outputs:
         self.tensors: dict[str, torch.Tensor] = {}
         self.arrays: dict[str, np.ndarray] = {}
         for name, (shape, dtype) in specs.items():
-            if pool is not None:        # touched memory from earlier calls: zero it if asked
-                t = pool.take(shape, _TORCH_DTYPES[np.dtype(dtype)], pin)
-                a = t.numpy()
-                if zeroed:
-                    a.fill(0)
-            elif pin:
-                make = torch.zeros if zeroed else torch.empty
-                t = make(shape, dtype=_TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
-                a = t.numpy()
-            else:
-                # fresh pages come zeroed from the OS (calloc): np.zeros costs no fill pass there
-                a = np.zeros(shape, dtype) if zeroed else np.empty(shape, dtype)
-                t = torch.from_numpy(a)
-            self.tensors[name], self.arrays[name] = t, a
+            t = output(shape, dtype, pin, zeroed, pool)
+            self.tensors[name], self.arrays[name] = t, t.numpy()
 
 
 def _small(values: np.ndarray, dtype: Any, pin: bool) -> torch.Tensor:

@@ -181,6 +181,30 @@ class TensorPool:
                 dropped.ready.synchronize()
 
 
+TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
+                np.dtype(np.float32): torch.float32, np.dtype(bool): torch.bool}
+
+
+def output(shape: tuple[int, ...], dtype: Any, pin: bool, zeroed: bool,
+           pool: TensorPool | None) -> torch.Tensor:
+    """One large output tensor of a ``to_torch`` call (``dtype``: its numpy dtype), allocated by
+    the one policy every output follows: lent by ``pool`` when given (touched memory from
+    earlier calls, zeroed if asked), page-locked by torch when ``pin``, else from numpy's
+    allocator. numpy's serves a large array from memory an earlier batch freed, where torch's
+    maps fresh pages for every large tensor and faults each one in again (a [1, 3.2M] int64
+    tensor: ~7.5 ms against ~1.4 ms). Each tensor owns its memory (unless lent)."""
+    if pool is not None:
+        t = pool.take(shape, TORCH_DTYPES[np.dtype(dtype)], pin)
+        if zeroed:
+            t.numpy().fill(0)
+        return t
+    if pin:
+        make = torch.zeros if zeroed else torch.empty
+        return make(shape, dtype=TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
+    # fresh pages come zeroed from the OS (calloc): np.zeros costs no fill pass there
+    return torch.from_numpy(np.zeros(shape, dtype) if zeroed else np.empty(shape, dtype))
+
+
 def _allocate(capacity: int, pinned: bool) -> torch.Tensor:
     """A uint8 buffer: page-locked by torch when pinned; otherwise from numpy, the allocator a
     call without a pool uses for its outputs (huge pages on large arrays where the kernel allows
