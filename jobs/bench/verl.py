@@ -257,9 +257,8 @@ def default_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, An
     (the `tq_floor` series, same rounds), the most any adapter making them could reach."""
     med = {k: v["median_ms"] for k, v in r["impls"].items()}
     out = []
-    for mode, key in (("decisions", "ours"), ("rewards", "ours_rewards")):
-        ratio = med["verl"] / med[key]
-        most = med["verl"] / r["tq_floor"][mode]["median_ms"]
+    for mode, key, suffix in (("decisions", "ours", ""), ("rewards", "ours_rewards", "_rewards")):
+        ratio, most = r[f"verl_over_{key}"], r[f"verl_over_floor{suffix}"]
         out.append(figure(f"verl adapter sample, {n:,} groups, {mode} mirror (interleaved, "
                           f"{r['impls'][key]['timed_calls']} calls each)",
                           med[key], "ms", "verl 0.9.1 ms", med["verl"], ratio, "x verl's speed",

@@ -98,6 +98,8 @@ def test_the_verl_default_mode_figures_carry_the_bound_transfer_queue_sets() -> 
                    "ours": {"median_ms": 12.0, "timed_calls": 15},
                    "ours_rewards": {"median_ms": 30.0, "timed_calls": 15}},
          "tq_floor": {"decisions": {"median_ms": 6.0}, "rewards": {"median_ms": 18.0}}}
+    r.update(verl_over_ours=6.0 / 12.0, verl_over_ours_rewards=6.0 / 30.0,   # as run_size puts them
+             verl_over_floor=6.0 / 6.0, verl_over_floor_rewards=6.0 / 18.0)
     decisions, rewards = default_figures(r, 100, 1.0)
     assert decisions["ratio"] == 0.5 and decisions["meets_goal"] is False
     assert decisions["bound"]["ratio"] == 1.0 and decisions["bound"]["reachable"] is True
