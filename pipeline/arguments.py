@@ -8,24 +8,54 @@ from pipeline.errors import ConfigError
 from pipeline.ingest import STEP_LIMIT, STEP_RULE, check_partition
 
 
-def partition_arg(partition: str | None, partition_id: str | None, where: str) -> str:
-    """`partition` everywhere; verl's `partition_id` is accepted as an alias."""
+def partition_arg(partition: str | None, partition_id: str | None, where: str,
+                  check: bool = True) -> str:
+    """`partition` everywhere; verl's `partition_id` is accepted as an alias. ``check=False``
+    leaves the id's own check to the call's row validation (which names the row)."""
     if partition is not None and partition_id is not None and partition != partition_id:
         raise ConfigError(f"{where}: partition={partition!r} and partition_id={partition_id!r} "
                           "disagree; pass one of them")
     p = partition if partition is not None else partition_id
     if p is None:
         raise ConfigError(f"{where}: which partition? pass partition='train' (or another id)")
-    return check_partition(p)
+    return check_partition(p) if check else p
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as a python int when it is an integer (a numpy integer too; bool refused)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def step_arg(where: str, global_steps: Any) -> int:
-    """A trainer step: an int >= 0 and below STEP_LIMIT, as every step ingest takes (bool
-    refused)."""
-    if isinstance(global_steps, bool) or not isinstance(global_steps, int) \
-            or not 0 <= global_steps < STEP_LIMIT:
+    """A trainer step: an int >= 0 and below STEP_LIMIT, as every step ingest takes (a numpy
+    integer is taken as its int; bool refused)."""
+    step = _integer(global_steps)
+    if step is None or not 0 <= step < STEP_LIMIT:
         raise ConfigError(f"{where}: global_steps={global_steps!r} {STEP_RULE}")
-    return global_steps
+    return step
+
+
+def timeout_arg(where: str, timeout: Any) -> float | None:
+    """Seconds to wait: a number >= 0 (a negative one waits not at all), or None: no limit."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+        raise ConfigError(f"{where}: timeout={timeout!r} must be a number of seconds (or None: "
+                          "wait as long as it takes)")
+    return max(float(timeout), 0.0)
+
+
+def callback_arg(where: str, name: str, fn: Any) -> Any:
+    """An optional callback: None or something callable with no argument."""
+    if fn is not None and not callable(fn):
+        raise ConfigError(f"{where}: {name}={fn!r} must be callable (called with no argument "
+                          "before every poll), or None")
+    return fn
 
 
 def uid_list(where: str, uids: Any) -> list[str]:
@@ -38,11 +68,13 @@ def uid_list(where: str, uids: Any) -> list[str]:
     return list(uids)
 
 
-def batch_size_arg(where: str, batch_size: Any) -> int:
-    """A batch size (or target count): a positive int (bool refused)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ConfigError(f"{where}: batch_size={batch_size!r} must be a positive int")
-    return batch_size
+def batch_size_arg(where: str, batch_size: Any, name: str = "batch_size") -> int:
+    """A batch size (or target count, ``name``): a positive int (a numpy integer too; bool
+    refused)."""
+    size = _integer(batch_size)
+    if size is None or size <= 0:
+        raise ConfigError(f"{where}: {name}={batch_size!r} must be a positive int")
+    return size
 
 
 def prompt_id_list(where: str, prompt_ids: Any, n_uids: int) -> list[int | None]:
@@ -85,14 +117,12 @@ def dataset_list(where: str, dataset: Any, n_uids: int) -> list[str | None]:
     return names
 
 
-def batch_id_arg(batch: Any) -> int:
-    """What `release` takes: a Batch (handled by the caller) or its integer id (a numpy integer
-    too); a string, float or bool is refused rather than converted (int("3.7"), int(3.7) and
-    int(True) would release another batch, or fail with a bare ValueError)."""
-    if not isinstance(batch, bool):
-        try:
-            return operator.index(batch)
-        except TypeError:
-            pass
-    raise ConfigError(f"release: {batch!r} is not a batch; pass the Batch that sample() returned "
-                      "or its integer batch_id (e.g. release(batch) or release(batch.batch_id))")
+def batch_id_arg(batch: Any, where: str = "release") -> int:
+    """What `release` and `held_batch` take: a Batch (handled by the caller) or its integer id (a
+    numpy integer too); a string, float or bool is refused rather than converted (int("3.7"),
+    int(3.7) and int(True) would name another batch, or fail with a bare ValueError)."""
+    batch_id = _integer(batch)
+    if batch_id is not None:
+        return batch_id
+    raise ConfigError(f"{where}: {batch!r} is not a batch; pass the Batch that sample() returned "
+                      f"or its integer batch_id (e.g. {where}(batch.batch_id))")

@@ -9,6 +9,7 @@ lock released, because it registers new groups through this very buffer.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -20,10 +21,12 @@ from pipeline import interrupts
 from pipeline.arguments import (
     batch_id_arg,
     batch_size_arg,
+    callback_arg,
     dataset_list,
     partition_arg,
     prompt_id_list,
     step_arg,
+    timeout_arg,
     uid_list,
 )
 from pipeline.config import BufferConfig, async_config, preset_kwargs, sync_config
@@ -61,10 +64,10 @@ class ReplayBuffer:
     Opening an existing lake directory restores the buffer exactly as the last acknowledged
     write left it. The lake records its configuration: a reopen whose decision settings differ
     (preset, filter metric, threshold, strategy, rules) is refused naming the keys, unless they
-    are listed in ``allow_changes`` (see pipeline/lake/config.py)."""
+    are listed in ``allow_changes`` (a name or a tuple of names; see pipeline/lake/config.py)."""
 
     def __init__(self, config: BufferConfig | None = None, *, lake: str | os.PathLike | None = None,
-                 fsync: bool = False, allow_changes: tuple[str, ...] = (),
+                 fsync: bool = False, allow_changes: tuple[str, ...] | str = (),
                  max_live_bytes: int | None = None):
         if config is not None and not isinstance(config, BufferConfig):
             raise ConfigError(f"config={config!r} must be a BufferConfig (use sync_config() / "
@@ -87,14 +90,14 @@ class ReplayBuffer:
             try:
                 restore(self._state, lake)
                 lake_config.check_and_record(lake, self.config, self._state.journal.next_seq,
-                                             tuple(allow_changes))
+                                             allow_changes)
             except BaseException:
                 writer.close()          # give the lake's lock back
                 raise
 
     @classmethod
     def sync(cls, *, lake: str | os.PathLike | None = None, fsync: bool = False,
-             allow_changes: tuple[str, ...] = (), max_live_bytes: int | None = None,
+             allow_changes: tuple[str, ...] | str = (), max_live_bytes: int | None = None,
              **verl_kwargs: Any) -> ReplayBuffer:
         """verl's `ReplayBuffer` preset (keywords as verl's)."""
         return cls(sync_config(**preset_kwargs("ReplayBuffer.sync", sync_config, verl_kwargs)),
@@ -103,7 +106,7 @@ class ReplayBuffer:
 
     @classmethod
     def async_(cls, *, lake: str | os.PathLike | None = None, fsync: bool = False,
-               allow_changes: tuple[str, ...] = (), max_live_bytes: int | None = None,
+               allow_changes: tuple[str, ...] | str = (), max_live_bytes: int | None = None,
                **verl_kwargs: Any) -> ReplayBuffer:
         """verl's `ReplayBufferAsync` preset (keywords as verl's)."""
         return cls(async_config(**preset_kwargs("ReplayBuffer.async_", async_config, verl_kwargs)),
@@ -119,7 +122,8 @@ class ReplayBuffer:
     def register(self, data: Any = None, *, partition: str | None = None,
                  uids: list[str] | None = None, global_steps: int | None = None,
                  n: int | None = None, prompt_ids: list[int | None] | None = None,
-                 dataset: str | list[str | None] | None = None) -> None:
+                 dataset: str | list[str | None] | None = None,
+                 partition_id: str | None = None) -> None:
         """Register prompt groups as `pending` (rows of partition, uid, global_steps[, n,
         prompt_id, dataset]), or the shorthand ``register(partition=, uids=[...], global_steps=,
         n=, prompt_ids=[...], dataset=...)``. ``prompt_ids`` (one int or None per uid, e.g. the
@@ -130,6 +134,7 @@ class ReplayBuffer:
         All-or-nothing."""
         if data is None:
             uids = uid_list("register", uids)
+            partition = partition_arg(partition, partition_id, "register", check=False)
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "global_steps": [global_steps] * len(uids), "n": [n] * len(uids)}
             if prompt_ids is not None:
@@ -146,10 +151,12 @@ class ReplayBuffer:
                 ["partition", "uid", "event", "global_steps", "n", "prompt_id", "dataset"]))
 
     def update_status(self, data: Any = None, *, partition: str | None = None,
-                      uids: list[str] | None = None, status: str | None = None) -> None:
+                      uids: list[str] | None = None, status: str | None = None,
+                      partition_id: str | None = None) -> None:
         """Move groups forward (pending -> running -> finished | failure). All-or-nothing."""
         if data is None:
             uids = uid_list("update_status", uids)
+            partition = partition_arg(partition, partition_id, "update_status", check=False)
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "status": [status] * len(uids)}
         with self._state.locked():
@@ -163,7 +170,7 @@ class ReplayBuffer:
                 "prompt_id": pa.nulls(rows.num_rows, pa.int64()),
                 "dataset": pa.nulls(rows.num_rows, pa.string())}))
 
-    def put(self, trajectories: Any, timeout: float = 0.0) -> PutResult:
+    def put(self, trajectories: Any, timeout: float | None = 0.0) -> PutResult:
         """Accept trajectories for in-flight groups; returns how many were stored, as an int
         whose ``already_stored`` counts the rows that were stored identically before.
         All-or-nothing.
@@ -175,10 +182,12 @@ class ReplayBuffer:
         rows stores the new ones. The comparison runs only for rows whose key is stored.
 
         Back-pressure: with ``max_live_bytes`` set, a put that would take the payload held in
-        memory past it waits up to ``timeout`` seconds for the trainer to release batches, then
-        raises `BufferFullError` (nothing of the call accepted). A single put larger than the
-        whole budget is accepted when the buffer holds nothing else, so it can never deadlock."""
-        deadline = time.monotonic() + max(timeout, 0.0)
+        memory past it waits up to ``timeout`` seconds (None: as long as it takes) for the
+        trainer to release batches, then raises `BufferFullError` (nothing of the call
+        accepted). A single put larger than the whole budget is accepted when the buffer holds
+        nothing else, so it can never deadlock."""
+        timeout = timeout_arg("put", timeout)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._state.locked():
             while True:   # validated again after every wait: a group may have settled meanwhile
                 rows, repeated = validate_trajectories(trajectories, self._state.lookup,
@@ -209,7 +218,7 @@ class ReplayBuffer:
                 f"put of {nbytes:,} payload bytes would exceed max_live_bytes={budget:,} "
                 f"({live:,} held in memory); sample and release batches, raise the budget, or "
                 "pass put(..., timeout=seconds) to wait; nothing of this call was accepted")
-        self._state.wait(left)
+        self._state.wait(None if left == math.inf else left)
         return False
 
     def reissue(self, global_steps: int, partition: str | None = None, *,
@@ -249,7 +258,7 @@ class ReplayBuffer:
 
     def _reissue(self, where: str, global_steps: int, partition: str | None,
                  partition_id: str | None, release_held: bool, *, keep: bool) -> dict:
-        step_arg(where, global_steps)
+        global_steps = step_arg(where, global_steps)
         only = None if partition is None and partition_id is None else \
             partition_arg(partition, partition_id, where)
         out: dict[str, list] = {}
@@ -276,10 +285,11 @@ class ReplayBuffer:
 
     # --- the consumer --------------------------------------------------------------------------
     def _context(self, where: str, global_steps: Any, partition: str | None,
-                 partition_id: str | None, batch_size: Any) -> PollContext:
-        step_arg(where, global_steps)
+                 partition_id: str | None, batch_size: Any, size_name: str = "batch_size"
+                 ) -> PollContext:
+        global_steps = step_arg(where, global_steps)
         p = partition_arg(partition, partition_id, where)
-        batch_size_arg(where, batch_size)
+        batch_size = batch_size_arg(where, batch_size, size_name)
         with self._state.locked():
             known = self._state.find(p)
             with_groups = [q for q, s in self._state.partitions() if s.groups]
@@ -299,8 +309,9 @@ class ReplayBuffer:
         with the group counts. ``before_poll`` runs before every poll with the lock released
         (adapters mirror an external data plane into the buffer there)."""
         ctx = self._context("sample", global_steps, partition, partition_id, batch_size)
-        return run_call(self._state, self.config, ctx, consume=True, timeout=timeout,
-                        before_poll=before_poll)
+        return run_call(self._state, self.config, ctx, consume=True,
+                        timeout=timeout_arg("sample", timeout),
+                        before_poll=callback_arg("sample", "before_poll", before_poll))
 
     def wait_for_sampleable(self, global_steps: int, partition: str | None = None,
                             target_count: int | None = None, timeout: float | None = None, *,
@@ -311,19 +322,23 @@ class ReplayBuffer:
         the `target_count` oldest uids and the call's eviction metrics, whose ``reward_counts``
         attribute is the `{value: count}` of the zero-variance groups it evicted."""
         ctx = self._context("wait_for_sampleable", global_steps, partition, partition_id,
-                            target_count)
-        return run_call(self._state, self.config, ctx, consume=False, timeout=timeout,
-                        before_poll=before_poll)
+                            target_count, "target_count")
+        return run_call(self._state, self.config, ctx, consume=False,
+                        timeout=timeout_arg("wait_for_sampleable", timeout),
+                        before_poll=callback_arg("wait_for_sampleable", "before_poll",
+                                                 before_poll))
 
-    def retire(self, partition: str, uids: list[str], reason: str = "vanished",
-               global_steps: int | None = None) -> list[str]:
+    def retire(self, partition: str | None = None, uids: list[str] | None = None,
+               reason: str = "vanished", global_steps: int | None = None, *,
+               partition_id: str | None = None) -> list[str]:
         """Remove live, unselected groups that disappeared from an external data plane (e.g.
         verl's trainer cleared the partition): each gets an `evict` decision with ``reason`` and
         is never sampled or accepted again. Returns the uids retired (unknown or already removed
         ones are skipped)."""
+        partition = partition_arg(partition, partition_id, "retire")
         uids = uid_list("retire", uids)
         if global_steps is not None:
-            step_arg("retire", global_steps)
+            global_steps = step_arg("retire", global_steps)
         with self._state.locked():
             part = self._state.find(partition)
             if part is None:
@@ -361,7 +376,7 @@ class ReplayBuffer:
     def get_sampleable_count(self, global_steps: int, partition: str | None = None, *,
                              partition_id: str | None = None) -> int:
         """How many groups `sample` could hand out now; evicts, refills and removes nothing."""
-        step_arg("get_sampleable_count", global_steps)
+        global_steps = step_arg("get_sampleable_count", global_steps)
         p = partition_arg(partition, partition_id, "get_sampleable_count")
         with self._state.locked():
             part = self._state.find(p)
@@ -391,7 +406,7 @@ class ReplayBuffer:
         nothing. The formula is `sql/policies/dispatch_capacity.sql`. Under per-dataset bounds
         T is the tightest of them: the new groups' datasets are not known yet, and a group of
         the tightest dataset must keep its bound too."""
-        step_arg("dispatch_capacity", global_steps)
+        global_steps = step_arg("dispatch_capacity", global_steps)
         p = partition_arg(partition, partition_id, "dispatch_capacity")
         threshold = self.config.stale.bounds().tightest()
         if threshold is None or self.config.stale.strategy is None:
@@ -402,7 +417,7 @@ class ReplayBuffer:
         if batch is None:
             raise ConfigError("dispatch_capacity needs the groups trained per step: pass "
                               "batch_size=, or give the preset train_batch_size=")
-        batch_size_arg("dispatch_capacity", batch)
+        batch = batch_size_arg("dispatch_capacity", batch)
         with self._state.locked():
             part = self._state.find(p)
             if part is None:
@@ -414,18 +429,24 @@ class ReplayBuffer:
             return capacity(threshold, batch, part.selected_since(global_steps),
                             part.candidates.alive_count - ev.count, len(part.inflight))
 
-    def lookup(self, partition: str, uid: str) -> GroupView | None:
+    def lookup(self, partition: str | None = None, uid: str | None = None, *,
+               partition_id: str | None = None) -> GroupView | None:
         """A frozen view of the group (uid, global_steps, n, status, removed, keys,
         prompt_id), a retired marker (``removed == 'retired'``: never accepted again), or None
         when never seen."""
+        partition = partition_arg(partition, partition_id, "lookup")
+        if not isinstance(uid, str):
+            raise ConfigError(f"lookup: uid={uid!r} must be the group's uid (a str)")
         with self._state.locked():
             part = self._state.find(partition)
             if part is None:
                 return None
             return view(uid, part.groups.get(uid), uid in part.removed_uids)
 
-    def held_batches(self, partition: str) -> dict[int, list[tuple[str, int, int]]]:
+    def held_batches(self, partition: str | None = None, *, partition_id: str | None = None
+                     ) -> dict[int, list[tuple[str, int, int]]]:
         """Selected, unreleased batches: batch id -> its (uid, session_id, index) keys."""
+        partition = partition_arg(partition, partition_id, "held_batches")
         with self._state.locked():
             part = self._state.find(partition)
             if part is None:
@@ -438,7 +459,8 @@ class ReplayBuffer:
         off-policy metrics; the eviction metrics stay with the call that chose it): after a
         restart, the batch the trainer held when the process died, to train on it and release
         it (`held_batches` lists their ids)."""
-        batch_id = batch_id_arg(batch_id)
+        batch_id = batch_id.batch_id if isinstance(batch_id, Batch) else \
+            batch_id_arg(batch_id, "held_batch")
         with self._state.locked():
             for _, part in self._state.partitions():
                 if batch_id in part.batches:
@@ -446,9 +468,11 @@ class ReplayBuffer:
         raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or "
                                 "already released); held_batches(partition) lists the held ones")
 
-    def sampleable_uids(self, partition: str) -> list[str]:
+    def sampleable_uids(self, partition: str | None = None, *,
+                        partition_id: str | None = None) -> list[str]:
         """Every group the last poll left sampleable, in the selection order (oldest first
         unless one is declared; evicts nothing)."""
+        partition = partition_arg(partition, partition_id, "sampleable_uids")
         with self._state.locked():
             part = self._state.find(partition)
             if part is None:
@@ -457,19 +481,22 @@ class ReplayBuffer:
                 aggregates.complete(part)
             return part.candidates.first(None)
 
-    def prepare(self, partition: str) -> None:
+    def prepare(self, partition: str | None = None, *, partition_id: str | None = None) -> None:
         """Compute now the aggregates of the groups that turned terminal since the last poll,
         which the next poll would compute first (a group's aggregates never change once it is
         terminal, so the poll then decides exactly as it would have). Decides nothing; for a
         thread that feeds the buffer between calls."""
+        partition = partition_arg(partition, partition_id, "prepare")
         with self._state.locked():
             part = self._state.find(partition)
             if part is not None:
                 aggregates.complete(part)
 
-    def candidates(self, partition: str) -> pa.Table:
+    def candidates(self, partition: str | None = None, *, partition_id: str | None = None
+                   ) -> pa.Table:
         """The candidate table of a partition (schemas.CANDIDATES): every terminal group not yet
         sampled, evicted or discarded, with the aggregates the rules read, oldest first."""
+        partition = partition_arg(partition, partition_id, "candidates")
         with self._state.locked():
             part = self._state.find(partition)
             if part is None:

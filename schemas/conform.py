@@ -120,11 +120,20 @@ def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
           ) -> pa.ChunkedArray | pa.Array | None:
     if col.type == target:
         return col
+    if pa.types.is_dictionary(col.type):    # a categorical column: its values, losslessly
+        col = col.dictionary_decode()
+        if col.type == target:
+            return col
     src = col.type
     if pa.types.is_null(src):
         return pa.nulls(len(col), target)
     if pa.types.is_map(target) and pa.types.is_struct(src):
         return _struct_to_map(name, col, target, problems)
+    extra = _extra_fields(src, target)
+    if extra:
+        problems.append(Problem(name, (), f"unknown field(s) {', '.join(extra)} inside its "
+                                          f"values; expected {target}"))
+        return None
     if not _castable(src, target):
         rows = _mistyped_rows(values(), target) if values is not None else ()
         problems.append(Problem(name, rows, f"has type {src}, expected {target}"))
@@ -176,6 +185,18 @@ def _mistyped_rows(values: list, target: pa.DataType) -> tuple[int, ...]:
         if not ok:
             bad.append(i)
     return tuple(bad)
+
+
+def _extra_fields(src: pa.DataType, dst: pa.DataType) -> list[str]:
+    """Fields of a struct (or a list's struct items) that the target does not have: refused like
+    an unknown column, rather than dropped by the cast."""
+    a, b = _kind(src), _kind(dst)
+    if a == "list" and b == "list":
+        return _extra_fields(src.value_type, dst.value_type)
+    if a == "struct" and b == "struct":
+        names = {f.name for f in dst}
+        return [f.name for f in src if f.name not in names]
+    return []
 
 
 def _castable(src: pa.DataType, dst: pa.DataType) -> bool:

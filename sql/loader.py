@@ -21,6 +21,7 @@ the wrong type), each error naming what the query expects.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,13 +63,26 @@ class SqlError(ReplayLakeError, ValueError):
 
 @dataclass(frozen=True)
 class Param:
-    """One declared parameter: its name (used as `$name` in the text) and DuckDB type."""
+    """One declared parameter: its name (used as `$name` in the text), DuckDB type and, for a
+    number, the smallest value it takes (`name BIGINT >= 1`; None: any)."""
 
     name: str
     type: str
+    minimum: int | float | None = None
 
     def __str__(self) -> str:
-        return f"{self.name} {self.type}"
+        at_least = "" if self.minimum is None else f" >= {self.minimum}"
+        return f"{self.name} {self.type}{at_least}"
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` cannot be this parameter (its type, or below its minimum), or None."""
+        ok = PARAM_TYPES[self.type]
+        # bool is an int in python: never accept it for a numeric parameter (or vice versa)
+        if not isinstance(value, ok) or (isinstance(value, bool) and bool not in ok):
+            return f"must be {self.type}"
+        if self.minimum is not None and not value >= self.minimum:
+            return f"must be >= {self.minimum}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -104,11 +118,10 @@ class Query:
         out: dict[str, Any] = {}
         for name, p in declared.items():
             v = values[name]
-            ok = PARAM_TYPES[p.type]
-            # bool is an int in python: never accept it for a numeric parameter (or vice versa)
-            if not isinstance(v, ok) or (isinstance(v, bool) and bool not in ok):
-                raise SqlError(f"query {self.name!r}: parameter {name} must be {p.type}, got "
-                               f"{v!r}; it expects {self.signature}")
+            why = p.problem(v)
+            if why:
+                raise SqlError(f"query {self.name!r}: parameter {name} {why}, got {v!r}; it "
+                               f"expects {self.signature}")
             out[name] = float(v) if p.type == "DOUBLE" else v
         return out
 
@@ -142,16 +155,30 @@ def _split_list(value: str) -> list[str]:
     return [x.strip() for x in value.split(",") if x.strip()]
 
 
+def _minimum(bits: list[str], typ: str) -> int | float | None:
+    """The smallest value of `>= N` after a numeric type (None when absent or not that)."""
+    if len(bits) != 2 or bits[0] != ">=" or typ not in ("BIGINT", "INTEGER", "DOUBLE"):
+        return None
+    try:
+        return float(bits[1]) if typ == "DOUBLE" else int(bits[1])
+    except ValueError:
+        return None
+
+
 def _parse_params(path: Path, value: str) -> tuple[Param, ...]:
     if value.strip().lower() == "none":
         return ()
     params = []
     for item in _split_list(value):
         bits = item.split()
-        if len(bits) != 2 or not _IDENT.match(bits[0]) or bits[1].upper() not in PARAM_TYPES:
+        typ = bits[1].upper() if len(bits) > 1 else ""
+        minimum = _minimum(bits[2:], typ)
+        if len(bits) not in (2, 4) or not _IDENT.match(bits[0]) or typ not in PARAM_TYPES or \
+                (len(bits) == 4 and minimum is None):
             raise SqlError(f"{path}: bad param {item!r}: write `name TYPE` with TYPE one of "
-                           f"{', '.join(PARAM_TYPES)} (or `params: none`)")
-        params.append(Param(bits[0], bits[1].upper()))
+                           f"{', '.join(PARAM_TYPES)}, a number's smallest value as "
+                           "`name BIGINT >= 1` (or `params: none`)")
+        params.append(Param(bits[0], typ, minimum))
     names = [p.name for p in params]
     if len(set(names)) != len(names):
         raise SqlError(f"{path}: a param is declared twice: {names}")
@@ -238,7 +265,10 @@ def load(name: str, root: str | Path | None = None) -> Query:
     """The query called ``name``; an unknown name is an error listing the known ones."""
     queries = catalog(root)
     if name not in queries:
-        raise SqlError(f"unknown query {name!r}; known queries: {', '.join(sorted(queries))}")
+        close = difflib.get_close_matches(str(name), list(queries), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SqlError(f"unknown query {name!r}{hint} (known queries: {', '.join(sorted(queries))}"
+                       "; `replaylake sql --list` describes each)")
     return queries[name]
 
 

@@ -10,6 +10,7 @@ constructor keywords 1:1, so a verl config carries over unchanged.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -117,6 +118,12 @@ def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refi
         raise StrategyError(
             f"Invalid max off policy strategy: max_off_policy_strategy={strategy!r}; "
             f"use one of {', '.join(repr(s) for s in STRATEGIES)}")
+    if filter_groups_metric is not None and (not isinstance(filter_groups_metric, str)
+                                             or not filter_groups_metric.strip()):
+        raise ConfigError(
+            f"filter_groups_metric={filter_groups_metric!r} must name the metric the "
+            "zero-variance filter reads: 'reward' (the scalar reward) or the name of a "
+            "reward_info metric such as 'acc' (None: no filter)")
     if filter_groups_metric is not None and refill_fn is None:
         raise ConfigError(
             f"filter_groups_metric={filter_groups_metric!r} requires refill_fn (filtered groups "
@@ -126,7 +133,8 @@ def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refi
     if refill_fn is not None and not callable(refill_fn):
         raise ConfigError(f"refill_fn={refill_fn!r} must be callable as refill_fn(n): it asks the "
                           "rollout side for n more prompts")
-    if not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
+    if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or \
+            not 0 < poll_interval < math.inf:
         raise ConfigError(f"poll_interval={poll_interval!r} must be a positive number of seconds")
 
 

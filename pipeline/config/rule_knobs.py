@@ -23,7 +23,7 @@ from pipeline.config.keywords import did_you_mean
 from pipeline.decide import rules as registry
 from pipeline.decide.rules import RuleUse
 from pipeline.errors import ConfigError
-from sql.loader import PARAM_TYPES, Param
+from sql.loader import Param
 
 # rules a preset keyword switches on (and what to set instead of naming them in `rules=`)
 OWNED_BY_KEYWORD: dict[str, str] = {
@@ -147,11 +147,14 @@ def _params(rule: registry.Rule, given: Mapping[str, Any]) -> tuple[tuple[str, A
 
 
 def _value(rule: str, p: Param, v: Any) -> Any:
-    ok = PARAM_TYPES[p.type]
-    # bool is an int in python: never accept it for a numeric parameter (or the reverse)
-    if not isinstance(v, ok) or (isinstance(v, bool) and bool not in ok):
+    why = p.problem(v)
+    if why:
         what, example = _WHAT[p.type]
+        if p.minimum is not None:    # the usual example, unless it is below the minimum
+            what, example = f"{what} >= {p.minimum}", repr(max(p.minimum, float(example)) if
+                                                           p.type == "DOUBLE" else
+                                                           max(p.minimum, int(example)))
         raise ConfigError(f"rules[{rule!r}][{p.name!r}]={v!r}: the rule {rule} declares "
-                          f"{p.name} {p.type}; pass {what}, e.g. "
+                          f"{p}; pass {what}, e.g. "
                           f"rules={{{rule!r}: {{{p.name!r}: {example}}}}}")
     return float(v) if p.type == "DOUBLE" else v

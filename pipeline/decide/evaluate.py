@@ -179,4 +179,6 @@ def _raise_missing(missing: list[str], partition: str, metric: str) -> None:
         raise MissingMetricError(
             f"{len(missing)} finished group(s) of partition {partition!r} have a trajectory "
             f"without reward metric {metric!r} (filter_groups_metric): {missing[:5]}; add it to "
-            "reward_info, or choose a metric every trajectory reports")
+            "reward_info, or choose a metric every trajectory reports. Until then every sample "
+            "of the partition stops here: to go on without these groups, take them out with "
+            f"retire({partition!r}, uids, reason='missing_metric') (recorded as evictions)")

@@ -30,8 +30,11 @@ STATUSES = ("pending", "running", "finished", "failure")
 # compute the same values; the token-weighted sums are computed in 128 bits by both.
 STEP_LIMIT = 2**62
 STEP_RULE = "must be an integer >= 0 and < 2**62 (4611686018427387904)"
+# a removed group whose rows left memory is only known to be gone (see `PartitionState.lookup`)
+_GONE = {"retired": "gone (trained and released, evicted, discarded or retired)"}
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
 _SAFE_PARTITION = re.compile(r"[A-Za-z0-9_.\-]+")
+PARTITION_MAX = 200     # characters: a directory name (`partition=<id>`) fits any file system
 _VALID: set[str] = set()   # partition ids already found usable (a run has a handful)
 
 
@@ -41,6 +44,9 @@ def partition_problem(pid: object) -> str | None:
         return None
     if not isinstance(pid, str) or not pid:
         return "partition id must be a non-empty string"
+    if len(pid) > PARTITION_MAX:
+        return (f"partition id {pid[:20]!r}... is {len(pid)} characters long: at most "
+                f"{PARTITION_MAX} (it names a directory in the lake)")
     if pid in (".", "..") or not _SAFE_PARTITION.fullmatch(pid):
         return (f"partition id {pid!r} is not safe as a path component: use letters, digits, "
                 "'-', '_' and '.' only (not '.' or '..')")
@@ -128,9 +134,10 @@ def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
             continue
         g = lookup(p, u)
         if g is None or g.removed:
+            why = "never registered" if g is None else \
+                f"already {_GONE.get(g.removed, g.removed)}: it takes no more status changes"
             problems.append(Problem("uid", (i,), f"unknown group {u!r} in partition {p!r} "
-                                                 "(never registered, or already removed)",
-                                    UNKNOWN_GROUP))
+                                                 f"({why})", UNKNOWN_GROUP))
             continue
         cur = sim.get((p, u), g.status)
         if _RANK[s] <= _RANK[cur]:
@@ -196,7 +203,7 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
                                     "filter needs a number)"))
     problems += _seconds_problems(table)
     n_resp = _list_lengths(table, "response_ids")
-    problems += _length_problems(table, n_resp)
+    problems += _length_problems(table, n_resp) + _token_problems(table)
     group, repeats = group_problems(keys, lookup)
     problems += group
     identical: list[int] = []
@@ -278,6 +285,58 @@ def _list_lengths(table: pa.Table, name: str) -> np.ndarray:
     return n
 
 
+# what a token list's items must be: (column, whether the items' (min, max) are out of range,
+# why); a null item is refused in every one of them (a trainer's tensor has no place for it)
+_TOKEN_ITEMS: tuple[tuple[str, Callable[[Any, Any], bool], str], ...] = (
+    ("prompt_ids", lambda lo, hi: lo < 0, "token ids must be >= 0"),
+    ("response_ids", lambda lo, hi: lo < 0, "token ids must be >= 0"),
+    ("response_mask", lambda lo, hi: lo < 0 or hi > 1, "mask values must be 0 or 1"),
+    # NaN is the maximum of anything that holds one, and `NaN <= 0` is false
+    ("rollout_log_probs", lambda lo, hi: not hi <= 0, "a log-probability must be a number <= 0 "
+     "(NaN and positive values are not)"),
+)
+
+
+def _token_problems(table: pa.Table) -> list[Problem]:
+    """Items of the token lists: none null, ids >= 0, masks 0 or 1, log-probs <= 0 (what the
+    trainer's tensors take as they are). Each column is judged by the null count, minimum and
+    maximum of its list's item buffer (a few microseconds on every put); only when that finds
+    something are its items read one by one, exactly, to name the rows."""
+    out = []
+    for name, out_of_range, why in _TOKEN_ITEMS:
+        col = _one_chunk(table, name)
+        if col.null_count == len(col):
+            continue                  # all null (unknown)
+        items = col.values            # every item, and any a slice of the array left out
+        if not len(items):
+            continue
+        if items.null_count:
+            exact = col.flatten()     # this array's own items
+            rows = _item_rows(col, np.asarray(exact.is_null()))
+            if rows:
+                out.append(Problem(name, rows, "holds a null item inside its list: every item "
+                                               "must be a number"))
+                continue
+            items = exact.drop_null()
+            if not len(items):
+                continue
+        v = items.to_numpy(zero_copy_only=False)
+        if not out_of_range(v.min(), v.max()):
+            continue
+        v = col.flatten().to_numpy(zero_copy_only=False)
+        rows = _item_rows(col, np.array([out_of_range(x, x) for x in v.tolist()], dtype=bool)) \
+            if len(v) else ()
+        if rows:
+            out.append(Problem(name, rows, why))
+    return out
+
+
+def _item_rows(col: pa.Array, bad: np.ndarray) -> tuple[int, ...]:
+    """The rows of a list column holding an item where ``bad`` (one flag per flattened item)."""
+    parents = np.asarray(pc.list_parent_indices(col))
+    return tuple(np.unique(parents[bad]).tolist())
+
+
 def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
     """Per-token columns must match the response length ``n_resp``; version spans must cover it."""
     out = []
@@ -295,6 +354,13 @@ def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
     if spans.null_count < len(spans):
         flat = pc.list_flatten(spans)
         parents = pc.list_parent_indices(spans)
+        if flat.null_count or flat.field("version").null_count or \
+                flat.field("n_tokens").null_count:      # nothing else can be read of such spans
+            missing = pc.or_(pc.or_(pc.is_null(flat), pc.is_null(pc.struct_field(flat, "version"))),
+                             pc.is_null(pc.struct_field(flat, "n_tokens")))
+            return out + [Problem("version_spans", tuple(np.unique(np.asarray(parents)[
+                np.asarray(missing)]).tolist()), "holds a null span (or a span with a null "
+                "version or n_tokens): every span is a (version, n_tokens) pair of numbers")]
         tok = np.bincount(np.asarray(parents), weights=flat.field("n_tokens").to_numpy(),
                           minlength=len(spans)).astype(np.int64)
         has = np.asarray(pc.is_valid(spans))

@@ -19,6 +19,8 @@ import pyarrow as pa
 from schemas import TRAJECTORIES_INPUT, Problem
 
 _COLUMNS = TRAJECTORIES_INPUT.names
+# map columns (named reward metrics): the same pairs in another order are the same map
+_MAPS = frozenset(f.name for f in TRAJECTORIES_INPUT if pa.types.is_map(f.type))
 _KEYS_SHOWN = 5
 
 
@@ -40,8 +42,15 @@ class PutResult(int):
         return f"PutResult(stored={int(self)}, already_stored={self.already_stored})"
 
 
+def _as_compared(column: str, value: Any) -> Any:
+    """A map's (key, value) pairs by key, so their order does not count; other values as read."""
+    if column in _MAPS and value is not None:
+        return sorted(value, key=lambda kv: kv[0])
+    return value
+
+
 def _same(a: Any, b: Any) -> bool:
-    """Equal values, NaN equal to NaN (a retry of a NaN log-prob is the same row)."""
+    """Equal values, NaN equal to NaN (a retry of a NaN reward metric is the same row)."""
     if a == b:
         return True
     if isinstance(a, float) and isinstance(b, float):
@@ -70,7 +79,8 @@ def split_repeats(table: pa.Table, repeats: list[int],
         theirs = have.take([at[r["session_id"], r["index"]] for r in mine]
                            ).select(_COLUMNS).to_pylist()
         for i, new, old in zip(rows, mine, theirs):
-            differ = [c for c in _COLUMNS if not _same(new[c], old[c])]
+            differ = [c for c in _COLUMNS
+                      if not _same(_as_compared(c, new[c]), _as_compared(c, old[c]))]
             if differ:
                 conflicts.append((i, (u, new["session_id"], new["index"]), differ))
             else:

@@ -126,10 +126,12 @@ def _comparable(cfg: dict[str, Any], key: str) -> Any:
 
 
 def check_and_record(lake: str | os.PathLike, cfg: BufferConfig, next_seq: int,
-                     allow_changes: tuple[str, ...] = ()) -> None:
+                     allow_changes: tuple[str, ...] | str = ()) -> None:
     """Record ``cfg`` on a new lake; on a reopen refuse changed decision settings unless allowed.
     Call with the lake's writer lock held."""
     lake = Path(lake)
+    if isinstance(allow_changes, str):    # one key named alone, not its letters
+        allow_changes = (allow_changes,)
     unknown = sorted(set(allow_changes) - set(DECISION_KEYS))
     if unknown:
         raise LakeError(f"allow_changes={list(allow_changes)}: unknown key(s) {unknown}; "

@@ -3,7 +3,7 @@
 --   length in tokens exceeds max_response_length is evicted, compared exactly as
 --   sum > max_response_length * n_traj. Refilled like any eviction (counts like a filtered group
 --   in sync DAPO).
--- params: max_response_length BIGINT
+-- params: max_response_length BIGINT >= 1
 -- reads: candidates
 -- returns: partition, uid, global_steps
 -- reason: overlong

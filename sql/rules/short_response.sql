@@ -3,7 +3,7 @@
 --   shorter than min_response_length tokens is evicted, compared exactly as
 --   response_tokens_min < min_response_length (a response of exactly that length is kept).
 --   Refilled like any eviction (counts like a filtered group in sync DAPO).
--- params: min_response_length BIGINT
+-- params: min_response_length BIGINT >= 1
 -- reads: candidates
 -- returns: partition, uid, global_steps
 -- reason: short_response

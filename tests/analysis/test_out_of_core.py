@@ -33,7 +33,7 @@ def payload_lake(lake: Path, tokens: int = TOKENS) -> int:
             buf.update_status(partition="train", uids=[uid], status="running")
             rows = [{"partition": "train", "uid": uid, "session_id": s, "min_global_steps": 0,
                      "max_global_steps": 0, "reward": float(s), "prompt_ids": [1, 2, 3],
-                     "response_ids": list(range(tokens)), "rollout_log_probs": [0.5] * tokens}
+                     "response_ids": list(range(tokens)), "rollout_log_probs": [-0.5] * tokens}
                     for s in range(2)]
             size += 2 * tokens * 8
             buf.put(rows)

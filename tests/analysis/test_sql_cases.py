@@ -105,6 +105,10 @@ def test_a_header_is_parsed_with_typed_params_and_continuation_lines(tmp_path: P
      "bad param"),
     ("-- name: q\n-- description: d\n-- params: none\n-- reads: t\n-- returns: x\nselect $n\n",
      "differ from the \\$placeholders"),
+    ("-- name: q\n-- description: d\n-- params: n VARCHAR >= 1\n-- reads: t\n-- returns: x\n"
+     "select $n\n", "bad param"),
+    ("-- name: q\n-- description: d\n-- params: n BIGINT > 1\n-- reads: t\n-- returns: x\n"
+     "select $n\n", "bad param"),
     ("-- name: q\n-- description: d\n-- params: none\n-- reads: t\n-- returns: x\n-- owner: me\n"
      "select 1\n", "unknown header field"),
     ("-- name: q\n-- name: q\n-- description: d\n-- params: none\n-- reads: t\n-- returns: x\n",
@@ -132,8 +136,12 @@ def test_two_files_with_one_name_are_an_error(tmp_path: Path) -> None:
 
 def test_unknown_names_and_wrong_params_are_clear_errors() -> None:
     con = duckdb.connect()
-    with pytest.raises(SqlError, match="unknown query 'stale_groups'; known queries: .*stale"):
+    with pytest.raises(SqlError, match=r"unknown query 'stale_groups'; did you mean 'groups'\? "
+                                       r"\(known queries: .*stale"):
         run(con, "stale_groups")
+    with pytest.raises(SqlError, match=r"unknown query 'staleness_by_stp'; did you mean "
+                                       r"'staleness_by_step'\?"):
+        run(con, "staleness_by_stp")
     with pytest.raises(SqlError, match=r"missing threshold, tightest; it expects stale\(step "
                                        r"BIGINT, threshold BIGINT, tightest BIGINT\)"):
         run(con, "stale", step=3)
@@ -150,6 +158,19 @@ def test_unknown_names_and_wrong_params_are_clear_errors() -> None:
     assert load("stale").coerce({"step": "3", "threshold": "2", "tightest": "2"}) == \
         {"step": 3, "threshold": 2, "tightest": 2}
     assert load("failure").coerce({"evict_all": "false"}) == {"evict_all": False}
+    with pytest.raises(SqlError, match=r"max_response_length must be >= 1, got 0; it expects "
+                                       r"overlong\(max_response_length BIGINT >= 1\)"):
+        run(con, "overlong", max_response_length=0)
+
+
+def test_a_declared_minimum_is_read_from_the_header(tmp_path: Path) -> None:
+    _write(tmp_path, "q", "select $n + $x as y\n", params="n BIGINT >= 2, x DOUBLE >= -0.5")
+    q = load("q", tmp_path)
+    assert [(p.name, p.type, p.minimum) for p in q.params] == [("n", "BIGINT", 2),
+                                                                ("x", "DOUBLE", -0.5)]
+    assert q.bind({"n": 2, "x": -0.5}) == {"n": 2, "x": -0.5}
+    with pytest.raises(SqlError, match="n must be >= 2, got 1"):
+        q.bind({"n": 1, "x": 0.0})
 
 
 def test_every_query_returns_the_columns_its_header_declares_even_when_empty() -> None:

@@ -95,6 +95,79 @@ def test_partition_and_partition_id_are_the_same_argument():
     assert buf.counts(partition_id="train") == buf.counts("train")
 
 
+def test_partition_id_is_an_alias_of_partition_in_every_method():
+    """Every method naming a partition takes verl's spelling too, with the same meaning."""
+    buf = ReplayBuffer.sync(poll_interval=0.05)
+    buf.register(partition_id="train", uids=["a", "b", "c"], global_steps=0)
+    buf.put([traj(u, 0) for u in ("a", "b", "c")])
+    buf.update_status(partition_id="train", uids=["a", "b", "c"], status="finished")
+    assert buf.lookup(partition_id="train", uid="a") == buf.lookup("train", "a")
+    buf.prepare(partition_id="train")
+    assert buf.sampleable_uids(partition_id="train") == ["a", "b", "c"]
+    assert buf.candidates(partition_id="train").equals(buf.candidates("train"))
+    assert buf.retire(partition_id="train", uids=["c"]) == ["c"]
+    batch = buf.sample(0, partition_id="train", batch_size=1, timeout=5)
+    assert buf.held_batches(partition_id="train") == buf.held_batches("train") == \
+        {batch.batch_id: [("a", 0, 0)]}
+    with pytest.raises(ConfigError, match="retire: partition='train' and partition_id='val' "
+                                          "disagree"):
+        buf.retire("train", ["b"], partition_id="val")
+    with pytest.raises(ConfigError, match="lookup: which partition"):
+        buf.lookup(uid="a")
+
+
+def test_numpy_integers_are_taken_as_steps_sizes_and_batch_ids():
+    """A trainer's step and sizes often come out of numpy (verl's arrays): taken as their int."""
+    np = pytest.importorskip("numpy")
+    buf = ReplayBuffer.sync(poll_interval=0.05)
+    add_group(buf, "a", 0)
+    add_group(buf, "b", 0)
+    assert buf.get_sampleable_count(np.int64(0), "train") == 2
+    batch = buf.sample(np.int64(0), "train", np.int32(1), timeout=5)
+    assert batch.step == 0 and type(batch.step) is int and batch.uids == ["a"]
+    assert buf.held_batch(np.int64(batch.batch_id)).uids == ["a"]
+    assert buf.held_batch(batch).uids == ["a"]
+    buf.release(np.int64(batch.batch_id))
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda b: b.sample(0, "train", 1, timeout="1"), r"sample: timeout='1' must be a number"),
+    (lambda b: b.sample(0, "train", 1, timeout=float("nan")), r"sample: timeout=nan"),
+    (lambda b: b.wait_for_sampleable(0, "train", 1, timeout="1"),
+     r"wait_for_sampleable: timeout='1'"),
+    (lambda b: b.sample(0, "train", 1, before_poll=3), r"sample: before_poll=3 must be callable"),
+    (lambda b: b.wait_for_sampleable(0, "train", 0), r"wait_for_sampleable: target_count=0 must "
+                                                     "be a positive int"),
+    (lambda b: b.put([traj("a", 0)], timeout="x"), r"put: timeout='x' must be a number"),
+    (lambda b: b.held_batch("0"), r"held_batch: '0' is not a batch"),
+    (lambda b: b.release(1.0), r"release: 1.0 is not a batch"),
+])
+def test_wrongly_typed_arguments_are_config_errors_naming_the_call(call, match):
+    buf = ReplayBuffer.sync(poll_interval=0.05)
+    buf.register(partition="train", uids=["a"], global_steps=0)
+    with pytest.raises(ConfigError, match=match):
+        call(buf)
+    assert buf.counts("train")["pending"] == 1         # nothing done
+
+
+def test_put_timeout_none_waits_for_room_as_long_as_it_takes():
+    """None means no limit, as for sample: the put waits until a release makes room."""
+    import threading
+    import time
+    buf = ReplayBuffer.sync(poll_interval=0.05, max_live_bytes=300)   # room for one group
+    add_group(buf, "a", 0)
+    buf.register(partition="train", uids=["b"], global_steps=0)
+    batch = buf.sample(0, "train", 1, timeout=5)
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(buf.put([traj("b", 0)], timeout=None)))
+    t.start()
+    time.sleep(0.3)
+    assert not done                          # still waiting: the budget is full
+    buf.release(batch)
+    t.join(timeout=10)
+    assert done == [1]
+
+
 @pytest.mark.parametrize(("kw", "match"), [
     ({"global_steps": -1}, "global_steps"), ({"batch_size": 0}, "batch_size"),
     ({"batch_size": True}, "batch_size"), ({"partition": "../x"}, "partition"),

@@ -81,3 +81,17 @@ def test_presets_are_values_of_independent_policies():
     assert (a.stale.strategy, a.stale.threshold, dict(a.uses("failure").params),
             a.refill.drains) == ("wait", 4, {"evict_all": True}, False)
     assert a.uses("stale") is None       # `wait` never evicts for staleness
+
+
+@pytest.mark.parametrize("make", [sync_config, async_config])
+@pytest.mark.parametrize("bad", [3, "", "  ", ["acc"]])
+def test_filter_metric_must_name_a_metric(make, bad):
+    """Refused when the buffer is built, not at every later `put` with an Arrow type error."""
+    with pytest.raises(ConfigError, match=r"filter_groups_metric=.* must name the metric"):
+        make(filter_groups_metric=bad, refill_fn=refill, train_batch_size=2, gen_batch_size=1)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1"])
+def test_poll_interval_must_be_a_finite_positive_number(bad):
+    with pytest.raises(ConfigError, match="poll_interval=.* must be a positive number"):
+        async_config(poll_interval=bad)

@@ -63,7 +63,7 @@ def test_an_unknown_parameter_names_the_closest_and_the_declaration():
     with pytest.raises(ConfigError, match=r"rules\['overlong'\]: unknown parameter "
                                           r"'max_respons_length'; did you mean "
                                           r"'max_response_length'\? \(the rule declares "
-                                          r"max_response_length BIGINT\)"):
+                                          r"max_response_length BIGINT >= 1\)"):
         async_config(rules={"overlong": {"max_respons_length": 12}})
 
 
@@ -73,12 +73,12 @@ def test_a_wrong_typed_value_names_rule_parameter_type_and_what_to_pass(bad):
         async_config(rules={"overlong": {"max_response_length": bad}})
     assert str(err.value) == (
         f"rules['overlong']['max_response_length']={bad!r}: the rule overlong declares "
-        "max_response_length BIGINT; pass an int, e.g. "
+        "max_response_length BIGINT >= 1; pass an int >= 1, e.g. "
         "rules={'overlong': {'max_response_length': 12}}")
 
 
 def test_a_missing_parameter_is_named_with_its_type():
-    with pytest.raises(ConfigError, match=r"rules\['overlong'\] lacks max_response_length BIGINT"):
+    with pytest.raises(ConfigError, match=r"rules\['overlong'\] lacks max_response_length BIGINT >= 1"):
         async_config(rules={"overlong": {}})
 
 
@@ -110,6 +110,18 @@ def test_a_rule_s_parameters_must_be_a_mapping():
     with pytest.raises(ConfigError, match=r"rules\['overlong'\]=12 must map the rule's "
                                           "parameters to values"):
         async_config(rules={"overlong": 12})
+
+
+@pytest.mark.parametrize("rule, param", [("overlong", "max_response_length"),
+                                         ("short_response", "min_response_length")])
+def test_a_knob_below_its_declared_minimum_is_refused(rule, param):
+    """The rule file declares `BIGINT >= 1`: 0 and -5 are refused naming the parameter (a
+    negative `max_response_length` would evict every group), 1 is taken."""
+    for bad in (0, -5):
+        with pytest.raises(ConfigError, match=rf"rules\['{rule}'\]\['{param}'\]={bad}: .* "
+                                              rf"{param} BIGINT >= 1; pass an int >= 1"):
+            async_config(rules={rule: {param: bad}})
+    assert async_config(rules={rule: {param: 1}}).uses(rule).params == ((param, 1),)
 
 
 def test_the_keyword_keeps_its_own_check_of_positive_lengths():

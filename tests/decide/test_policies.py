@@ -160,9 +160,15 @@ def test_named_metric_filter_and_missing_metric_error_names_groups():
     group(buf, "b_missing", 1, [0.0, 1.0], acc=[1.0, None])
     group(buf, "a_missing", 1, [0.0, 1.0], acc=[None, 1.0])
     before = buf.counts("train")
-    with pytest.raises(MissingMetricError, match=r"\['a_missing', 'b_missing'\]"):
+    with pytest.raises(MissingMetricError, match=r"\['a_missing', 'b_missing'\]") as err:
         buf.sample(1, "train", 1, timeout=5)
     assert buf.counts("train") == before                 # nothing evicted in that poll
+    # the way out the error names: retire them, and sampling goes on without them
+    assert "retire('train', uids, reason='missing_metric')" in str(err.value)
+    assert buf.retire("train", ["a_missing", "b_missing"], reason="missing_metric") == \
+        ["a_missing", "b_missing"]
+    group(buf, "later", 1, [0.0, 1.0], acc=[0.0, 1.0])
+    assert buf.sample(1, "train", 1, timeout=5).uids == ["later"]
 
 
 # --- sync DAPO ----------------------------------------------------------------------------------

@@ -69,7 +69,9 @@ def test_sync_dapo_counts_a_short_group_like_a_filtered_one():
 
 def test_its_knob_is_checked_against_its_declaration():
     with pytest.raises(ConfigError, match="the rule short_response declares min_response_length "
-                                          "BIGINT; pass an int"):
+                                          "BIGINT >= 1; pass an int >= 1"):
         ReplayBuffer.async_(rules={"short_response": {"min_response_length": 2.5}})
+    with pytest.raises(ConfigError, match=r"\['min_response_length'\]=0: .* pass an int >= 1"):
+        ReplayBuffer.async_(rules={"short_response": {"min_response_length": 0}})
     with pytest.raises(ConfigError, match="did you mean 'min_response_length'"):
         ReplayBuffer.async_(rules={"short_response": {"min_response_lenght": 2}})

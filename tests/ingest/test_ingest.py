@@ -111,10 +111,14 @@ def test_finishing_a_group_with_missing_sessions_is_rejected(seeded):
     assert seeded.counts("train")["failure"] == 1
 
 
-@pytest.mark.parametrize("uid", ["never-registered", "gone", "freed"])
-def test_status_for_an_unknown_or_removed_group_is_an_unknown_group_error(seeded, uid):
-    rejected(seeded, lambda: seeded.update_status(partition="train", uids=[uid], status="running"),
-             "uid", (0,), error=UnknownGroupError)
+@pytest.mark.parametrize(("uid", "why"), [("never-registered", "never registered"),
+                                         ("gone", "already sampled"),
+                                         ("freed", "already gone (trained and released")])
+def test_status_for_an_unknown_or_removed_group_is_an_unknown_group_error(seeded, uid, why):
+    exc = rejected(seeded, lambda: seeded.update_status(partition="train", uids=[uid],
+                                                        status="running"),
+                   "uid", (0,), error=UnknownGroupError)
+    assert why in str(exc)
 
 
 # --- steps -------------------------------------------------------------------------------------
@@ -335,6 +339,30 @@ def test_unsafe_partition_is_rejected_by_sample(seeded, pid):
     rejected(seeded, lambda: seeded.sample(4, pid, 1, timeout=0.01), "partition")
 
 
+def test_a_partition_id_longer_than_a_directory_name_allows_is_rejected(seeded):
+    """Refused at the call (naming the limit), in memory and on disk alike, not by the file
+    system when the lake first writes it."""
+    rejected(seeded, lambda: seeded.register(partition="p" * 201, uids=["x"], global_steps=1),
+             "partition", (0,))
+    assert seeded.register(partition="p" * 200, uids=["x"], global_steps=1) is None
+
+
+def test_a_dictionary_encoded_string_column_is_taken_as_its_values(seeded):
+    """A polars Categorical (an Arrow dictionary) uid or partition is the same strings."""
+    rows = [traj("fresh", 0), traj("fresh", 1, reward=1.0)]
+    frame = pl.DataFrame(rows).with_columns(pl.col("uid").cast(pl.Categorical),
+                                            pl.col("partition").cast(pl.Categorical))
+    assert seeded.put(frame) == 2
+    assert seeded.lookup("train", "fresh").keys == {(0, 0), (1, 0)}
+
+
+def test_an_unknown_field_inside_a_version_span_is_rejected_not_dropped(seeded):
+    spans = [{"version": 0, "n_tokens": 2, "weight": 1}]
+    exc = rejected(seeded, lambda: seeded.put([traj("fresh", 0, version_spans=spans)]),
+                   "version_spans")
+    assert "unknown field(s) weight" in str(exc)
+
+
 @pytest.mark.parametrize("pid", ["val", "eval-2.b_c", "A9", "x.y"])
 def test_safe_partition_ids_are_accepted(buf, pid):
     buf.register(partition=pid, uids=["p"], global_steps=1)
@@ -359,6 +387,43 @@ def test_version_span_outside_the_rows_versions_is_rejected(seeded):
 def test_version_spans_that_add_up_are_accepted(seeded):
     spans = [{"version": 0, "n_tokens": 1}, {"version": 1, "n_tokens": 1}]
     assert seeded.put([traj("fresh", 0, max_gs=1, version_spans=spans)]) == 1
+
+
+@pytest.mark.parametrize("column, items", [
+    ("prompt_ids", [1, None]), ("response_ids", [3, None]), ("response_mask", [1, None]),
+    ("rollout_log_probs", [-0.5, None]),
+])
+def test_a_null_item_inside_a_token_list_is_rejected_naming_its_row(seeded, column, items):
+    """It would reach the trainer's tensors (and fail a whole batch at conversion, after the
+    batch was taken): refused at put, naming the column and the row."""
+    exc = rejected(seeded, lambda: seeded.put([traj("fresh", 0), traj("fresh", 1, **{column: items})]),
+                   column, (1,))
+    assert "null item" in str(exc)
+
+
+@pytest.mark.parametrize("column, items, why", [
+    ("prompt_ids", [-1, 2], ">= 0"), ("response_ids", [3, -5], ">= 0"),
+    ("response_mask", [1, 2], "0 or 1"), ("response_mask", [-1, 1], "0 or 1"),
+    ("rollout_log_probs", [-0.5, 5.0], "<= 0"), ("rollout_log_probs", [math.nan, -1.0], "<= 0"),
+])
+def test_token_items_out_of_range_are_rejected_naming_the_row(seeded, column, items, why):
+    exc = rejected(seeded, lambda: seeded.put([traj("fresh", 0), traj("fresh", 1, **{column: items})]),
+                   column, (1,))
+    assert why in str(exc)
+
+
+def test_token_items_at_their_bounds_are_accepted(seeded):
+    """Token id 0, masks 0 and 1, a log-probability of exactly 0 and of -inf are all valid."""
+    assert seeded.put([traj("fresh", 0, prompt=(0, 0), response=(0, 7), response_mask=[0, 1],
+                            rollout_log_probs=[0.0, -math.inf])]) == 1
+
+
+@pytest.mark.parametrize("spans", [
+    [None], [{"version": 0, "n_tokens": 2}, None], [{"version": None, "n_tokens": 2}],
+])
+def test_a_null_version_span_is_rejected_naming_its_row(seeded, spans):
+    rejected(seeded, lambda: seeded.put([traj("fresh", 0), traj("fresh", 1, version_spans=spans)]),
+             "version_spans", (1,))
 
 
 def test_response_mask_of_the_wrong_length_is_rejected(seeded):

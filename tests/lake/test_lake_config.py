@@ -57,6 +57,18 @@ def test_an_allowed_change_is_recorded_with_the_seq_it_holds_from(tmp_path):
     assert lake_config.current(tmp_path / "lake")["max_off_policy_threshold"] == 5
 
 
+def test_one_allowed_key_may_be_named_alone(tmp_path):
+    """A bare string is that one key (not a tuple of its letters, refused as unknown keys)."""
+    with ReplayBuffer.async_(lake=tmp_path / "lake", max_off_policy_threshold=3):
+        pass
+    with ReplayBuffer.async_(lake=tmp_path / "lake", max_off_policy_threshold=5,
+                             allow_changes="max_off_policy_threshold"):
+        pass
+    assert lake_config.current(tmp_path / "lake")["max_off_policy_threshold"] == 5
+    with pytest.raises(LakeError, match=r"unknown key\(s\) \['treshold'\]"):
+        ReplayBuffer.async_(lake=tmp_path / "lake", allow_changes="treshold")
+
+
 def test_refill_settings_may_change_freely(tmp_path):
     with ReplayBuffer.async_(lake=tmp_path / "lake", poll_interval=1.0):
         pass

@@ -178,7 +178,7 @@ def sampled_lake(lake: Path, steps: int = 4, *, groups_per_step: int = 3, batch_
                             "prompt_ids": rng.integers(0, 99, int(rng.integers(1, 5))).tolist(),
                             "response_ids": rng.integers(0, 99, r).tolist(),
                             "response_mask": None if session else rng.integers(0, 2, r).tolist(),
-                            "rollout_log_probs": rng.random(r).tolist() if session else None,
+                            "rollout_log_probs": (-rng.random(r)).tolist() if session else None,
                         })
                 buf.put(rows)
                 buf.update_status(partition=partition, uids=uids, status="running")
