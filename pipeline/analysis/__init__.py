@@ -7,6 +7,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'connect': 'views',
     'read_sql': 'views',
     'read_lake': 'views',
+    'DERIVED_VIEWS': 'views',
     'statements': 'guard',
     'ReadOnlyError': 'guard',
 })

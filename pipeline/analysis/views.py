@@ -47,7 +47,16 @@ import pyarrow.dataset  # noqa: F401  (pa.dataset in annotations)
 from pipeline.analysis.guard import statements
 from pipeline.config import stale_bounds
 from pipeline.errors import ConfigError
-from pipeline.lake import LakeScan, cut_seq, orphans, read_table, require_lake, scan_lake
+from pipeline.lake import (
+    LakeScan,
+    burnt_ranges,
+    cut_seq,
+    orphans,
+    read_log,
+    read_table,
+    require_lake,
+    scan_lake,
+)
 from pipeline.lake import config as lake_config
 from schemas import CANDIDATES, GROUP_TRAJECTORIES, LAKE_TABLES, LOOKUPS
 from sql import loader
@@ -108,11 +117,13 @@ def _dedupe(table: pa.Table) -> pa.Table:
     return table.filter(pa.concat_arrays([pa.array([True]), keep.fill_null(True)]))
 
 
-def _consistent(tables: dict[str, pa.Table], first: str) -> dict[str, pa.Table]:
-    """Cut every table at one `seq` (see `lake.scan.cut_seq`), so a snapshot taken while a
-    buffer writes is a prefix of the buffer's history."""
+def _consistent(tables: dict[str, pa.Table], first: str, burnt: list[tuple[int, int]]
+                ) -> dict[str, pa.Table]:
+    """Cut every table at one `seq` (see `lake.scan.cut_seq`; ``burnt``: the seq ranges the log
+    records as never written), so a snapshot taken while a buffer writes is a prefix of the
+    buffer's history."""
     seqs = {n: t.column("seq").to_numpy() for n, t in tables.items()}
-    cut = cut_seq(seqs, first)
+    cut = cut_seq(seqs, first, burnt)
     if cut is None:
         return tables
     return {n: t if len(seqs[n]) == 0 or seqs[n].max() <= cut else
@@ -129,7 +140,8 @@ def read_lake(lake_dir: str | os.PathLike,
     if unknown or not tables:
         raise ConfigError(f"read_lake(tables={tables!r}): name lake tables among "
                           f"{', '.join(BASE_TABLES)}")
-    read = _consistent({name: _dedupe(read_table(root, name)) for name in tables}, tables[0])
+    read = _consistent({name: _dedupe(read_table(root, name)) for name in tables}, tables[0],
+                       burnt_ranges(read_log(root)))
     if "group_events" in read:      # the rule `connect` and a restore apply (see lake_orphans)
         orphans.refuse(root, orphans.summary(orphans.orphans_in(read)))
     return read

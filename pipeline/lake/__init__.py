@@ -26,6 +26,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'cut_seq': 'scan',
     'current_files': 'read',
     'read_log': 'read',
+    'burnt_ranges': 'read',
     'seq_ranges': 'read',
     'read_newest': 'names',
     'verified_batches': 'verify:batches',

@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.errors import LakeError
 from pipeline.lake import kill as lake_kill
+from pipeline.lake import parquet
 from pipeline.lake.files import (
     CALL_KEY,
     LOCK_NAME,
@@ -153,8 +153,7 @@ def _write_parquet(path: Path, committed: set[tuple[str, str]]) -> tuple[Path, i
     meta = {HIGHEST_SEQ_KEY: str(stream_max_seq(path)).encode()}
     rows, size = 0, 0
     pending: list[pa.RecordBatch] = []
-    with pq.ParquetWriter(tmp, schema.with_metadata({**(schema.metadata or {}), **meta}),
-                          compression="zstd") as writer:
+    with parquet.writer(tmp, schema.with_metadata({**(schema.metadata or {}), **meta})) as writer:
         def flush() -> None:
             if pending:
                 writer.write_table(pa.Table.from_batches(pending, schema=schema),

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from pipeline.lake import parquet
 from pipeline.lake.files import LOG_DIR, SUM_SUFFIX, refused, writer_of
 from pipeline.lake.names import newest_copy, superseded
 from pipeline.lake.orphans import find_orphans, orphan_damage, salvaged_partitions, summary
@@ -135,7 +135,7 @@ def _read_row_groups(path: Path) -> None:
     """Decode a compacted file one row group at a time (memory: one row group, not the file);
     raises LakeDamageError if any part of it cannot be read."""
     try:
-        f = pq.ParquetFile(path)
+        f = parquet.open_file(path)
         for i in range(f.num_row_groups):
             f.read_row_group(i)
     except (pa.ArrowException, OSError) as exc:

@@ -46,11 +46,12 @@ WINDOW_COLUMN = {
 }
 
 LOG_SCHEMA = pa.schema([
-    pa.field("kind", pa.string()),          # segment | commit | removed
+    pa.field("kind", pa.string()),          # segment | commit | removed | burnt
     pa.field("table", pa.string()),
     pa.field("path", pa.string()),          # segment / removed: the file, relative to the lake root
     pa.field("writer", pa.string()),        # commit: the tag of the writer that made the call
-    pa.field("first_seq", pa.int64()),      # commit: the call's seq range, both ends included
+    pa.field("first_seq", pa.int64()),      # commit: the call's seq range, both ends included;
+    #                                         burnt: seqs no row will ever have (see scan.cut_seq)
     pa.field("last_seq", pa.int64()),
     pa.field("parts", pa.int32()),          # commit: how many record batches the call wrote
 ])
@@ -109,6 +110,13 @@ def checksum(data: bytes | pa.Buffer, algorithm: int = WRITE_ALGORITHM) -> int:
     if algorithm == CRC32C:
         return google_crc32c.value(data)
     return zlib.crc32(data)
+
+
+def extend_checksum(crc: int, data: bytes, algorithm: int = WRITE_ALGORITHM) -> int:
+    """``crc`` (of the bytes so far) extended over ``data``: a running `checksum`."""
+    if algorithm == CRC32C:
+        return google_crc32c.extend(crc, data)
+    return zlib.crc32(data, crc)
 
 
 def pack_record(end: int, data_crc: int, algorithm: int = CRC32) -> bytes:

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.errors import LakeDamageError
+from pipeline.lake import parquet
 from pipeline.lake.files import (
     CALL_KEY,
     LOG_DIR,
@@ -49,6 +50,12 @@ def log_records(root: str | os.PathLike) -> pa.Table:
     """Every record of every writer's log, as they are (`read_log` also checks none is gone)."""
     parts = [b for p in log_files(root) for b, _ in batches(p)]
     return pa.Table.from_batches(parts, schema=LOG_SCHEMA)
+
+
+def burnt_ranges(log: pa.Table) -> list[tuple[int, int]]:
+    """The seq ranges the lake's writers and salvages logged as never to be written."""
+    burnt = log.filter(pc.equal(log.column("kind"), "burnt"))
+    return list(zip(burnt.column("first_seq").to_pylist(), burnt.column("last_seq").to_pylist()))
 
 
 def read_log(root: str | os.PathLike) -> pa.Table:
@@ -185,7 +192,7 @@ def _decoded_bytes(meta: pq.FileMetaData) -> int:
 
 def _read_parquet(path: Path) -> pa.Table:
     try:
-        with pq.ParquetFile(path) as f:
+        with parquet.open_file(path) as f:
             meta = f.metadata
             size = _decoded_bytes(meta)
             if size <= _WHOLE_BYTES:

@@ -20,7 +20,9 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -66,9 +68,25 @@ def salvage(root: str | os.PathLike) -> Report:
         orphans = _set_aside_orphans(root, report, qdir)
         if orphans:
             writer.record_removed(orphans)
+        _record_gaps(root, writer)
     finally:
         writer.close()
     return report
+
+
+def _record_gaps(root: Path, writer: Any) -> None:
+    """Log every seq no row of the salvaged lake holds (the lost writes', a torn call's) as
+    burnt: salvage holds the lake, so no such gap is a write in flight, and readers must not cut
+    the acknowledged history after it (see `lake.scan.cut_seq`)."""
+    from pipeline.lake.read import burnt_ranges, highest_seq, read_log, read_table
+    seqs = np.unique(np.concatenate([read_table(root, t).column("seq").to_numpy()
+                                     for t in LAKE_TABLES]))
+    top = highest_seq(root)
+    known = burnt_ranges(read_log(root))
+    edges = np.concatenate([[-1], seqs, [max(top, int(seqs.max(initial=-1))) + 1]])
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        if b - a > 1 and not any(x <= a + 1 and b - 1 <= y for x, y in known):
+            writer.record_burnt(a + 1, b - 1)
 
 
 def _set_aside(root: Path, report: Report, qdir: Path) -> list[str]:
@@ -154,10 +172,16 @@ def _good_writes(path: Path) -> tuple[list[tuple[int, bytes]], int]:
     lost: writes that did not verify, and the record batches past the last record that no
     crash can leave (records lost: a torn tail is at most one write, and is not counted)."""
     try:
-        records = unpack_records(sum_path(path).read_bytes())
         data = path.read_bytes()
-    except FileNotFoundError:
-        return [], 0
+    except FileNotFoundError:           # only its checksum file: each record was one write
+        try:
+            return [], len(unpack_records(sum_path(path).read_bytes()))
+        except FileNotFoundError:
+            return [], 0
+    try:
+        records = unpack_records(sum_path(path).read_bytes())
+    except FileNotFoundError:           # no write of it can be verified: every one is lost
+        return [], _record_batches(path, 0)
     good, lost, start = [], 0, 0
     for rec in records:
         if rec is None:                 # its end is unknown, so the next write's start is too
@@ -179,6 +203,12 @@ def _unrecorded_batches(path: Path, start: int) -> int:
     with open(path, "rb") as f:
         found = frames(f.fileno(), start, os.fstat(f.fileno()).st_size)
     return found.kinds.count(RECORD_BATCH) if found.writes() > 1 else 0
+
+
+def _record_batches(path: Path, start: int) -> int:
+    """The whole record batches in the bytes of ``path`` from ``start``."""
+    with open(path, "rb") as f:
+        return frames(f.fileno(), start, os.fstat(f.fileno()).st_size).kinds.count(RECORD_BATCH)
 
 
 def _rebuilt(path: Path, good: list[tuple[int, bytes]]) -> tuple[list[bytes], int]:

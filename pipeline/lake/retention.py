@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import ConfigError
 from pipeline.lake import kill as lake_kill
+from pipeline.lake import parquet
 from pipeline.lake.compaction import CompactReport, compact, job_lock
 from pipeline.lake.files import fsync_dir, replace_durably
 from pipeline.lake.names import next_generation
@@ -105,10 +106,10 @@ def _rewrite(path: Path, gone: pa.Array) -> tuple[Path, int] | None:
     """Drop the payload of ``gone`` groups' rows of one Parquet file into its next generation,
     which replaces it (module doc); (the new file, rows changed), None when nothing changed."""
     meta = pq.read_metadata(path)
-    keys = pq.read_table(path, columns=["partition", "uid"])
+    keys = parquet.read(path, columns=["partition", "uid"])
     if not pc.any(pc.is_in(_key(keys), gone)).as_py():
         return None
-    t = pq.read_table(path)
+    t = parquet.read(path)
     mask = pc.and_(pc.is_in(_key(t), gone), _has_payload(t))
     changed = int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
     if changed == 0:
@@ -117,7 +118,7 @@ def _rewrite(path: Path, gone: pa.Array) -> tuple[Path, int] | None:
     new = next_generation(path)
     tmp = new.with_name(f".{new.name}.tmp")
     rows_per_group = max(meta.row_group(0).num_rows, 1) if meta.num_row_groups else None
-    pq.write_table(t, tmp, compression="zstd", row_group_size=rows_per_group)
+    parquet.write_table(t, tmp, row_group_size=rows_per_group)
     replace_durably(tmp, new, synced="retain.tmp_written", replaced="retain.renamed")
     path.unlink()
     fsync_dir(path.parent)

@@ -49,13 +49,14 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import LakeError
 from pipeline.lake import kill as lake_kill
-from pipeline.lake import scratch
+from pipeline.lake import parquet, scratch
 from pipeline.lake.files import CALL_KEY, table_of
 from pipeline.lake.frames import compressed
 from pipeline.lake.names import newest_copy, read_newest
 from pipeline.lake.read import (
     LakeDamageError,
     batches,
+    burnt_ranges,
     committed_calls,
     current_files,
     missing_segments,
@@ -79,17 +80,23 @@ class LakeScan:
         self.tables.clear()
 
 
-def cut_seq(seqs: dict[str, np.ndarray], first: str) -> int | None:
+def cut_seq(seqs: dict[str, np.ndarray], first: str,
+            burnt: list[tuple[int, int]] | tuple = ()) -> int | None:
     """The seq every table must be cut at for a consistent prefix, None when no cut is needed.
 
     The tables were read one after the other, ``first`` first; the journal numbers the rows of
     every table from one dense counter in write order. Every row up to the largest seq of the
     table read first was written before any later read began, so every table holds it; past it,
     the first gap in the union of seqs is a row written after its table was read (or a torn
-    tail). Gaps below that point are permanent and stay as they are."""
+    tail). Gaps below that point are permanent and stay as they are, and so are the ``burnt``
+    ranges the log records (seqs of a write that failed or was torn by a crash, of writes a
+    salvage set aside): those count as present, so acknowledged rows after them are never cut."""
     head = seqs[first]
     floor = int(head.max()) if len(head) else -1
-    above = np.unique(np.concatenate([s[s > floor] for s in seqs.values()]))
+    top = max((int(s.max()) for s in seqs.values() if len(s)), default=floor)
+    filled = [np.arange(max(a, floor + 1), min(b, top) + 1, dtype=np.int64)
+              for a, b in burnt if b > floor and a <= top]
+    above = np.unique(np.concatenate([s[s > floor] for s in seqs.values()] + filled))
     if len(above) == 0:
         return None
     start = floor + 1 if floor >= 0 else int(above[0])
@@ -174,15 +181,16 @@ def _parquet(path: Path, table: str, out: Path) -> tuple[str, pa.Buffer]:
     group into the scratch file ``out`` with that column computed; other files are scanned as
     they are (a missing nullable column reads as null)."""
     buf = read_newest(path, _mapped)
+    parquet.verify(buf, path)
     if not set(missing_columns(table, pq.read_schema(pa.BufferReader(buf)))) & DERIVED.keys():
         return "parquet", buf
     with pa.ipc.new_file(out, LAKE_TABLES[table]) as w:
-        for batch in pq.ParquetFile(pa.BufferReader(buf)).iter_batches():
+        for batch in parquet.open_file(buf).iter_batches():
             w.write_batch(upgrade_batch(table, batch))
     return "ipc", _taken(out)
 
 
-_FORMATS = {"parquet": ds.ParquetFileFormat(), "ipc": ds.IpcFileFormat()}
+_FORMATS = {"parquet": parquet.dataset_format(), "ipc": ds.IpcFileFormat()}
 
 
 def _dataset(schema: pa.Schema, files: list[tuple[str, pa.Buffer]]) -> ds.Dataset:
@@ -227,7 +235,7 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
             data = _dataset(schema, files)
             seqs[table] = data.to_table(columns=["seq"]).column("seq").to_numpy()
             scan.tables[table] = data
-        scan.cut = cut_seq(seqs, next(iter(LAKE_TABLES)))
+        scan.cut = cut_seq(seqs, next(iter(LAKE_TABLES)), burnt_ranges(log))
         if scan.cut is not None:
             for table, data in scan.tables.items():
                 if len(seqs[table]) and seqs[table].max() > scan.cut:

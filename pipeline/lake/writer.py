@@ -199,6 +199,14 @@ class LakeWriter:
             for p in paths:
                 self._log({"kind": "removed", "path": p})
 
+    def record_burnt(self, first: int, last: int) -> None:
+        """Log that no row will ever have a seq in ``first..last`` (a failed or torn write's, a
+        salvage's lost writes): readers then know the gap is for good, not a write in flight."""
+        if last < first:
+            return
+        with self._lock, interrupts.held():
+            self._log({"kind": "burnt", "first_seq": int(first), "last_seq": int(last)})
+
     def _split(self, table: str, rows: pa.Table):
         """One (partition, window) part per partition; the window is that of its oldest row.
         A small call's partitions are found in Python and its lowest step with numpy: a compute

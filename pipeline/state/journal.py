@@ -82,9 +82,20 @@ class Journal:
         try:
             if self.lake is not None:
                 self.lake.append(table, stamped)
+        except BaseException:
+            self._burn(self.next_seq, self.next_seq + n - 1)
+            raise
         finally:
             self.next_seq += n   # even when the write failed: a seq number is never reused
         return stamped
+
+    def _burn(self, first: int, last: int) -> None:
+        """Log a failed write's seqs as never to be written (readers then do not wait for them);
+        best effort: the log may fail as the write did, and a restart logs what it finds torn."""
+        try:
+            self.lake.record_burnt(first, last)
+        except Exception:     # noqa: BLE001 - the write's own error is the one to raise
+            pass
 
     def record_rows(self, table: str, rows: list[dict]) -> pa.Table | None:
         """`record` for a few python rows (decisions, metrics, events). Without a lake, history

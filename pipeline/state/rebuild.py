@@ -65,5 +65,10 @@ def restore(state: BufferState, lake: str | os.PathLike) -> None:
     state.settle_restored()
     # metric rows took seq numbers too, and so did calls torn by a crash (rows on disk that no
     # reader accepts): never hand any of those out again
-    state.journal.next_seq = int(max(all_seq.max(initial=-1), metric_seq.max(initial=-1),
-                                     highest_seq(lake))) + 1
+    seen = int(max(all_seq.max(initial=-1), metric_seq.max(initial=-1)))
+    top = highest_seq(lake)
+    state.journal.next_seq = max(seen, top) + 1
+    if top > seen and state.journal.lake is not None:
+        # the seqs of the call a crash tore: logged as never to be written, so readers do not
+        # take them for a write in flight and hide every acknowledged row after them
+        state.journal.lake.record_burnt(seen + 1, top)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ReplayBuffer
 from pipeline.lake.compaction import compact
-from tests.support.lake import add_group, lake_counts
+from tests.support.lake import lake_counts, small_trained_lake
 from tests.support.os_refusals import (
     bound_by_permissions,
     file_size_limit,
@@ -25,12 +24,7 @@ from tests.support.os_refusals import (
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small lake: 3 groups of 2 trajectories, 2 of them trained and released."""
-    lake = tmp_path_factory.mktemp("source") / "lake"
-    with ReplayBuffer.sync(lake=lake, poll_interval=0.01) as buf:
-        for i in range(3):
-            add_group(buf, f"g{i}", 1)
-        buf.release(buf.sample(1, "train", 2))
-    return lake
+    return small_trained_lake(tmp_path_factory.mktemp("source") / "lake")
 
 
 @pytest.fixture
@@ -110,8 +104,8 @@ def test_compact_past_a_file_size_limit_is_one_error_line_and_the_lake_reads_the
     proc = replaylake("compact", "--lake", str(lake), "--no-progress",
                       preexec=file_size_limit(1024))     # every Parquet file is larger
     assert one_error_line(proc) == (
-        "error: file too large (Error writing bytes to file); the file would pass the "
-        "file-size limit: raise it (ulimit -f) or write somewhere else")
+        "error: file too large; the file would pass the file-size limit: raise it (ulimit -f) "
+        "or write somewhere else")
     assert not list(lake.rglob("*.tmp"))
     assert lake_counts(lake) == before
     check = replaylake("lake", "check", "--lake", str(lake))
@@ -134,6 +128,14 @@ def test_bench_out_may_name_a_directory_and_a_bad_one_fails_before_measuring(tmp
                       str(tmp_path / "a-file" / "decide.json"))
     assert one_error_line(proc) == f"error: file exists: {tmp_path / 'a-file'}"
     assert "ms" not in proc.stdout                     # nothing was measured
+
+
+def test_bench_all_refuses_an_unknown_section_before_running_or_writing_anything(tmp_path):
+    proc = replaylake("dev", "bench", "all", "--quick", "--only", "decide,nope", "--out",
+                      str(tmp_path / "out"))
+    assert one_error_line(proc) == ("error: --only decide,nope: no section nope; the sections "
+                                    "are ingest, decide, to_torch, verl, memory, ray")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("where", ["_log", "window"])
