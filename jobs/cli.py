@@ -11,19 +11,23 @@ mistake is one `error:` line and exit 2, a bug a traceback and exit 1.
 from __future__ import annotations
 
 import ast
+import contextlib
 import errno
 import functools
 import importlib
 import inspect
 import itertools
 import os
-from collections.abc import Callable, Mapping
+import shutil
+import textwrap
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command_from_info
 from typer.models import CommandInfo
@@ -159,7 +163,9 @@ def build(path: str) -> TyperCommand:
 # whose errno says the file system refused (a missing path, a file where a directory belongs or the
 # other way round, a permission, a read-only file system, a full disk or quota, a file-size limit,
 # an I/O error of the device), naming the file and what to do. Anything else keeps its traceback:
-# that is what a bug report needs.
+# that is what a bug report needs. A mistake on the command line itself (a missing option, a value
+# that does not parse, an unknown command) is click's to find, before or around the job: every
+# group and `run` turn it into the same one line (`_OneLineUsage`), not click's usage box.
 
 USER_EXIT = 2
 
@@ -213,6 +219,14 @@ def fail(text: str) -> NoReturn:
     raise typer.Exit(USER_EXIT)
 
 
+def echo_wrapped(text: str) -> None:
+    """Print ``text`` wrapped to the terminal's width (80 columns when it has none, 40 at least),
+    its continuation lines indented two spaces; words and paths are never cut."""
+    width = max(40, shutil.get_terminal_size((80, 24)).columns)
+    typer.echo(textwrap.fill(text, width, subsequent_indent="  ", break_long_words=False,
+                             break_on_hyphens=False))
+
+
 def handled(func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` (a command) with its user errors turned into one `error:` line and exit 2."""
     @functools.wraps(func)
@@ -226,9 +240,55 @@ def handled(func: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def usage_line(exc: UsageError) -> str:
+    """The one line of a usage mistake (a missing or malformed option, an unknown command),
+    ending with where to read the command's options: click's own report is a usage box of
+    several lines, unlike every other error of replaylake."""
+    if isinstance(exc, typer.BadParameter) and exc.param is None and exc.param_hint is None:
+        text = exc.message                  # a job's own words already name the option
+    else:
+        text = exc.format_message()
+    text = " ".join(text.split()).rstrip(".")
+    if text[:2].istitle():                  # "Missing option" -> "missing option"; not "SQL"
+        text = text[0].lower() + text[1:]
+    where = exc.ctx.command_path if exc.ctx is not None else "replaylake"
+    return f"{text} (try: {where} --help)"
+
+
+class _OneLineUsage:
+    """Turns click's usage errors (raised while parsing a command line or running a command)
+    into one `error:` line and exit 2. `--help`, and a group run without a command (which shows
+    its help the same way), are left as they are."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _usage_errors():
+            return super().make_context(*args, **kwargs)      # type: ignore[misc]
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_errors():
+            return super().invoke(ctx)                         # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise
+    except UsageError as exc:      # typer's own copy of click's, which its commands raise
+        fail(usage_line(exc))
+
+
+class _RunCommand(_OneLineUsage, TyperCommand):
+    """A job's command under `python -m jobs.<name>` (see `run`)."""
+
+
 def run(func: Callable[..., Any]) -> None:
-    """`typer.run` of a command through `handled` (a job's `python -m` entry)."""
-    typer.run(handled(func))
+    """`typer.run` of a command through `handled` (a job's `python -m` entry), its usage errors
+    one line as under `replaylake`."""
+    app = typer.Typer(add_completion=False)
+    app.command(cls=_RunCommand)(handled(func))
+    app()
 
 
 class _Listed(TyperCommand):
@@ -252,7 +312,7 @@ class _Listed(TyperCommand):
     short_help = help
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(_OneLineUsage, TyperGroup):
     """A group whose commands are imported only when one of them runs.
 
     Listing (help, typo suggestions) uses `_Listed` placeholders; `resolve_command`, which click

@@ -23,7 +23,8 @@ def main(
     out: Annotated[Path, typer.Option(
         "--out", "-o", metavar="FILE", help="the HTML file to write")] = Path("report.html"),
     steps: Annotated[str | None, typer.Option(
-        "--steps", metavar="A:B", help="only trainer steps A to B (inclusive; A: or :B)")] = None,
+        "--steps", metavar="A:B", help="only trainer steps A to B (inclusive; A: or :B), or "
+        "step A alone")] = None,
     partition: Annotated[list[str] | None, typer.Option(
         "--partition", metavar="NAME", help="only this partition (repeat for more)")] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar on stderr")] = True,
@@ -45,6 +46,7 @@ def main(
                    err=True)
         raise typer.Exit(2)
     require_lake(root)                       # before the progress bar starts
+    window = parse_steps(steps)
     import matplotlib
     matplotlib.use("Agg")
     from pipeline.analysis.report import FIGURES, png_base64, render
@@ -55,7 +57,7 @@ def main(
     # the queries, does not change it) and one for writing the page
     ticks = len(QUERIES) + 1 + len(FIGURES) + 1
     with tqdm(total=ticks, unit="step", desc="report", disable=not progress) as bar:
-        data = gather(root, steps=parse_steps(steps), partitions=partition,
+        data = gather(root, steps=window, partitions=partition,
                       progress=lambda name: (bar.set_postfix_str(name), bar.update()))
         drawn: dict[str, list[tuple[str, str, str, str]]] = {p.name: [] for p in data.partitions}
         for spec in FIGURES:

@@ -28,19 +28,22 @@ def main(
     """
     from tqdm import tqdm
 
+    from jobs.cli import echo_wrapped
     from pipeline.lake import require_lake, retain
 
-    require_lake(lake)                       # before the progress bar starts
+    if older_than < 0:                       # checked, like the lake, before the progress bar
+        raise typer.BadParameter(f"--older-than {older_than}: give a number of steps >= 0")
+    require_lake(lake)
     with tqdm(unit="file", desc="retain", disable=not progress) as bar:
         def tick(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
         r = retain(lake, older_than, progress=tick)
     c = r.compaction
-    typer.echo(f"compacted {len(c.compacted) if c else 0} segment(s) first; horizon step "
-               f"{r.horizon}: {r.groups} group(s) old enough, payload dropped from {r.rows} "
-               f"trajectory row(s) in {len(r.rewritten)} file(s) "
-               f"({r.bytes_before / 1e6:.1f} MB -> {r.bytes_after / 1e6:.1f} MB)")
+    echo_wrapped(f"compacted {len(c.compacted) if c else 0} segment(s) first; horizon step "
+                 f"{r.horizon}: {r.groups} group(s) old enough, payload dropped from {r.rows} "
+                 f"trajectory row(s) in {len(r.rewritten)} file(s) "
+                 f"({r.bytes_before / 1e6:.1f} MB -> {r.bytes_after / 1e6:.1f} MB)")
 
 
 if __name__ == "__main__":

@@ -28,11 +28,13 @@ import typer
 
 def main(
     lake: Annotated[Path, typer.Option("--lake", metavar="DIR", help="the recorded lake")],
-    threshold: Annotated[int | None, typer.Option(
-        "--threshold", metavar="N", help="max_off_policy_threshold")] = None,
+    threshold: Annotated[str | None, typer.Option(
+        "--threshold", metavar="N", help="the staleness bound, max_off_policy_threshold: "
+        "an int, or 'none' for no bound")] = None,
     strategy: Annotated[str | None, typer.Option(
-        "--strategy", metavar="drop|wait|mask", help="max_off_policy_strategy: drop | wait | "
-        "mask (admit is refused: a replay cannot pace the recorded dispatches)")] = None,
+        "--strategy", metavar="NAME", help="what to do with stale groups, "
+        "max_off_policy_strategy: drop, wait or mask (admit is refused: a replay cannot pace "
+        "the recorded dispatches)")] = None,
     filter_metric: Annotated[str | None, typer.Option(
         "--filter-metric", metavar="NAME", help="filter_groups_metric ('none': no filter)")]
     = None,
@@ -42,9 +44,10 @@ def main(
         "--rule", metavar="RULE.PARAM=VALUE", help="set an opt-in rule's parameter, or RULE=off "
         "(repeatable; the recorded rules stay as they were unless named)")] = None,
     selection_order: Annotated[str | None, typer.Option(
-        "--selection-order", metavar="oldest|spread_first|oldest_version",
-        help="which candidates a sample takes first: oldest dispatch (verl's order), widest "
-        "metric spread, or oldest weight version")] = None,
+        "--selection-order", metavar="ORDER",
+        help="which candidates a sample takes first: oldest (oldest dispatch, verl's order), "
+        "spread_first (widest metric spread) or oldest_version (oldest weight version)")]
+    = None,
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="DIR", help="keep the replay's lake here (default: a temp dir); with "
         "--compare: write compare.parquet, datasets.parquet, whatif.html and the replays' lakes "
@@ -68,25 +71,35 @@ def main(
         replaylake whatif --lake runs/demo/latest/lake --strategy wait
         replaylake whatif --lake runs/demo/latest/lake --compare threshold=1
     """
-    from pipeline.analysis.whatif import approximations, figures, recorded, recorded_settings, replay, table
+    from pipeline.analysis.whatif import (
+        approximations,
+        figures,
+        recorded,
+        recorded_settings,
+        replay,
+        step_ranges,
+        table,
+    )
     from pipeline.config import rules_from_options
     from pipeline.errors import ConfigError
     single = {"--threshold": threshold, "--strategy": strategy, "--filter-metric": filter_metric,
-              "--max-response-length": max_response_length, "--rule": rule}
+              "--max-response-length": max_response_length, "--rule": rule,
+              "--selection-order": selection_order}
     if compare or policies:
-        _compare(lake, policies or [], out, [k for k, v in single.items() if v], compare, calls)
+        _compare(lake, policies or [], out, [k for k, v in single.items() if v is not None],
+                 compare, calls)
         return
     if calls is not None:
         raise ConfigError("--calls windows a --compare (its recorded row is replayed over the "
                           "same calls); give --compare with POLICY items, or leave --calls out")
-    settings = {"max_off_policy_threshold": threshold, "max_off_policy_strategy": strategy,
-                "filter_groups_metric": filter_metric, "max_response_length":
-                max_response_length, "rules": rules_from_options(rule or ()) or None,
-                "selection_order": selection_order}
+    settings = {"max_off_policy_strategy": strategy, "max_response_length": max_response_length,
+                "rules": rules_from_options(rule or ()) or None, "selection_order": selection_order}
     base = recorded_settings(lake)
     given = {k: v for k, v in settings.items() if v is not None}
-    if filter_metric == "none":
-        given["filter_groups_metric"] = settings["filter_groups_metric"] = None
+    if threshold is not None:                 # None (no bound) is a value of its own
+        given["max_off_policy_threshold"] = _threshold(threshold)
+    if filter_metric is not None:
+        given["filter_groups_metric"] = None if filter_metric == "none" else filter_metric
     t0 = time.perf_counter()
     result = replay(lake, out, **given)
     took = time.perf_counter() - t0
@@ -99,7 +112,7 @@ def main(
         typer.echo(line)
     typer.echo(textwrap.fill(
         f"identical batches: {same} of {len(rec.batches)}; unfilled steps: "
-        f"{result.unfilled or 'none'}; refills the record could not serve: "
+        f"{step_ranges(result.unfilled)}; refills the record could not serve: "
         f"{result.refill_shortfall}", 80, subsequent_indent="  "))
     chosen = {**base, **given}
     notes = approximations(after, result, len(rec.batches), same, chosen)
@@ -136,8 +149,21 @@ def _compare(lake: Path, policies: list[str], out: Path | None, single: list[str
             typer.echo(f"  {path}")
 
 
+def _threshold(text: str) -> int | None:
+    """``--threshold``: an int, or 'none' / 'off' for no staleness bound (None)."""
+    from pipeline.errors import ConfigError
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--threshold {text!r}: give a whole number of steps (e.g. 2), or "
+                          "'none' for no staleness bound") from None
+
+
 def _item(flag: str) -> str:
-    return {"--rule": "rule=overlong=off", "--filter-metric": "filter_metric=none"}.get(
+    return {"--rule": "rule=overlong=off", "--filter-metric": "filter_metric=none",
+            "--strategy": "strategy=wait", "--selection-order": "selection_order=spread_first"}.get(
         flag, f"{flag.removeprefix('--').replace('-', '_')}=1")
 
 

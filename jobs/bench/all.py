@@ -30,6 +30,7 @@ import typer
 from rich.console import Console
 
 from jobs.bench.out import figure, result_path
+from pipeline.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -314,8 +315,8 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
          out: Path = typer.Option(Path("runs/bench/all.json"), help="JSON written here (a "
                                   "directory: all.json in it); the markdown table beside it "
                                   "(.md)"),
-         only: str = typer.Option("", help="comma-separated sections "
-                                  "(ingest,to_torch,decide,verl,memory,ray); default all"),
+         only: str = typer.Option("", metavar="A,B", help="comma-separated sections, any of: "
+                                  "ingest, decide, to_torch, verl, memory, ray (default: all)"),
          doc: list[Path] = typer.Option([], help="also regenerate this markdown file's table "
                                         "(and summary); repeat for several")
          ) -> None:
@@ -325,11 +326,16 @@ def main(quick: bool = typer.Option(False, help="tiny sizes: a smoke test, not f
         replaylake dev bench all --quick
         replaylake dev bench all --doc docs/performance.md --doc README.md
     """
+    chosen = {x.strip() for x in only.split(",") if x.strip()}
+    unknown = sorted(chosen - {name for name, _ in SECTIONS})
+    if unknown:     # refused before anything runs or is written
+        raise ConfigError(f"--only {only}: no section {', '.join(unknown)}; the sections are "
+                          f"{', '.join(name for name, _ in SECTIONS)}")
     out = result_path(out, "all.json")
     from jobs.bench.table import render, write_docs
     console = Console()
     with console.status("benchmarks ..."):
-        report = run(QUICK if quick else FULL, {x for x in only.split(",") if x} or None)
+        report = run(QUICK if quick else FULL, chosen or None)
     out.write_text(json.dumps(report, indent=2) + "\n")
     md = render(report)
     out.with_suffix(".md").write_text(md)

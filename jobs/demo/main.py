@@ -21,6 +21,9 @@ from jobs.demo import flags
 from jobs.demo.config import DemoConfig, make_run_dir, write_config
 
 Opt = typer.Option
+# the closing line when no step trained a token (every row masked): no ratio is a figure then
+NO_TOKEN_TRAINED = ("Importance ratios: none (no step trained a token: every row of every batch "
+                    "was masked)")
 
 
 def _intro(cfg: DemoConfig, on_ray: bool = False) -> str:
@@ -51,10 +54,23 @@ def _intro(cfg: DemoConfig, on_ray: bool = False) -> str:
                  "can be trained before they go stale (buf.dispatch_capacity), so staleness "
                  "evictions should not happen at all.")
     if cfg.threshold is not None and cfg.strategy == "mask":
-        text += (" With strategy 'mask' a group that old is not evicted but trained with its "
+        text += (f" With strategy 'mask' a group dispatched {cfg.threshold} or more steps "
+                 "before the step that would train it is not evicted but trained with its "
                  "loss switched off (batch.to_torch()['loss_mask']), so nothing is generated "
                  "again for staleness.")
     return textwrap.fill(text, width=80)
+
+
+def refuse_finished(run_dir: Path, steps: int) -> None:
+    """A run whose last checkpoint is its last step has nothing left to resume: refused before
+    anything is written (a resume would dispatch new groups and rewrite its summary)."""
+    from jobs.demo.resume import restored_step
+    from pipeline.errors import ConfigError
+    done = restored_step(run_dir)
+    if done >= steps:
+        raise ConfigError(f"--resume {run_dir}: the run already trained all its {steps} steps "
+                          "(its checkpoint is after the last one); nothing to resume. Read it "
+                          f"with: replaylake sql --lake {run_dir / 'lake'}, or start a new run")
 
 
 def refuse_on_ray(*, resume: Path | None, probe: Any) -> None:
@@ -127,6 +143,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
         refuse_on_ray(resume=resume, probe=probe)
     if resume is not None:
         cfg = read_config(resume)
+        refuse_finished(Path(resume), cfg.steps)
     # the buffer's own checks (threshold, strategy, filter metric) before anything is written
     buffer_kwargs = dict(max_off_policy_threshold=cfg.threshold,
                          max_off_policy_strategy=cfg.strategy,
@@ -256,13 +273,14 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
         tis = extra["tis"] = tis_summary(history, cfg.tis_cap)
         console.print(f"Truncated IS (cap {tis['cap']:g}): mean weight "
                       f"{tis['tis_weight_mean']:.3f}, {tis['tis_truncated_fraction']:.1%} of "
-                      f"tokens truncated, token staleness {tis['token_staleness_mean']:.2f}",
+                      f"tokens truncated, token staleness {tis['token_staleness_mean']:.2f}"
+                      if tis["tis_weight_mean"] is not None else NO_TOKEN_TRAINED,
                       highlight=False)
     else:                             # what the PPO ratios against the rollouts' log-probs did
         r = extra["ratios"] = ratio_summary(history)
         console.print(f"Importance ratios: mean {r['ratio_mean']:.3f}, std {r['ratio_std']:.3f} "
-                      f"(max step {r['ratio_std_max']:.3f}), {r['clip_fraction']:.1%} clipped",
-                      highlight=False)
+                      f"(max step {r['ratio_std_max']:.3f}), {r['clip_fraction']:.1%} clipped"
+                      if r["ratio_mean"] is not None else NO_TOKEN_TRAINED, highlight=False)
     (run_dir / "summary.json").write_text(
         json.dumps({**asdict(summary), "wall_s": round(wall, 2), **extra}, indent=1) + "\n")
     console.print("")
@@ -282,7 +300,8 @@ def main(
                                                           "WANDB_MODE says otherwise)")] = True,
     resume: Annotated[Path | None, Opt(help="go on with the run in this directory after a crash "
                                             "or Ctrl-C, from its last checkpoint, with its own "
-                                            "configuration (other flags are not used)")] = None,
+                                            "configuration (of the other flags only --wandb/"
+                                            "--no-wandb is used)")] = None,
     reuse: Annotated[bool, Opt("--reuse/--no-reuse", help="with --resume: keep the finished "
                                                           "sessions of in-flight groups and "
                                                           "generate only the missing ones "

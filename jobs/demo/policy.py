@@ -173,6 +173,8 @@ def grpo_loss(policy: Policy, tensors: dict[str, torch.Tensor], advantages: torc
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     tokens = mask.sum().clamp(min=1)
     loss = -(surrogate * mask).sum() / tokens
+    if not mask.any():       # every row masked: the step trains nothing, and its ratios are no
+        return loss, {"train/loss": float(loss)}   # figure (a mean over zero tokens)
     with torch.no_grad():
         clipped = ((ratio - 1).abs() > clip).to(torch.float32)
         mean = (ratio * mask).sum() / tokens

@@ -34,6 +34,14 @@ def checkpoint(run_dir: Path, trainer: Any, step: int) -> None:
     os.replace(tmp, path)
 
 
+def restored_step(run_dir: Path) -> int:
+    """The step the run's last checkpoint was taken after (0: none yet)."""
+    path = Path(run_dir) / CHECKPOINT
+    if not path.exists():
+        return 0
+    return int(torch.load(path, weights_only=True)["step"])
+
+
 def restore(run_dir: Path, trainer: Any) -> int:
     """Load the last checkpoint into ``trainer``; the step it was taken after (0: none yet)."""
     path = Path(run_dir) / CHECKPOINT

@@ -55,6 +55,8 @@ def tis_loss(policy: Policy, tensors: dict[str, torch.Tensor], advantages: torch
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     tokens = mask.sum().clamp(min=1)
     loss = -(weight * surrogate * mask).sum() / tokens
+    if not mask.any():       # every row masked: no token to take a mean over (see grpo_loss)
+        return loss, {"train/loss": float(loss)}
     with torch.no_grad():
         stale = tensors["token_staleness"].to(torch.float32)
         stats = {"train/loss": float(loss),
@@ -147,23 +149,25 @@ def run_steps(*, steps: int, batch_size: int, ahead: int, buf, rollout: Rollout,
     return history
 
 
-def tis_summary(history: list[StepInfo], cap: float) -> dict[str, float]:
+def tis_summary(history: list[StepInfo], cap: float) -> dict[str, float | None]:
     """The truncated-IS figures of a run: the cap and each `TIS_KEYS` metric's mean over steps."""
     return {"cap": float(cap), **_step_means(history, TIS_KEYS)}
 
 
-def ratio_summary(history: list[StepInfo]) -> dict[str, float]:
+def ratio_summary(history: list[StepInfo]) -> dict[str, float | None]:
     """The importance ratios of a run (plain GRPO loss): each `RATIO_KEYS` metric's mean over
     steps, and the largest step's spread (`ratio_std_max`)."""
     out = _step_means(history, RATIO_KEYS)
     spreads = [h.metrics["train/ratio_std"] for h in history if "train/ratio_std" in h.metrics]
-    out["ratio_std_max"] = float(max(spreads)) if spreads else float("nan")
+    out["ratio_std_max"] = float(max(spreads)) if spreads else None
     return out
 
 
-def _step_means(history: list[StepInfo], keys: tuple[str, ...]) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _step_means(history: list[StepInfo], keys: tuple[str, ...]) -> dict[str, float | None]:
+    """Each metric's mean over the steps that report it (a step that trained no token reports
+    none); None when no step did (JSON has no NaN)."""
+    out: dict[str, float | None] = {}
     for key in keys:
         values = [h.metrics[key] for h in history if key in h.metrics]
-        out[key.split("/", 1)[1]] = float(np.mean(values)) if values else float("nan")
+        out[key.split("/", 1)[1]] = float(np.mean(values)) if values else None
     return out

@@ -88,17 +88,20 @@ class ExportConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        # the errors name the command-line flags (`main`), the way a user of the CLI wrote them
         bad = [f for f in self.formats if f not in FORMATS]
         if bad or not self.formats:
-            raise ExportError(f"formats={list(self.formats)!r}: use one or more of {FORMATS}")
-        for name in ("rows_per_shard", "row_group_mb"):
-            if getattr(self, name) < 1:
-                raise ExportError(f"{name}={getattr(self, name)!r} must be >= 1")
+            shown = " ".join(f"--format {f}" for f in bad) or "no --format"
+            raise ExportError(f"{shown}: use parquet and/or pt (repeat --format for both)")
+        for flag, value in (("--rows-per-shard", self.rows_per_shard),
+                            ("--row-group-mb", self.row_group_mb)):
+            if value < 1:
+                raise ExportError(f"{flag} {value}: give 1 or more")
         if self.tensor_layout not in ("padded", "packed"):
-            raise ExportError(f"tensor_layout={self.tensor_layout!r}: use 'padded' or 'packed'")
+            raise ExportError(f"--tensor-layout {self.tensor_layout}: use packed or padded")
         lo, hi = self.steps
         if lo is not None and hi is not None and lo > hi:
-            raise ExportError(f"steps={lo}:{hi}: the first step is after the last")
+            raise ExportError(f"--steps {lo}:{hi}: the first step is after the last")
 
     def selection(self) -> dict[str, Any]:
         """The options a resumed export must share with the manifest it continues."""
@@ -130,8 +133,8 @@ def _selections(cfg: ExportConfig) -> dict[str, pa.Table]:
         raise ExportError(f"no lake data at {cfg.lake} (no decisions or trajectories)")
     unknown = [p for p in cfg.partitions if p not in known]
     if unknown:
-        raise ExportError(f"unknown partition(s) {', '.join(map(repr, unknown))}; the lake at "
-                          f"{cfg.lake} has {', '.join(known)}")
+        raise ExportError(f"unknown partition(s) {', '.join(map(repr, unknown))} (--partition); "
+                          f"the lake at {cfg.lake} has {', '.join(known)}")
     out = {}
     for p in cfg.partitions or known:
         dec = read_table(cfg.lake, "decisions", [p])
@@ -211,7 +214,7 @@ def export(cfg: ExportConfig, source: Any = None) -> dict[str, Any]:
     mkdir_durably(cfg.out)
     for stale in cfg.out.glob("**/.*.tmp-*"):
         stale.unlink()                       # a killed run's half-written file
-    done = read_done(cfg.out, cfg.selection())
+    done = read_done(cfg.out, cfg.selection(), str(cfg.lake.resolve()))
     schema = pa.unify_schemas([TRAJECTORIES, BATCH_PROVENANCE])
     manifest = {"format": MANIFEST_FORMAT, "lake": str(cfg.lake.resolve()),
                 "selection": cfg.selection(), "complete": False, "partitions": {},

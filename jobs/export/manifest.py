@@ -89,10 +89,13 @@ def check_out(out: Path) -> None:
                               f"{entry}; name a new or empty directory")
 
 
-def read_done(out: Path, selection: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+def read_done(out: Path, selection: dict[str, Any], lake: str
+              ) -> dict[tuple[str, int], dict[str, Any]]:
     """The shards a previous run of the same export recorded, by (partition, index); empty when
-    ``out`` holds no manifest. Refuses a manifest that cannot be read, one of another export,
-    and one whose entries are not what `export` writes."""
+    ``out`` holds no manifest. Refuses a manifest that cannot be read, one of another export (of
+    another lake, ``lake`` being this one's resolved path, or with other options), and one whose
+    entries are not what `export` writes. Another lake's shards are never taken as done: two
+    lakes of like runs hold like sequence numbers, so a shard's rows key could match."""
     path = out / MANIFEST
     if not path.exists():
         return {}
@@ -104,10 +107,17 @@ def read_done(out: Path, selection: dict[str, Any]) -> dict[tuple[str, int], dic
     if not isinstance(old, dict) or not isinstance(old.get("shards"), list):
         raise ExportError(f"{path} is not an export manifest (no shard list); remove it to "
                           "write every shard again, or use another --out")
+    if old.get("lake") != lake:
+        raise ExportError(f"{out} holds an export of another lake ({old.get('lake')}); use "
+                          f"another --out for {lake}, or --lake {old.get('lake')} to resume that "
+                          "export")
     if old.get("format") != MANIFEST_FORMAT or old.get("selection") != selection:
-        raise ExportError(f"{out} holds an export made with other options "
-                          f"({old.get('selection')}); use another --out, or the same options "
-                          "to resume it")
+        was = old.get("selection") if isinstance(old.get("selection"), dict) else {}
+        differ = [f"{k}: {was.get(k)!r} there, {selection.get(k)!r} now"
+                  for k in sorted(set(was) | set(selection)) if was.get(k) != selection.get(k)]
+        raise ExportError(f"{out} holds an export made with other options ("
+                          f"{'; '.join(differ) or 'another manifest format'}); use another "
+                          "--out, or the same options to resume it")
     for s in old["shards"]:
         problem = _entry_problem(s)
         if problem:

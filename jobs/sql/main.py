@@ -35,13 +35,34 @@ def _params(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _catalog_text() -> str:
+def _format_of(output: Path | None) -> str:
+    """The format an --output file's extension names (.csv, .json, .parquet), else table."""
+    suffix = output.suffix.lower().lstrip(".") if output is not None else ""
+    return suffix if suffix in ("csv", "json", "parquet") else "table"
+
+
+def _catalog_text(width: int) -> str:
+    """Each named query: its signature and folder, what it is for, and how ad-hoc SQL reads it
+    (a view by its name; any other query as a table macro called with its parameters, shown as
+    `<name>` placeholders to fill in, quoted where the parameter is text), wrapped to ``width``."""
+    import textwrap
+
+    from jobs.sql.session import call_sql
+    from pipeline.analysis import DERIVED_VIEWS
     from sql import loader
     lines = []
     for _, q in sorted(loader.catalog().items()):
-        call = f"select * from {q.name}({', '.join(repr(p.name) for p in q.params)})"
-        lines.append(f"{q.signature}  [{q.path.parent.name}]\n    {q.description}\n"
-                     f"    in SQL: {call}")
+        title = q.signature
+        if q.name in DERIVED_VIEWS:
+            call, title = f"select * from {q.name}", f"{q.name} (a view)"
+        else:
+            call = call_sql(q)
+        lines.append(textwrap.fill(f"{title}  [{q.path.parent.name}]", width,
+                                   subsequent_indent="    "))
+        lines.append(textwrap.fill(q.description, width, initial_indent="    ",
+                                   subsequent_indent="    "))
+        lines.append(textwrap.fill(f"in SQL: {call}", width, initial_indent="    ",
+                                   subsequent_indent="        "))
     return "\n".join(lines)
 
 
@@ -57,9 +78,10 @@ def main(
                                              help="a named query (see --list)")] = None,
     param: Annotated[list[str] | None, typer.Option(
         "--param", metavar="KEY=VALUE", help="a named query's parameter (repeatable)")] = None,
-    fmt: Annotated[str, typer.Option(
+    fmt: Annotated[str | None, typer.Option(
         "--format", metavar="FORMAT", help="table | vertical | csv | json | parquet "
-        "(parquet needs --output)")] = "table",
+        "(parquet needs --output); default: the --output file's extension (.csv, .json, "
+        ".parquet), else table")] = None,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", metavar="FILE", help="write the result to FILE instead of printing")]
     = None,
@@ -73,10 +95,16 @@ def main(
 ) -> None:
     """Read-only SQL over a lake: one-shot, a named query, or an interactive shell."""
     if list_:
-        typer.echo(_catalog_text())
+        import shutil
+        typer.echo(_catalog_text(max(40, shutil.get_terminal_size((80, 24)).columns)))
         return
+    if fmt is None:                      # the file says what it is: x.csv gets CSV, not a table
+        fmt = _format_of(output)
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if max_rows < 0:
+        raise typer.BadParameter(f"--max-rows {max_rows}: give the rows a table shows, or 0 for "
+                                 "all")
     if fmt == "parquet" and output is None:
         raise typer.BadParameter("--format parquet writes a file: add --output FILE")
     if query is not None and command is not None:

@@ -1,24 +1,29 @@
 """How `replaylake sql` prints results: an aligned table that stays readable when wide, CSV,
 JSON, or Parquet to a file.
 
-The table fits the terminal (`COLUMNS`, else the real width, else 100): long cells are cut with
-`…`, and when the columns still do not fit side by side the rows are shown one field per line
-(vertical layout), so headers are never cut. NULL prints as `NULL`, an empty string as nothing,
-so the two can be told apart. Map columns (e.g. evictions per reason) print as objects.
+The table fits the terminal (`COLUMNS`, else the real width, else 100). Cells are cut (ending in
+`…`) only when the table is wider than that, the longest first and none below `MIN_CUT`
+characters; when the columns still do not fit side by side the rows are shown one field per line
+(vertical layout), so headers are never cut. A cut that makes different values look alike is said
+under the table. NULL prints as `NULL`, an empty string as nothing, so the two can be told apart.
+Map columns (e.g. evictions per reason) print as objects. JSON has no NaN or infinity: those
+numbers are written as null.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
 import os
 import shutil
+import textwrap
 from decimal import Decimal
 from typing import Any
 
 FORMATS = ("table", "vertical", "csv", "json", "parquet")
 NULL = "NULL"
-MAX_CELL = 40          # widest cell in the side-by-side layout
+MIN_CUT = 40           # a cell cut to fit keeps at least this many characters (or its header's)
 DEFAULT_WIDTH = 100
 
 
@@ -56,7 +61,6 @@ def cell(v: Any) -> str:
 
 
 def _cut(s: str, n: int) -> str:
-    s = s.replace("\n", "\\n")
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
@@ -66,16 +70,51 @@ def _numeric(table: Any, name: str) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
+def _limits(names: list[str], rows: list[list[str]], cols: int) -> list[int] | None:
+    """How many characters each column shows so that the table fits ``cols``: every value whole
+    when it fits; else the widest columns cut to one common cap, as wide as fits but not below
+    `MIN_CUT` (nor below the header); None when even that is too wide (vertical layout)."""
+    full = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    room = cols - 3 * max(len(names) - 1, 0)
+
+    def at(cap: int) -> list[int]:
+        return [min(w, max(cap, len(n))) for w, n in zip(full, names)]
+    if sum(full) <= room:
+        return full
+    if sum(at(MIN_CUT)) > room:
+        return None
+    lo, hi = MIN_CUT, max(full)          # at(lo) fits, at(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if sum(at(mid)) <= room else (lo, mid)
+    return at(lo)
+
+
+def _look_alike(names: list[str], full: list[list[str]], shown: list[list[str]]) -> list[str]:
+    """The columns where the cut made two different values print the same."""
+    out = []
+    for i, name in enumerate(names):
+        seen: dict[str, str] = {}
+        for f, s in zip(full, shown):
+            if seen.setdefault(s[i], f[i]) != f[i]:
+                out.append(name)
+                break
+    return out
+
+
 def table_text(table: Any, cols: int | None = None, note: str = "",
                total: int | None = None) -> str:
-    """Side by side when it fits ``cols`` (default: `width()`), else vertical. ``total``: the
-    rows the whole result has when ``table`` holds only its first rows (the footer says it)."""
+    """Side by side when it fits ``cols`` (default: `width()`), cutting the longest cells only
+    if it must, else vertical. ``total``: the rows the whole result has when ``table`` holds only
+    its first rows (the footer says it)."""
     cols = cols or width()
     names = table.column_names
-    rows = [[_cut(cell(r[c]), MAX_CELL) for c in names] for r in rows_of(table)]
-    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
-    if sum(widths) + 3 * max(len(names) - 1, 0) > cols:
+    full = [[cell(r[c]).replace("\n", "\\n") for c in names] for r in rows_of(table)]
+    limits = _limits(names, full, cols)
+    if limits is None:
         return vertical_text(table, cols, note, total)
+    rows = [[_cut(v, n) for v, n in zip(r, limits)] for r in full]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
     right = [_numeric(table, n) for n in names]
 
     def line(vals: list[str]) -> str:
@@ -83,19 +122,27 @@ def table_text(table: Any, cols: int | None = None, note: str = "",
                           for v, w, r in zip(vals, widths, right)).rstrip()
     out = [line(names), "-+-".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
+    alike = _look_alike(names, full, rows)
+    if alike:
+        out += textwrap.wrap(f"(cut to fit {cols} columns, different values of "
+                             f"{', '.join(alike)} look alike; vertical or csv output shows them "
+                             "whole)", cols)
     out.append(_footer(table.num_rows if total is None else total, note))
     return "\n".join(out) + "\n"
 
 
 def vertical_text(table: Any, cols: int | None = None, note: str = "",
                   total: int | None = None) -> str:
-    """One `name | value` line per field, a ruler per row; long values wrap under the value."""
-    import textwrap
+    """One `name | value` line per field, a ruler per row; long values wrap under the value.
+    Without rows, the columns the result has."""
     cols = cols or width()
     names = table.column_names
     key_w = max((len(n) for n in names), default=0)
     val_w = max(cols - key_w - 3, 20)
     out = []
+    if table.num_rows == 0 and names:
+        out += textwrap.wrap("columns: " + ", ".join(names), cols, subsequent_indent="  ",
+                             break_long_words=True, break_on_hyphens=False)
     for i, r in enumerate(rows_of(table), 1):
         out.append(f"-[ row {i} ]" + "-" * max(cols - len(f"-[ row {i} ]"), 0))
         for n in names:
@@ -114,18 +161,42 @@ def _footer(n: int, note: str) -> str:
 
 
 def csv_text(table: Any) -> str:
-    """CSV with a header; NULL is an empty field (CSV has no null), strings are quoted as needed."""
+    """CSV with a header; NULL is an empty field (CSV has no null), strings are quoted as needed,
+    floats written whole."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(table.column_names)
     for r in rows_of(table):
-        w.writerow(["" if r[c] is None else cell(r[c]) for c in table.column_names])
+        w.writerow([_csv_value(r[c]) for c in table.column_names])
     return buf.getvalue()
 
 
+def _csv_value(v: Any) -> str:
+    """A value as a CSV field: whole (a float as the shortest text that reads back as the same
+    number, never rounded as a table cell is), NULL as an empty field."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    return cell(v)
+
+
 def json_text(table: Any) -> str:
-    """A JSON array of row objects (null for NULL), ending in a newline."""
-    return json.dumps(rows_of(table), default=_json_value, indent=1) + "\n"
+    """A JSON array of row objects (null for NULL), ending in a newline. NaN and infinities are
+    null too: JSON has no such numbers, and strict parsers refuse Python's `NaN`/`Infinity`."""
+    rows = [{k: _finite(v) for k, v in r.items()} for r in rows_of(table)]
+    return json.dumps(rows, default=_json_value, indent=1, allow_nan=False) + "\n"
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every NaN or infinite float in it (in lists and objects too) made None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return v
 
 
 def _json_value(v: Any) -> Any:
@@ -148,7 +219,10 @@ def render(table: Any, fmt: str, note: str = "", total: int | None = None) -> st
 
 
 def write_file(table: Any, fmt: str, path: str) -> None:
-    """Write ``table`` to ``path`` (Parquet through pyarrow; text formats as rendered)."""
+    """Write ``table`` to ``path`` (Parquet through pyarrow; text formats as rendered), making
+    its directory first when missing."""
+    from pathlib import Path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     if fmt == "parquet":
         import pyarrow.parquet as pq
         pq.write_table(table, path, compression="zstd")

@@ -1,9 +1,16 @@
 """Run the statements of one input through a read-only session and print every result in order
-(`select 1; select 2` shows both), with a row limit on terminal tables."""
+(`select 1; select 2` shows both), with a row limit on terminal tables.
+
+A DuckDB error names the line of the input it is about (`LINE 2: ...`): DuckDB counts lines in
+the text it ran, which is one statement of the input, and for a row-limited result the SQL it
+writes around that statement; the line is moved back to the user's input."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
+
+import duckdb
 
 from jobs.sql import render as sql_render
 from pipeline.analysis import statements
@@ -31,10 +38,78 @@ def first_rows(rel: Any, limit: int | None) -> tuple[Any, int]:
     if limit is None:
         t = rel.to_arrow_table()
         return t, t.num_rows
-    t = rel.limit(limit + 1).to_arrow_table()
+    t = _around(rel, rel.limit(limit + 1), lambda r: r.to_arrow_table())
     if t.num_rows <= limit:
         return t, t.num_rows
-    return t.slice(0, limit), int(rel.aggregate("count(*)").fetchall()[0][0])
+    return t.slice(0, limit), int(_around(rel, rel.aggregate("count(*)"),
+                                          lambda r: r.fetchall()[0][0]))
+
+
+def _around(rel: Any, derived: Any, get: Callable[[Any], Any]) -> Any:
+    """``get(derived)``, where ``derived`` is a relation DuckDB builds around ``rel`` (a limit, a
+    count); a DuckDB error's line number is moved from ``derived``'s SQL back to ``rel``'s."""
+    try:
+        return get(derived)
+    except duckdb.Error as exc:
+        new = moved(exc, -_lines_before(rel, derived))
+        if new is exc:
+            raise
+        raise new from exc
+
+
+def _lines_before(rel: Any, derived: Any) -> int:
+    """How many lines DuckDB's SQL for ``derived`` has before ``rel``'s own SQL (0: not found)."""
+    try:
+        inner, outer = rel.sql_query(), derived.sql_query()
+    except duckdb.Error:
+        return 0
+    at = outer.find(inner)
+    return outer.count("\n", 0, at) if at >= 0 else 0
+
+
+_LINE = re.compile(r"LINE (\d+): ")
+
+
+def moved(exc: Exception, by: int) -> Exception:
+    """``exc`` again (same type) with the `LINE n:` of its message moved by ``by`` lines, the
+    `^^^` under it kept under the same character; ``exc`` itself when there is nothing to move."""
+    text = str(exc)
+    if not by or not _LINE.search(text):
+        return exc
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = _LINE.match(line)
+        if m is None:
+            continue
+        head = f"LINE {max(int(m.group(1)) + by, 1)}: "
+        lines[i] = head + line[m.end():]
+        grow = len(head) - m.end()
+        if grow and i + 1 < len(lines) and lines[i + 1].lstrip().startswith("^"):
+            caret = lines[i + 1]
+            lines[i + 1] = " " * grow + caret if grow > 0 else caret[-grow:]
+    return type(exc)("\n".join(lines))
+
+
+def start_lines(sql: str, todo: list[Any]) -> list[int]:
+    """The line of ``sql`` (counted from 0) where each statement of ``todo`` starts."""
+    out, at = [], 0
+    for st in todo:
+        found = sql.find(st.text, at)
+        if found < 0:       # not verbatim in the input: say the line where the last one ended
+            out.append(sql.count("\n", 0, at))
+            continue
+        out.append(sql.count("\n", 0, found))
+        at = found + len(st.text)
+    return out
+
+
+def explained(con: Any, exc: Exception, line: int) -> Exception:
+    """A DuckDB error of the statement that starts on ``line`` of the input, as the user should
+    read it: its line counted in the input, a missing relation's suggestion taken from the lake."""
+    from jobs.sql.session import suggest
+    new = moved(exc, line)
+    text = suggest(con, str(new))
+    return new if text == str(new) else type(exc)(text)
 
 
 # how to see every row, as the command line says it and as the shell does
@@ -59,8 +134,14 @@ def run_text(con: Any, sql: str, *, fmt: str, max_rows: int, write: Callable[[st
                               "statements")
     shown = 0
     terminal = fmt in ("table", "vertical") and output is None
-    for st in todo:
-        got = fetch(con, st.text, max_rows if terminal and max_rows > 0 else None, st.kind)
+    for st, line in zip(todo, start_lines(sql, todo)):
+        try:
+            got = fetch(con, st.text, max_rows if terminal and max_rows > 0 else None, st.kind)
+        except duckdb.Error as exc:
+            new = explained(con, exc, line)
+            if new is exc:
+                raise
+            raise new from exc
         if got is None:
             write("ok\n")
             continue

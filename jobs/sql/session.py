@@ -10,6 +10,7 @@ zero-variance views compare, and a variable is not configuration.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -64,4 +65,54 @@ def describe(con: Any, name: str) -> Any:
         q = loader.load(name)
         return pa.table({"query": [q.signature], "returns": [", ".join(q.columns)],
                          "description": [q.description]})
-    raise ReplayLakeError(f"no relation or named query {name!r}; try .tables")
+    close = difflib.get_close_matches(name, [*kinds, *loader.catalog()], n=1, cutoff=_CLOSE)
+    hint = f"did you mean {close[0]!r}? (.tables lists them)" if close else "try .tables"
+    raise ReplayLakeError(f"no relation or named query {name!r}; {hint}")
+
+
+def call_sql(q: Any) -> str:
+    """How ad-hoc SQL reads a named query that is a table macro, its parameters as `<name>`
+    placeholders (quoted where the parameter is text): `select * from lineage('<uid>')`."""
+    args = ", ".join(f"'<{p.name}>'" if p.type == "VARCHAR" else f"<{p.name}>" for p in q.params)
+    return f"select * from {q.name}({args})"
+
+
+# DuckDB's message for a missing table or table function; its suggestion comes from DuckDB's own
+# catalog (`select * from nosuch` suggests "pg_sequences"), not from the lake
+_MISSING = re.compile(r'(?P<head>(?P<kind>Table|Table Function) with name (?P<name>.+?) does not '
+                      r'exist!)(\nDid you mean "(?P<theirs>[^"]*)"\?)?')
+
+
+def suggest(con: Any, message: str) -> str:
+    """``message`` with DuckDB's suggestion for a missing relation replaced by the lake's
+    closest table, view or named query (or by where to find them when none is close)."""
+    m = _MISSING.search(message)
+    if m is None:
+        return message
+    hint = _hint(con, m["kind"], m["name"], m["theirs"])
+    return message[:m.start()] + m["head"] + "\n" + hint + message[m.end():]
+
+
+def _hint(con: Any, kind: str, name: str, theirs: str | None) -> str:
+    from sql import loader
+    kinds = {n.lower(): (n, k) for n, k in relations(con)}
+    catalog = loader.catalog()
+    if kind == "Table" and kinds.get(name.lower(), ("", ""))[1] == "macro":
+        return f"{name} is a named query; read it as {call_sql(catalog[name.lower()])}"
+    close = difflib.get_close_matches(name.lower(), list(kinds), n=1, cutoff=_CLOSE)
+    if not close:
+        # DuckDB's own table functions (range, unnest, ...) are there to be called too
+        if kind == "Table Function" and theirs and _near(name, theirs):
+            return f'Did you mean "{theirs}"?'
+        return "No lake relation is named like it; the shell's .tables lists them."
+    found, what = kinds[close[0]]
+    if what == "macro" and found in catalog:
+        return f'Did you mean "{found}"? (a named query: {call_sql(catalog[found])})'
+    return f'Did you mean "{found}"?'
+
+
+_CLOSE = 0.6        # how alike two names must be (difflib's ratio) for one to be suggested
+
+
+def _near(a: str, b: str) -> bool:
+    return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio() >= _CLOSE

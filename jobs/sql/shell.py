@@ -11,8 +11,10 @@ from typing import Any
 
 from jobs.sql import render as sql_render
 from jobs.sql.run import SHOW_ALL_SHELL, run_text
+from pipeline.errors import ReplayLakeError
 
 PROMPT, MORE = "replaylake> ", "       ...> "
+MODES = ("table", "vertical", "csv", "json")
 HELP = """\
 Statements end with ';' and may span several lines. Read-only: only SELECT
 (and WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a query) and SET VARIABLE run.
@@ -80,10 +82,18 @@ class Shell:
         self.out.flush()
 
     def dot(self, line: str) -> None:
+        """Run one `.`-command; its errors (a name that is no relation, say) are one `error:`
+        line, and the shell goes on."""
+        import duckdb
+
+        cmd, *rest = line.split(None, 1)
+        try:
+            self._dot(cmd, "".join(rest).strip().rstrip(";").strip())
+        except (ReplayLakeError, duckdb.Error) as exc:
+            self.write(f"error: {exc}\n")
+
+    def _dot(self, cmd: str, arg: str) -> None:
         from jobs.sql.session import describe, relations
-        from sql import loader
-        cmd, _, arg = line.strip().partition(" ")
-        arg = arg.strip().rstrip(";")
         if cmd in (".quit", ".exit"):
             self.done = True
         elif cmd == ".help":
@@ -93,27 +103,36 @@ class Shell:
             rels = relations(self.con)
             self.write(sql_render.table_text(pa.table(
                 {"name": [r[0] for r in rels], "kind": [r[1] for r in rels]})))
-        elif cmd == ".schema" and arg:
+        elif cmd == ".schema":
+            if not arg:
+                raise ReplayLakeError(".schema needs a name: .schema groups (.tables lists them)")
             self.write(sql_render.render(describe(self.con, arg), "table"))
         elif cmd == ".queries":
-            cols = sql_render.width()
-            for _, q in sorted(loader.catalog().items()):
-                head = textwrap.fill(f"{q.signature}  [{q.path.parent.name}]", cols,
-                                     subsequent_indent="  ")
-                body = textwrap.fill(q.description, cols, initial_indent="    ",
-                                     subsequent_indent="    ")
-                self.write(f"{head}\n{body}\n")
-        elif cmd == ".mode" and arg in ("table", "vertical", "csv", "json"):
+            self._queries()
+        elif cmd == ".mode":
+            if arg not in MODES:
+                raise ReplayLakeError(f".mode {arg or '(nothing)'}: use one of {', '.join(MODES)}")
             self.fmt = arg
-        elif cmd == ".maxrows" and arg.isdigit():
+        elif cmd == ".maxrows":
+            if not arg.isdigit():
+                raise ReplayLakeError(f".maxrows {arg or '(nothing)'}: give a row count, "
+                                      "0 for all")
             self.max_rows = int(arg)
         else:
-            self.write(f"unknown or incomplete command {line.strip()!r}; try .help\n")
+            self.write(f"unknown command {cmd!r}; try .help\n")
+
+    def _queries(self) -> None:
+        from sql import loader
+        cols = sql_render.width()
+        for _, q in sorted(loader.catalog().items()):
+            head = textwrap.fill(f"{q.signature}  [{q.path.parent.name}]", cols,
+                                 subsequent_indent="  ")
+            body = textwrap.fill(q.description, cols, initial_indent="    ",
+                                 subsequent_indent="    ")
+            self.write(f"{head}\n{body}\n")
 
     def execute(self, sql: str) -> None:
         import duckdb
-
-        from pipeline.errors import ReplayLakeError
         try:
             run_text(self.con, sql, fmt=self.fmt, max_rows=self.max_rows, write=self.write,
                      show_all=SHOW_ALL_SHELL)
@@ -121,10 +140,18 @@ class Shell:
             self.write(f"error: {exc}\n")
 
     def loop(self, interactive: bool) -> None:
-        """Read until `.quit` or end of input; each complete buffer runs as one input."""
+        """Read until `.quit` or end of input; each complete buffer runs as one input. On a
+        terminal the history is saved however the loop ends."""
         if interactive:
             _setup_readline()
             self.write("replaylake sql: read-only shell over the lake; .help for help\n")
+        try:
+            self._read(interactive)
+        finally:
+            if interactive:
+                _save_history()
+
+    def _read(self, interactive: bool) -> None:
         buffer = ""
         while not self.done:
             try:
@@ -156,8 +183,6 @@ class Shell:
                 buffer = ""
         if buffer.strip():
             self.execute(buffer)
-        if interactive:
-            _save_history()
 
 
 def _read_line() -> str:

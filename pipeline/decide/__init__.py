@@ -5,6 +5,7 @@ from pipeline._face import face
 
 __getattr__, __dir__, __all__ = face(__name__, {
     'Batch': 'batch',
+    'OVER_BOUND_ALLOWED': 'certificate',
     'METRICS': 'metrics',
     'StepAggregator': 'metrics',
     'typed': 'metrics',

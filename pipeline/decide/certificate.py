@@ -41,6 +41,16 @@ COLUMNS = ("partition", "step", "batch_id", "uid", "seq", "is_padding", "bound",
 """The columns of a certificate's rows: those of the `certificates` view, in its order."""
 
 
+# strategies whose own guarantee lets a trained row lie over the bound, and which rows those are:
+# the certificate names them (it states the bound, not the strategy's promise), and the audit
+# `replaylake audit` reports them as allowed rather than failing a healthy run on them
+OVER_BOUND_ALLOWED = {
+    "wait": "finished groups that waited in the buffer longer than the batches took them; the "
+            "wait gate holds only groups still generating",
+    "mask": "the masked rows, trained with their loss switched off",
+}
+
+
 def bound_in_force(cfg: BufferConfig) -> tuple[int | None, str | None]:
     """The bound a selection on ``cfg``'s partition keeps, and the strategy that sets it.
 

@@ -5,8 +5,9 @@
 --   discard, release), a `replaced` row for every served refill that asked for a prompt in its
 --   place (not for an ask whose refill_fn raised),
 --   and a final `verdict` row (trained at step / evicted: reasons / discarded / dropped by
---   re-issue / live). The dispatch row names the group's prompt_id and dataset when it has them. Every
---   partition holding the uid is shown.
+--   re-issue / live / never registered: a uid without group events; a uid the lake holds
+--   nothing of gets that one row, without a partition). The dispatch row names the group's
+--   prompt_id and dataset when it has them. Every partition holding the uid is shown.
 -- params: uid VARCHAR
 -- reads: group_events, trajectory_fates, decisions, groups
 -- returns: partition, seq, stage, step, session_id, index, min_global_steps, max_global_steps,
@@ -91,11 +92,31 @@ verdict as (
         end as detail
     from grp
 ),
+unregistered as (
+    -- a uid the lake holds no group event of still ends with a verdict: one row per partition
+    -- where only its trajectories or decisions are, and one without a partition when the lake
+    -- never saw it at all (a mistyped uid reads as such, not as an empty lineage)
+    select distinct partition from timeline
+    where partition not in (select partition from grp)
+    union all
+    select null where not exists (select 1 from timeline) and not exists (select 1 from grp)
+),
+never as (
+    select
+        partition, null::bigint as seq, 'verdict' as stage, null::bigint as step,
+        null::integer as session_id, null::integer as index,
+        null::bigint as min_global_steps, null::bigint as max_global_steps,
+        null::double as reward,
+        'never registered' as detail
+    from unregistered
+),
 
 final as (
     select * from timeline
     union all
     select * from verdict
+    union all
+    select * from never
 )
 
 select * from final

@@ -162,6 +162,29 @@ def test_every_audit_is_empty_on_a_real_run(kind: str) -> None:
     assert {x.name: x.rows for x in results} == {q.name: [] for q in in_folder("audits")}
 
 
+def test_rows_a_strategy_allows_are_counted_apart_and_the_others_still_fail(tmp_path: Path
+                                                                           ) -> None:
+    """A selection over its bound under `wait` or `mask` is that strategy's design (a note, not a
+    failure); one under `drop` in the same lake still fails the audit."""
+    lake = tmp_path / "lake"
+    shutil.copytree(shared_run("async").lake, lake)
+    dropped = _select_over_its_bound(lake)
+    con = connect(lake)
+    others = con.sql("select g.* from groups g join trajectories t using (partition, uid) "
+                     "where g.fate = 'live' and g.partition = 'train' and g.uid <> $u "
+                     "order by g.registered_seq limit 2", params={"u": dropped}
+                     ).to_arrow_table().to_pylist()
+    _append(lake, "decisions", [
+        {"partition": "train", "step": g["global_steps"] + 2, "call_id": 99, "poll": 0,
+         "kind": "select", "uid": g["uid"], "group_span": 3, "batch_id": 998, "count": 1,
+         "bound": 2, "strategy": strategy} for g, strategy in zip(others, ("wait", "mask"))])
+    audit = {a.name: a for a in run_audits(lake)}["certificate_holds"]
+    assert audit.status == "FAIL"
+    assert {(r["uid"], r["strategy"]) for r in audit.rows} == {(dropped, "drop")}
+    assert "over the bound under `wait`, which it allows" in audit.note
+    assert "over the bound under `mask`, which it allows: the masked rows" in audit.note
+
+
 def test_every_audit_has_a_tampering_test() -> None:
     assert sorted(TAMPERS) == sorted(q.name for q in in_folder("audits"))
 
@@ -195,4 +218,25 @@ def test_audit_fails_after_a_salvage_lost_a_finished_groups_trajectories(lake: P
     res = CliRunner().invoke(app, ["audit", "--lake", str(lake)])
     assert res.exit_code == 1, res.output
     assert "FAIL  finished_groups_complete (1 violating row(s))" in res.output
-    assert "'uid': 'g1', 'n_expected': 4, 'n_sessions': 0, 'missing': [0, 1, 2, 3]" in res.output
+    assert "uid=g1, n_expected=4, n_sessions=0, missing=[0, 1, 2, 3]" in " ".join(res.output.split())
+    assert max(len(line) for line in res.output.splitlines()) <= 80     # wrapped, not 200 wide
+
+
+def test_the_command_listing_every_violating_row_runs_as_printed() -> None:
+    """More rows than shown: the audit prints the `replaylake sql` command listing them all,
+    with the parameters it ran with, and that command runs."""
+    import re
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+    r = shared_run("async")
+    res = CliRunner().invoke(app, ["audit", "--lake", str(r.lake), "--threshold", "1"],
+                             env={"COLUMNS": "80"})
+    assert res.exit_code == 1, res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 80
+    hint = re.search(r"\(\+[\d,]+ more: replaylake (sql .*?)\)", " ".join(res.output.split()))
+    assert hint and "--param threshold=1" in hint.group(1)
+    listed = CliRunner().invoke(app, [*shlex.split(hint.group(1)), "--format", "json"])
+    assert listed.exit_code == 0, listed.output

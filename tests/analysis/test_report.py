@@ -125,15 +125,58 @@ def test_a_sync_dapo_run_reports_its_surplus_discards(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "want"), [
     (None, (None, None)), (":", (None, None)), ("3:9", (3, 9)), ("3:", (3, None)),
-    (":9", (None, 9)), ("4:4", (4, 4))])
+    (":9", (None, 9)), ("4:4", (4, 4)), ("5", (5, 5)), ("0", (0, 0))])
 def test_steps_are_read_as_an_inclusive_window(text: str | None, want: tuple) -> None:
     assert parse_steps(text) == want
 
 
-@pytest.mark.parametrize("text", ["9:3", "3", "a:b", "1:2:3"])
-def test_a_malformed_step_window_is_refused(text: str) -> None:
-    with pytest.raises(ReportError, match="--steps"):
+@pytest.mark.parametrize(("text", "message"), [
+    ("9:3", "the first step is after the last"), ("a:b", "write A:B"), ("1:2:3", "write A:B"),
+    ("x", "write A:B"), ("-5:3", "trainer steps count from 0"),
+    (":-1", "trainer steps count from 0"), ("-5", "trainer steps count from 0")])
+def test_a_malformed_step_window_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ReportError, match=f"--steps '{re.escape(text)}': {message}"):
         parse_steps(text)
+
+
+def test_a_single_step_is_a_window_and_a_negative_one_is_refused(tmp_path: Path) -> None:
+    lake = shared_run("async").lake
+    (p,) = gather(lake, steps=(4, 4), partitions=["train"]).partitions
+    assert (p.headline["first_step"], p.headline["last_step"], p.headline["batches"]) == (4, 4, 1)
+    page = _report(lake, tmp_path / "one.html", "--steps", "4", "--partition", "train")
+    assert "steps 4 to 4" in page
+    out = _cli_error(str(lake), "--steps", "-5:3", "-o", str(tmp_path / "neg.html"))
+    assert "--steps '-5:3': trainer steps count from 0" in out
+    assert not (tmp_path / "neg.html").exists()
+
+
+def test_a_window_outside_the_run_is_refused_before_any_query_naming_the_trained_steps() -> None:
+    lake = shared_run("async").lake
+    first, last = connect(lake).execute(
+        "select min(step), max(step) from batches").fetchone()
+    ran: list[str] = []
+    with pytest.raises(ReportError) as err:
+        gather(lake, steps=(last + 100, last + 200), progress=ran.append)
+    assert ran == []                                  # not one of the report's queries
+    message = " ".join(str(err.value).split())
+    assert f"in steps {last + 100}:{last + 200}: no batch was handed out there" in message
+    assert f"the run trained steps {first}..{last}" in message
+
+
+def test_the_heatmaps_tick_exact_steps_including_both_ends(tmp_path: Path) -> None:
+    from tests.analysis.test_whatif import _pipelined_run
+    lake = _pipelined_run(tmp_path / "lake", steps=64)       # trains steps 1 to 64
+
+    def ticks(steps: tuple[int | None, int | None]) -> list[list[str]]:
+        (p,) = gather(lake, steps=steps).partitions
+        figs = [spec.draw(p) for spec in FIGURES if spec.key in ("staleness", "span")]
+        assert len(figs) == 2
+        return [[t.get_text() for t in fig.axes[1].get_xticklabels()] for fig in figs]
+    for got in ticks((10, 20)):                               # one column per step
+        assert got == [str(s) for s in range(10, 21)]
+    for got in ticks((None, None)):                           # columns of two steps each
+        assert got[0] == "1" and got[-1] == "64"
+        assert all(t.isdigit() and 1 <= int(t) <= 64 for t in got)
 
 
 def _cli_error(*args: str) -> str:
@@ -163,7 +206,9 @@ def test_a_lake_without_trained_batches_gets_a_clear_message(tmp_path: Path) -> 
 def test_a_window_without_batches_a_missing_lake_and_an_unknown_partition_are_clear(
         tmp_path: Path) -> None:
     lake = shared_run("async").lake
-    assert "no batch was handed out" in _cli_error(str(lake), "--steps", "500:600")
+    out = " ".join(_cli_error(str(lake), "--steps", "500:600").split())
+    assert "no batch was handed out" in out
+    assert "the run trained steps 1..8 (partitions train 1..8, val 3..6)" in out
     assert "no lake at" in _cli_error(str(tmp_path / "nowhere"))
     assert "no partition 'test'" in _cli_error(str(lake), "--partition", "test")
     assert "name the lake once" in _cli_error()

@@ -101,9 +101,9 @@ def cells(output: str) -> dict[str, tuple[str, str]]:
     """The table's rows: figure -> (recorded cell, what-if cell)."""
     out = {}
     for line in output.splitlines():
-        key, rest = line[:24].strip(), line[24:]
-        if key and len(rest) == 28:
-            out[key] = (rest[:14].strip(), rest[14:].strip())
+        key, rest = line[:28].strip(), line[28:]
+        if key and len(rest) == 24:
+            out[key] = (rest[:12].strip(), rest[12:].strip())
     return out
 
 
@@ -205,3 +205,73 @@ def test_filter_metric_none_switches_the_filter_off_in_the_replay(tmp_path: Path
     assert res.exit_code == 0, res.output
     recorded_n, whatif_n = cells(res.output)["evicted: zero_variance"]
     assert int(recorded_n) > 0 and whatif_n == "0"
+
+
+def test_the_token_figure_is_named_as_the_exact_per_token_mean_it_is(tmp_path: Path) -> None:
+    """`token_staleness_mean` is the response-length weighted mean elsewhere (report_headline,
+    off_policy); what whatif prints is the exact per-token mean, so it carries off_policy's
+    name for that figure."""
+    from pipeline.analysis import connect
+    lake = shared_run("async").lake
+    exact, weighted = connect(lake).sql(
+        "select sum(token_staleness_sum) / sum(span_tokens), "
+        "sum(staleness * n_response_tokens) / sum(n_response_tokens) "
+        "from provenance where not is_padding").fetchall()[0]
+    assert f"{float(exact):.3f}" != f"{float(weighted):.3f}"      # two figures on this lake
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    got = cells(res.output)
+    assert got["token_staleness_exact_mean"][0] == f"{float(exact):.3f}"
+    assert "token_staleness_mean" not in got
+
+
+def test_a_replay_that_trains_nothing_prints_dashes_and_its_unfilled_steps_as_a_range(
+        tmp_path: Path) -> None:
+    lake = _pipelined_run(tmp_path / "recorded")             # 8 calls, 3-token responses
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--rule",
+                                   "short_response.min_response_length=100",
+                                   "--out", str(tmp_path / "replay")])
+    assert res.exit_code == 0, res.output
+    assert recorded(tmp_path / "replay" / "lake").batches == []
+    got = cells(res.output)
+    assert got["batches"] == ("8", "0")
+    for key in ("staleness_mean", "staleness_max", "token_staleness_exact_mean"):
+        assert got[key][1] == "-", key
+    assert "NULL" not in res.output
+    assert "unfilled steps: 1-8;" in res.output
+
+
+def test_steps_are_summed_up_as_runs() -> None:
+    from pipeline.analysis.whatif import step_ranges
+    assert step_ranges([]) == "none"
+    assert step_ranges([4]) == "4"
+    assert step_ranges([8, 1, 2, 3, 5, 7, 3]) == "1-3, 5, 7-8"
+    assert step_ranges(list(range(1, 151))) == "1-150"
+
+
+def test_threshold_none_replays_without_a_staleness_bound(tmp_path: Path) -> None:
+    from pipeline.analysis.whatif import recorded_settings
+    lake = shared_run("async").lake
+    assert recorded_settings(lake)["max_off_policy_threshold"] is not None
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--threshold", "none",
+                                   "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert recorded_settings(tmp_path / "lake")["max_off_policy_threshold"] is None
+    recorded_n, whatif_n = cells(res.output)["evicted: stale"]
+    assert int(recorded_n) > 0 and whatif_n == "0"
+    bad = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--threshold", "two"])
+    assert bad.exit_code == 2 and isinstance(bad.exception, SystemExit)
+    assert "--threshold 'two': give a whole number of steps" in bad.output
+
+
+def test_every_help_line_reads_whole_at_80_columns() -> None:
+    import os
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "whatif", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(x) for x in lines) <= 80
+    assert not [x for x in lines if "…" in x]
+    text = " ".join(x.strip("│ ") for x in lines)
+    assert "max_off_policy_threshold:" in text and "oldest_version" in text

@@ -106,7 +106,7 @@ def independent(lake: Path, admit: bool) -> dict[str, Any]:
     f["future rows"] = future
     f["stale mean"] = floor + f"{fmean if future else mean:.3f}"
     f["stale max"] = floor + str(ftop if future else top)
-    f["token mean"] = floor + f"{float(tok_floor if future else tok):.3f}"
+    f["token exact"] = floor + f"{float(tok_floor if future else tok):.3f}"
     arrays = {c: con.sql(f"select {c}::double as {c}, trained from t where not saved")
               .fetchnumpy() for c in ("n_tokens", "reward")}
     for col, key in (("n_tokens", "KS length"), ("reward", "KS reward")):
@@ -358,6 +358,8 @@ def test_compare_items_and_single_options_do_not_mix(tmp_path: Path) -> None:
                           (["--compare"], "needs at least one POLICY"),
                           (["--compare", "threshold=1", "--threshold", "2"],
                            "not --threshold"),
+                          (["--compare", "threshold=1", "--selection-order", "spread_first"],
+                           "not --selection-order"),
                           (["--calls", "2"], "--calls windows a --compare"),
                           (["--compare", "--calls", "0", "threshold=1"], "--calls 0: give")):
         res = CliRunner().invoke(app, ["whatif", "--lake", lake, *args])
@@ -376,3 +378,20 @@ def test_items_take_json_values_mappings_and_none() -> None:
     assert parse_policy("rule=overlong=off,rule=short_response.min_response_length=2",
                         keys).settings == {"rules": {"overlong": None, "short_response":
                                                      {"min_response_length": 2}}}
+
+
+def test_the_notes_name_the_steps_a_policy_left_unfilled(tmp_path: Path) -> None:
+    from tests.analysis.test_whatif import _pipelined_run
+    lake = _pipelined_run(tmp_path / "recorded")             # 8 calls at steps 1-8
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--compare", "threshold=1",
+                                   "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0, res.output
+
+    def steps(row_lake: Path) -> set[int]:
+        return {s for (s,) in connect(row_lake).sql(
+            "select distinct step from decisions where kind = 'select'").fetchall()}
+    missing = sorted(steps(lake) - steps(tmp_path / "cmp" / "replays" / "p1" / "lake"))
+    assert missing == [7, 8]
+    assert tables(res.output)["threshold=1"]["batches"] == "6"
+    notes = " ".join(res.output.split("  threshold=1:")[1].split())
+    assert "- unfilled: 2 of 8 sample calls (steps 7-8) handed out no batch" in notes

@@ -12,9 +12,9 @@ from tests.support.lake import ROOT, python_env
 from tests.support.sql_runs import simulate_async
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, env=python_env(),
-                          capture_output=True, text=True, timeout=120)
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT,
+                          env=python_env(**env), capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("command", ["compact", "retain"])
@@ -34,10 +34,23 @@ def test_compact_then_retain_on_a_real_lake(tmp_path):
     assert not [p for p in segment_files(lake, "trajectories") if p.suffix == ".arrow"]
     out = cli("retain", "--lake", str(lake), "--older-than", "2", "--no-progress")
     assert out.returncode == 0, out.stderr
-    assert "horizon step 4" in out.stdout
+    assert "horizon step 4" in " ".join(out.stdout.split())     # wrapped to the terminal
     assert read_table(lake, "trajectories").num_rows == rows
 
 
 def test_a_missing_lake_is_a_clear_error(tmp_path):
     out = cli("compact", "--lake", str(tmp_path / "nope"))
     assert out.returncode == 2 and "no lake at" in out.stderr
+
+
+def test_the_summaries_are_wrapped_to_the_terminal_width(tmp_path):
+    lake = tmp_path / "lake"
+    simulate_async(lake, steps=6)
+    for args in (["compact"], ["retain", "--older-than", "2"]):
+        narrow = cli(*args, "--lake", str(lake), "--no-progress", COLUMNS="80")
+        assert narrow.returncode == 0, narrow.stderr
+        lines = narrow.stdout.splitlines()
+        assert len(lines) > 1 and max(map(len, lines)) <= 80, narrow.stdout
+        assert all(line.startswith("  ") for line in lines[1:]), narrow.stdout
+        wide = cli(*args, "--lake", str(lake), "--no-progress", COLUMNS="300")
+        assert len(wide.stdout.splitlines()) == 1, wide.stdout     # as wide as the terminal

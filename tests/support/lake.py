@@ -57,6 +57,16 @@ def add_group(buf: ReplayBuffer, uid: str, gs: int = 0, rewards: Iterable[float]
     return rows
 
 
+def small_trained_lake(lake: Path) -> Path:
+    """A small real lake: 3 groups of 2 trajectories at step 1, 2 of them trained and
+    released (what command-line error tests run against)."""
+    with ReplayBuffer.sync(lake=lake, poll_interval=0.01) as buf:
+        for i in range(3):
+            add_group(buf, f"g{i}", 1)
+        buf.release(buf.sample(1, "train", 2))
+    return lake
+
+
 def lake_history(lake: Path) -> dict[str, list[tuple]]:
     """Every lake table's rows without their wall-clock time, in seq order."""
     out = {}

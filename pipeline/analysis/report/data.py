@@ -4,7 +4,8 @@ Everything comes through the read-only, out-of-core connection (`pipeline.analys
 the token payload is never read. The per-step queries return small aggregates (a few rows per
 step); the step window (``--steps A:B``) is applied to them here, except for the headline
 numbers, whose query takes the window as parameters. A report describes trained batches, so a
-lake (or a window) without any is an error that says so, not an empty page.
+lake (or a window) without any is an error that says so, not an empty page; a window outside
+the trained steps is refused before any query runs, naming the steps the run trained.
 """
 from __future__ import annotations
 
@@ -60,17 +61,21 @@ class ReportData:
 
 
 def parse_steps(text: str | None) -> tuple[int | None, int | None]:
-    """``A:B``, ``A:`` or ``:B`` (inclusive trainer steps) into a pair; None or ``:`` is all."""
+    """``A:B``, ``A``, ``A:`` or ``:B`` (inclusive trainer steps) into a pair; None or ``:`` is
+    all."""
     if text is None or text.strip() in ("", ":"):
         return (None, None)
     parts = text.split(":")
     try:
-        if len(parts) != 2:
+        if len(parts) > 2:
             raise ValueError(text)
-        lo, hi = (int(p) if p.strip() else None for p in parts)
+        lo, hi = (int(p) if p.strip() else None for p in (parts * 2)[:2])
     except ValueError as exc:
-        raise ReportError(f"--steps {text!r}: write A:B (inclusive trainer steps), A: or :B") \
-            from exc
+        raise ReportError(f"--steps {text!r}: write A:B (inclusive trainer steps), A, A: or "
+                          ":B") from exc
+    if any(s is not None and s < 0 for s in (lo, hi)):
+        raise ReportError(f"--steps {text!r}: trainer steps count from 0; write A:B with "
+                          "0 <= A <= B")
     if lo is not None and hi is not None and lo > hi:
         raise ReportError(f"--steps {text!r}: the first step is after the last")
     return (lo, hi)
@@ -82,8 +87,38 @@ def _in_window(step: Any, lo: int | None, hi: int | None) -> bool:
 
 def _window_text(steps: tuple[int | None, int | None]) -> str:
     lo, hi = steps
-    return "" if steps == (None, None) else f" in steps {'' if lo is None else lo}:" \
-        f"{'' if hi is None else hi}"
+    if steps == (None, None):
+        return ""
+    if lo == hi:
+        return f" in step {lo}"
+    return f" in steps {'' if lo is None else lo}:{'' if hi is None else hi}"
+
+
+def trained_steps(con: Any, partitions: list[str] | None) -> dict[str, list[int]]:
+    """Per partition (those named, else all), the steps that handed out a batch, ascending:
+    read from the decision log alone, so it costs little next to the report's queries."""
+    rows = con.execute("select partition, list(distinct step order by step) from decisions "
+                       "where kind = 'select' group by partition order by partition").fetchall()
+    return {p: steps for p, steps in rows if not partitions or p in partitions}
+
+
+def check_window(con: Any, root: Path, steps: tuple[int | None, int | None],
+                 partitions: list[str] | None) -> None:
+    """Refuse a step window in which nothing was trained before any query runs, naming the
+    steps the run did train. A lake that trained nothing is left to `gather`'s own message."""
+    trained = trained_steps(con, partitions)
+    lo, hi = steps
+    if steps == (None, None) or not trained:
+        return
+    if any(_in_window(s, lo, hi) for ss in trained.values() for s in ss):
+        return
+    first = min(ss[0] for ss in trained.values())
+    last = max(ss[-1] for ss in trained.values())
+    each = ", ".join(f"{p} {ss[0]}..{ss[-1]}" for p, ss in trained.items())
+    raise ReportError(f"nothing to report for {root}{_window_text(steps)}: no batch was handed "
+                      f"out there; the run trained steps {first}..{last} (partition"
+                      f"{'s' if len(trained) > 1 else ''} {each}). "
+                      "Give --steps inside them.")
 
 
 def materialise(con: Any, views: tuple[str, ...]) -> None:
@@ -119,6 +154,7 @@ def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (N
         con = connect(root, filter_metric=metric)
     except ConfigError:
         con = connect(root)
+    check_window(con, root, steps, partitions)
     materialise(con, SHARED_VIEWS)
     lo, hi = steps
     results: dict[str, Rows] = {}

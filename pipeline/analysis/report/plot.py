@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from matplotlib.ticker import MaxNLocator
 from pipeline.analysis.report.data import HEATMAP_COLUMNS, SMOOTH_FROM, Rows
 
 WIDTH, HEIGHT, DPI = 12.0, 3.8, 100
+MOST_TICKS = 12         # x ticks of a heatmap: every step up to this many, else round steps
 
 
 def figure(ncols: int = 1) -> tuple[Figure, list[Any]]:
@@ -42,6 +44,7 @@ def steps_axis(ax: Any, label: str = "trainer step") -> None:
     ax.set_xlabel(label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
+
 
 def series(rows: Rows, key: str, step: str = "step") -> tuple[np.ndarray, np.ndarray]:
     pts = [(r[step], r[key]) for r in rows if r[key] is not None]
@@ -102,12 +105,34 @@ def heatmap(ax: Any, rows: Rows, measure: str, label: str) -> None:
                          vmin=0.0, vmax=1.0, shading="flat")
     ax.set_yticks(range(len(values)), [str(v) for v in values])
     if per_bin == 1:
-        ticks = np.unique(np.linspace(0, len(steps) - 1, min(len(steps), 10)).round()).astype(int)
+        ticks = column_ticks(steps)
         ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
+    else:                   # the x axis is in steps: tick exact steps, both ends included
+        ax.set_xticks(step_ticks(steps[0], steps[-1]))
     ax.set_xlabel("trainer step" if per_bin == 1 else f"trainer step (bins of {per_bin})")
     ax.set_ylabel(label)
     what = "tokens" if weight == "n_tokens" else "trajectories"
     ax.figure.colorbar(mesh, ax=ax, label=f"share of {what}", pad=0.01)
+
+
+def step_ticks(lo: int, hi: int, most: int = MOST_TICKS) -> list[int]:
+    """Integers from ``lo`` to ``hi`` to tick, both ends included: every one when there are at
+    most ``most``, else the ends and the multiples of a round stride (1, 2, 5, 10, 20, ...)
+    between them, none nearer an end than half a stride (their labels would overlap)."""
+    if hi - lo + 1 <= most:
+        return list(range(lo, hi + 1))
+    stride = next(k * 10**e for e in itertools.count() for k in (1, 2, 5)
+                  if (hi - lo) / (k * 10**e) <= most - 1)
+    inner = range(-(-lo // stride) * stride, hi + 1, stride)
+    return [lo, *(v for v in inner if v - lo >= stride / 2 and hi - v >= stride / 2), hi]
+
+
+def column_ticks(steps: list[int]) -> list[int]:
+    """The columns to tick of a heatmap with one column per trained step (ascending): those of
+    `step_ticks` when the steps run without a gap, else evenly chosen columns; both ends."""
+    if steps[-1] - steps[0] + 1 == len(steps):
+        return [s - steps[0] for s in step_ticks(steps[0], steps[-1])]
+    return step_ticks(0, len(steps) - 1)
 
 
 def stacked_bars(ax: Any, rows: Rows, key: str, count: str, colors: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'figures': 'headline',
     'table': 'headline',
     'future_summary': 'outcome',
+    'step_ranges': 'outcome',
     'recorded': 'rerun',
     'recorded_settings': 'rerun',
     'replay': 'rerun',

@@ -26,11 +26,11 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
      (("wasted_trajectories", "wasted trajs"), ("wasted_tokens", "wasted tokens"),
       ("wasted_generation_s", "wasted gen s"), ("saved_trajectories", "saved trajs"),
       ("saved_tokens", "saved tokens"), ("live_trajectories", "left at end"))),
-    ("staleness of the trained rows (token mean: per response token); certificate "
-     "violations (trained rows over their bound); bias: KS statistic of the trained against "
-     "the generated distribution (0: alike)",
+    ("staleness of the trained rows (token exact: the exact mean per response token, over "
+     "rows that report version spans); certificate violations (trained rows over their "
+     "bound); bias: KS statistic of the trained against the generated distribution (0: alike)",
      (("staleness_mean", "stale mean"), ("staleness_max", "stale max"),
-      ("token_staleness_mean", "token mean"), ("future_rows", "future rows"),
+      ("token_staleness_exact_mean", "token exact"), ("future_rows", "future rows"),
       ("over_bound_rows", "over bound"), ("ks_response_len", "KS length"),
       ("ks_reward", "KS reward"))),
 )

@@ -218,7 +218,7 @@ def _row(label: str, settings: dict[str, Any], lake: Path, metric: str | None, a
 
 def _notes(row: Row, result: Outcome, calls: int, chosen: dict[str, Any], admit: bool
            ) -> list[str]:
-    notes = approximations(row.figures, result, calls, row.identical, chosen)
+    notes = approximations(row.figures, result, calls, row.identical, chosen, unfilled=True)
     if not admit:
         return notes
     f = row.figures

@@ -13,20 +13,21 @@ figure real, and the table says so in the cell itself rather than in a footnote 
 * Every approximation the replay made for the settings asked for is one line under the table
   (`approximations`): recorded arrival times, rows that `wait` trained above the bound because
   the recorded rollout side ran ahead, rows that `mask` trained with their loss off, refills
-  the record could not serve, and (last) the rows from the future behind the floors.
+  the record could not serve, (in a comparison) the sample calls whose batch never filled, and
+  (last) the rows from the future behind the floors.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pipeline.analysis.whatif.outcome import Outcome, future_summary
+from pipeline.analysis.whatif.outcome import Outcome, future_summary, unfilled_summary
 
 ROWS = ("batches", "trained_rows", "evicted", "staleness_mean", "staleness_max",
-        "token_staleness_mean", "over_bound_rows", "future_rows")
+        "token_staleness_exact_mean", "over_bound_rows", "future_rows")
 # the staleness figures a row from the future makes impossible, and the floor shown instead
 FLOORS = {"staleness_mean": "staleness_mean_floor", "staleness_max": "staleness_max_floor",
-          "token_staleness_mean": "token_staleness_mean_floor"}
+          "token_staleness_exact_mean": "token_staleness_exact_mean_floor"}
 
 
 def figures(lake: Path, filter_metric: str | None) -> dict[str, Any]:
@@ -52,18 +53,19 @@ def cell(figs: dict[str, Any], key: str) -> str:
 
 def table(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """The comparison, one line per figure and per eviction reason (80 columns)."""
-    lines = [f"{'':24}{'recorded':>14}{'what-if':>14}"]
-    lines += [f"{key:24}{cell(before, key):>14}{cell(after, key):>14}" for key in ROWS]
+    lines = [f"{'':28}{'recorded':>12}{'what-if':>12}"]
+    lines += [f"{key:28}{cell(before, key):>12}{cell(after, key):>12}" for key in ROWS]
     for reason in sorted(set(before["evicted_by_reason"]) | set(after["evicted_by_reason"])):
-        lines.append(f"{'evicted: ' + reason:24}{before['evicted_by_reason'].get(reason, 0):>14}"
-                     f"{after['evicted_by_reason'].get(reason, 0):>14}")
+        lines.append(f"{'evicted: ' + reason:28}{before['evicted_by_reason'].get(reason, 0):>12}"
+                     f"{after['evicted_by_reason'].get(reason, 0):>12}")
     return lines
 
 
 def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identical: int,
-                   chosen: dict[str, Any]) -> list[str]:
+                   chosen: dict[str, Any], unfilled: bool = False) -> list[str]:
     """What the replay approximated for these settings, one sentence each (none when it
-    reproduced every recorded batch)."""
+    reproduced every recorded batch). ``unfilled``: name the sample calls whose batch never
+    filled too (the single-policy line names them itself)."""
     if identical == calls and not outcome.refill_shortfall:
         return []
     out = ["arrivals: every rollout keeps its recorded arrival order and weight version; a "
@@ -85,11 +87,11 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
         out.append(f"refills: {outcome.refill_shortfall:,} refilled group(s) the replay asked "
                    "for were never generated in the recorded run, so its batches trained other "
                    "groups or stayed short")
+    short = unfilled_summary(outcome, calls) if unfilled else None
     future = future_summary(outcome, calls)
-    if future is not None:
-        out.append(future)
-    return out
+    return out + [x for x in (short, future) if x is not None]
 
 
 def _fmt(v: object) -> str:
-    return "NULL" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+    """A figure: '-' where there is none (a policy that trained nothing has no staleness)."""
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)

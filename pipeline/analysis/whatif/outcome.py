@@ -33,7 +33,6 @@ class Outcome:
     future_rows: dict[int, int] = field(default_factory=dict)   # step -> rows newer than it
 
 
-
 def future_rows(table: pa.Table) -> int:
     """Trained rows of a batch whose newest weight version is not older than its step (the
     rows the live buffer warns about)."""
@@ -64,6 +63,28 @@ def future_warnings_held() -> Iterator[None]:
         yield
     finally:
         log.removeFilter(hold)
+
+
+def step_ranges(steps: list[int]) -> str:
+    """Steps as runs of consecutive ones (``1-150``, ``3, 7-9``); 'none' for no step."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs) or "none"
+
+
+def unfilled_summary(outcome: Outcome, calls: int) -> str | None:
+    """One sentence on the sample calls whose batch never filled, None when every one did."""
+    if not outcome.unfilled:
+        return None
+    n = len(outcome.unfilled)
+    return (f"unfilled: {n} of {calls} sample calls (step{'s' if n > 1 else ''} "
+            f"{step_ranges(outcome.unfilled)}) handed out no batch: with these settings the "
+            "recorded rollouts could not fill those batches (a live run would have generated "
+            "more), so the replay has fewer batches than the recorded run")
 
 
 def future_summary(outcome: Outcome, calls: int) -> str | None:

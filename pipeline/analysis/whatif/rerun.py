@@ -51,7 +51,14 @@ from typing import Any
 from pipeline.analysis.whatif.feed import Feed
 from pipeline.analysis.whatif.outcome import Outcome, future_rows, future_warnings_held
 from pipeline.analysis.whatif.record import Record
-from pipeline.errors import ConfigError, LakeError, ReplayLakeError
+from pipeline.errors import (
+    ConfigError,
+    EmptyBatchError,
+    LakeError,
+    MissingMetricError,
+    RefillLimitError,
+    SampleTimeout,
+)
 
 SAMPLE_TIMEOUT_S = 600.0   # a safety net only: an unfillable call ends when the feed runs dry
 IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch cannot fill
@@ -69,7 +76,10 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
     from pipeline.lake import require_lake
     cfg = lake_config.current(require_lake(lake))
     if cfg is None:
-        raise LakeError(f"{lake} records no configuration ({lake_config.FILE}); give every setting")
+        raise LakeError(f"{lake} records no configuration ({lake_config.FILE}): a what-if replays "
+                        "the run under the settings it was made with, changing only those you "
+                        "give, so it needs that file; restore it from a backup (a copy or sync "
+                        "tool that skips names starting with `_` leaves it out)")
     keys = ("preset", "max_off_policy_threshold", "max_off_policy_strategy",
             "filter_groups_metric")
     missing = [k for k in keys if k not in cfg]
@@ -197,7 +207,12 @@ def _replay_calls(buf: Any, feed: Feed, calls: list, result: Outcome) -> None:
         try:
             b = buf.sample(c.step, c.partition, len(c.selected),
                            timeout=SAMPLE_TIMEOUT_S, before_poll=before_poll)
-        except (ReplayLakeError, _Unfillable):
+        except MissingMetricError as exc:     # the settings, not the replay: say so at once
+            raise ConfigError(
+                f"what-if at step {c.step}: {exc.args[0].split('; add it to')[0]}; a what-if "
+                "filters by the scalar reward or by a reward_info metric the recorded run "
+                "reported: choose one of those") from exc
+        except (SampleTimeout, EmptyBatchError, RefillLimitError, _Unfillable):
             result.unfilled.append(c.step)
             result.batches.append([])
             continue

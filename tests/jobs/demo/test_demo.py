@@ -112,6 +112,18 @@ def test_the_summary_fits_an_80_column_terminal(smoke, tmp_path):
     assert not too_wide
 
 
+def test_the_mask_intro_states_the_staleness_bound_it_speaks_of(tmp_path):
+    # without the DAPO filter nothing before it names the bound: the sentence must say it itself
+    res = CliRunner().invoke(app, ["demo", "--strategy", "mask", "--filter-metric", "none",
+                                   "--steps", "1", "--no-wandb", "--whatif-calls", "0",
+                                   "--out", str(tmp_path / "run")], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert ("replaylake evicts failed groups, and asks for new prompts to replace them. With "
+            "strategy 'mask' a group dispatched 2 or more steps before the step that would "
+            "train it is not evicted but trained with its loss switched off") in text, text
+
+
 def test_a_non_empty_directory_the_demo_did_not_make_is_refused_and_left_alone(tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()

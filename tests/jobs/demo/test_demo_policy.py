@@ -168,3 +168,26 @@ def test_a_row_zeroed_in_loss_mask_adds_nothing_to_the_loss(which):
     assert loss(masked, adv) == pytest.approx(loss(rest, adv[1:]), rel=1e-6)
     assert loss(masked, torch.tensor([-3.0, -0.5, 0.5])) == pytest.approx(loss(masked, adv))
     assert loss(batch, adv) != pytest.approx(loss(rest, adv[1:]))   # unmasked, row 0 counts
+
+
+@pytest.mark.parametrize("which", ["grpo", "tis"])
+def test_a_step_whose_every_row_is_masked_reports_no_ratio_figures(which):
+    """A mean over zero trained tokens is no figure: such a step reports its loss (0) only, and
+    the run's summary averages the steps that trained something (None when none did: JSON has
+    no NaN), instead of counting that step as a ratio of 0."""
+    from jobs.demo.trainer import StepInfo, ratio_summary, tis_loss, tis_summary
+    torch.manual_seed(0)
+    policy = Policy()
+    batch = _padded_batch(policy)
+    batch["token_staleness"] = torch.zeros_like(batch["response_mask"])
+    batch["loss_mask"] = torch.zeros_like(batch["response_mask"])
+    adv = torch.tensor([1.0, -0.5, 0.5])
+    loss, stats = grpo_loss(policy, batch, adv) if which == "grpo" else \
+        tis_loss(policy, batch, adv, 0.2, 2.0)
+    assert stats == {"train/loss": 0.0} and float(loss) == 0.0
+    summary = ratio_summary if which == "grpo" else (lambda h: tis_summary(h, 2.0))
+    key = "ratio_mean" if which == "grpo" else "tis_weight_mean"
+    masked_step = StepInfo(1, stats, {}, None)
+    assert summary([masked_step])[key] is None
+    trained = StepInfo(2, {f"train/{key}": 1.5, "train/ratio_std": 0.1}, {}, None)
+    assert summary([masked_step, trained])[key] == 1.5

@@ -90,3 +90,22 @@ def test_a_resume_reads_the_run_s_own_configuration_and_refuses_other_directorie
     write_config(run_dir, DemoConfig(steps=7, batch_size=3), {"lake": "x"})
     cfg = read_config(run_dir)
     assert (cfg.steps, cfg.batch_size) == (7, 3)
+
+
+def test_a_run_that_trained_all_its_steps_is_not_resumed(tmp_path):
+    """Nothing is left to resume: refused with the run's step count, before anything is written
+    (no new group dispatched, its summary not rewritten)."""
+    from jobs.demo.main import run
+    from jobs.demo.policy import Policy
+    from jobs.demo.resume import checkpoint, restored_step
+    from jobs.demo.trainer import Trainer
+    run_dir = make_run_dir(tmp_path / "run")
+    write_config(run_dir, DemoConfig(steps=3, batch_size=2), {"lake": str(run_dir / "lake")})
+    trainer = Trainer(Policy(), 1e-3, 0.2, None)
+    checkpoint(run_dir, trainer, 2)
+    assert restored_step(run_dir) == 2       # one step short: a resume goes on (not run here)
+    checkpoint(run_dir, trainer, 3)
+    before = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(ConfigError, match=r"already trained all its 3 steps.*nothing to resume"):
+        run(DemoConfig(), resume=run_dir, use_wandb=False)
+    assert sorted(p.name for p in run_dir.iterdir()) == before

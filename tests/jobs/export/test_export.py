@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -238,8 +239,20 @@ def test_steps_option_accepts_ranges_single_steps_and_open_ends() -> None:
 
 def test_an_out_directory_of_another_export_is_refused(lake, tmp_path: Path) -> None:
     export(_config(lake[0], tmp_path / "out", rows_per_shard=4))
-    with pytest.raises(ExportError, match="other options"):
+    with pytest.raises(ExportError, match="other options \\(rows_per_shard: 4 there, 8 now\\)"):
         export(_config(lake[0], tmp_path / "out", rows_per_shard=8))
+
+
+def test_an_out_directory_holding_another_lakes_export_is_refused(lake, tmp_path: Path) -> None:
+    """Same options, another lake: refused, its shards kept (like runs hold like sequence
+    numbers, so a shard's rows key alone could take the other lake's rows as done)."""
+    other = tmp_path / "other"
+    shutil.copytree(lake[0], other)
+    export(_config(lake[0], tmp_path / "out", rows_per_shard=4))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    with pytest.raises(ExportError, match=rf"holds an export of another lake \({lake[0].resolve()}\)"):
+        export(_config(other, tmp_path / "out", rows_per_shard=4))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()} == before
 
 
 def test_cli_export_runs_and_reports_errors_with_exit_code_2(lake, tmp_path: Path) -> None:

@@ -2,12 +2,8 @@
 from __future__ import annotations
 
 import json
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,6 +14,7 @@ from jobs.cli import app
 from jobs.sql.render import table_text
 from sql import loader
 from tests.support.lake import ROOT
+from tests.support.pty_shell import shell_on_a_terminal
 from tests.support.sql_runs import shared_run
 
 cli = CliRunner()
@@ -40,6 +37,24 @@ def test_every_listed_query_runs_from_the_cli_by_name() -> None:
         res = sql("--name", name, *params, "--format", "json")
         assert res.exit_code == 0, (name, res.output)
         assert isinstance(json.loads(res.output), list)
+
+
+def test_every_in_sql_hint_of_the_listing_runs_once_its_placeholders_are_filled() -> None:
+    """`sql --list` shows how ad-hoc SQL reads each query: a view by its name, any other query
+    as a macro with `<param>` placeholders. Filled in, every hint runs; the listing fits 80
+    columns."""
+    import re
+    listing = cli.invoke(app, ["sql", "--list"], env={"COLUMNS": "80"}).output
+    assert max(len(line) for line in listing.splitlines()) <= 80
+    hints = re.findall(r"in SQL: (.*(?:\n {8}.*)*)", listing)
+    assert len(hints) == len(loader.catalog())
+    for hint in hints:
+        text = " ".join(hint.split())
+        filled = re.sub(r"<([a-z_]+)>", lambda m: ARGS.get(m.group(1), "2"), text)
+        res = sql("-c", filled, "--format", "json")
+        assert res.exit_code == 0, (text, res.output)
+    assert "select * from groups" in listing and "select * from groups(" not in listing
+    assert "select * from lineage('<uid>')" in listing
 
 
 def test_named_queries_are_table_macros_inside_ad_hoc_sql() -> None:
@@ -135,36 +150,10 @@ def test_the_shell_reads_multi_line_statements_and_dot_commands_from_stdin() -> 
     assert "refused" in res.stdout                                # the shell goes on after it
 
 
-def _read_until(fd: int, marker: bytes, limit_s: float = 60) -> bytes:
-    got = b""
-    end = time.monotonic() + limit_s
-    while marker not in got and time.monotonic() < end:
-        ready, _, _ = select.select([fd], [], [], 1)
-        if ready:
-            try:
-                got += os.read(fd, 4096)
-            except OSError:
-                break
-    return got
-
-
 def test_the_shell_on_a_terminal_prompts_continues_lines_and_keeps_history(tmp_path: Path) -> None:
     hist = tmp_path / "history"
-    main, child = pty.openpty()
-    env = {**os.environ, "REPLAYLAKE_SQL_HISTORY": str(hist), "COLUMNS": "80"}
-    proc = subprocess.Popen(_cmd(), stdin=child, stdout=child, stderr=child, cwd=ROOT, env=env)
-    os.close(child)
-    try:
-        assert b"replaylake> " in _read_until(main, b"replaylake> ")
-        os.write(main, b"select 6 *\n")
-        assert b"...> " in _read_until(main, b"...> ")
-        os.write(main, b"7 as product;\n")
-        out = _read_until(main, b"replaylake> ")
+    with shell_on_a_terminal(shared_run("async").lake, hist) as type_line:
+        assert b"...> " in type_line(b"select 6 *", b"...> ")
+        out = type_line(b"7 as product;")
         assert b"product" in out and b"42" in out
-        os.write(main, b".quit\n")
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(main)
     assert "7 as product;" in hist.read_text()
