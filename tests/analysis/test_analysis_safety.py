@@ -144,17 +144,29 @@ def test_a_snapshot_is_cut_at_the_first_row_an_earlier_read_missed() -> None:
     from pipeline.analysis.views import _consistent
     # trajectories were read first (up to seq 5); seq 7 was written to them after that read
     t = _consistent(_seq_tables(trajectories=[0, 5], group_events=[1, 2, 3, 4, 6],
-                                decisions=[8, 9]), "trajectories")
+                                decisions=[8, 9]), "trajectories", [])
     assert {n: x["seq"].to_pylist() for n, x in t.items()} == \
         {"trajectories": [0, 5], "group_events": [1, 2, 3, 4, 6], "decisions": []}
+
+
+def test_a_burnt_gap_is_not_a_write_in_flight() -> None:
+    """Seq 7 was burnt (a failed write, a call a crash tore, a write a salvage lost: logged as
+    never to be written), so the acknowledged rows after it are not cut; a gap the log does not
+    name still is."""
+    from pipeline.analysis.views import _consistent
+    tables = _seq_tables(trajectories=[0, 5], group_events=[1, 2, 3, 4, 6], decisions=[8, 9, 11])
+    t = _consistent(tables, "trajectories", [(7, 7)])
+    assert t["decisions"]["seq"].to_pylist() == [8, 9]          # 10 is not burnt: cut there
+    t = _consistent(tables, "trajectories", [(7, 7), (10, 10)])
+    assert t["decisions"]["seq"].to_pylist() == [8, 9, 11]
 
 
 def test_old_gaps_are_kept_and_a_complete_lake_is_not_cut() -> None:
     from pipeline.analysis.views import _consistent
     # seqs 2..4 are gone for good (e.g. retention); everything after the first table is dense
     t = _consistent(_seq_tables(trajectories=[0, 9], group_events=[1, 5, 6],
-                                decisions=[7, 8, 10]), "trajectories")
+                                decisions=[7, 8, 10]), "trajectories", [])
     assert t["decisions"]["seq"].to_pylist() == [7, 8, 10]
     t = _consistent(_seq_tables(trajectories=[], group_events=[3, 4], decisions=[5]),
-                    "trajectories")
+                    "trajectories", [])
     assert t["decisions"]["seq"].to_pylist() == [5]

@@ -48,7 +48,7 @@ PARAM_VALUES: dict[str, list[Any]] = {
     "threshold": [1, THRESHOLD, 4],
     "tightest": [1],          # the stale horizon's bound: at most every threshold tried
     "evict_all": [True, False],
-    "max_response_length": [0, 2, 4],
+    "max_response_length": [1, 2, 4],    # its declared smallest value, 1, and above
 }
 TYPE_VALUES: dict[str, list[Any]] = {"BIGINT": [0, 2, 4], "INTEGER": [0, 2, 4],
                                      "DOUBLE": [0.0, 0.5, 2.0], "BOOLEAN": [True, False]}
@@ -60,7 +60,10 @@ def _rows(table: pa.Table, columns: list[str]) -> list[tuple]:
 
 def _bindings(rule: rules.Rule, step: int) -> Iterator[dict[str, Any]]:
     names = [p.name for p in rule.knobs]
-    tried = {p.name: PARAM_VALUES.get(p.name, TYPE_VALUES.get(p.type)) for p in rule.knobs}
+    # a type's values below a parameter's declared minimum are not values it takes
+    tried = {p.name: PARAM_VALUES.get(p.name, [v for v in TYPE_VALUES.get(p.type, [])
+                                               if p.problem(v) is None] or None)
+             for p in rule.knobs}
     unknown = [p for p in names if tried[p] is None]
     assert not unknown, f"rule {rule.name}: give test values for {unknown} in PARAM_VALUES"
     for values in itertools.product(*(tried[p] for p in names)):

@@ -118,7 +118,7 @@ def test_partition_id_is_an_alias_of_partition_in_every_method():
 
 def test_numpy_integers_are_taken_as_steps_sizes_and_batch_ids():
     """A trainer's step and sizes often come out of numpy (verl's arrays): taken as their int."""
-    np = pytest.importorskip("numpy")
+    import numpy as np
     buf = ReplayBuffer.sync(poll_interval=0.05)
     add_group(buf, "a", 0)
     add_group(buf, "b", 0)
