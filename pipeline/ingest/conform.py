@@ -285,25 +285,29 @@ def _list_lengths(table: pa.Table, name: str) -> np.ndarray:
     return n
 
 
-# what a token list's items must be: (column, whether the items' (min, max) are out of range,
-# why); a null item is refused in every one of them (a trainer's tensor has no place for it)
-_TOKEN_ITEMS: tuple[tuple[str, Callable[[Any, Any], bool], str], ...] = (
-    ("prompt_ids", lambda lo, hi: lo < 0, "token ids must be >= 0"),
-    ("response_ids", lambda lo, hi: lo < 0, "token ids must be >= 0"),
-    ("response_mask", lambda lo, hi: lo < 0 or hi > 1, "mask values must be 0 or 1"),
+# what a token list's items must be: (column, whether some item is out of range, told by one
+# reduction over the items; which items are, elementwise; why). A null item is refused in every
+# one of them (a trainer's tensor has no place for it).
+_TOKEN_ITEMS: tuple[tuple[str, Callable[[np.ndarray], bool], Callable[[np.ndarray], np.ndarray],
+                          str], ...] = (
+    ("prompt_ids", lambda v: v.min() < 0, lambda v: v < 0, "token ids must be >= 0"),
+    ("response_ids", lambda v: v.min() < 0, lambda v: v < 0, "token ids must be >= 0"),
+    # int8 read as uint8: a negative value is above 127, so one maximum tells both ends
+    ("response_mask", lambda v: v.view(np.uint8).max() > 1, lambda v: (v != 0) & (v != 1),
+     "mask values must be 0 or 1"),
     # NaN is the maximum of anything that holds one, and `NaN <= 0` is false
-    ("rollout_log_probs", lambda lo, hi: not hi <= 0, "a log-probability must be a number <= 0 "
-     "(NaN and positive values are not)"),
+    ("rollout_log_probs", lambda v: not v.max() <= 0, lambda v: ~(v <= 0),
+     "a log-probability must be a number <= 0 (NaN and positive values are not)"),
 )
 
 
 def _token_problems(table: pa.Table) -> list[Problem]:
     """Items of the token lists: none null, ids >= 0, masks 0 or 1, log-probs <= 0 (what the
-    trainer's tensors take as they are). Each column is judged by the null count, minimum and
-    maximum of its list's item buffer (a few microseconds on every put); only when that finds
-    something are its items read one by one, exactly, to name the rows."""
+    trainer's tensors take as they are). Each column is judged by the null count and one
+    reduction over its list's item buffer (a few microseconds on every put); only when that
+    finds something are its own items tested one by one, to name the rows."""
     out = []
-    for name, out_of_range, why in _TOKEN_ITEMS:
+    for name, any_bad, bad_items, why in _TOKEN_ITEMS:
         col = _one_chunk(table, name)
         if col.null_count == len(col):
             continue                  # all null (unknown)
@@ -320,12 +324,10 @@ def _token_problems(table: pa.Table) -> list[Problem]:
             items = exact.drop_null()
             if not len(items):
                 continue
-        v = items.to_numpy(zero_copy_only=False)
-        if not out_of_range(v.min(), v.max()):
+        if not any_bad(items.to_numpy(zero_copy_only=False)):
             continue
         v = col.flatten().to_numpy(zero_copy_only=False)
-        rows = _item_rows(col, np.array([out_of_range(x, x) for x in v.tolist()], dtype=bool)) \
-            if len(v) else ()
+        rows = _item_rows(col, bad_items(v)) if len(v) else ()
         if rows:
             out.append(Problem(name, rows, why))
     return out
