@@ -12,8 +12,6 @@ Read-only and safe while a buffer writes (pipeline.analysis.views.connect takes 
 """
 from __future__ import annotations
 
-import shutil
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -90,8 +88,9 @@ def main(
     Examples:
         replaylake audit --lake runs/demo/latest/lake
     """
+    from jobs.cli import echo_wrapped, terminal_width
     results = run_audits(lake, threshold)
-    width = max(40, shutil.get_terminal_size((80, 24)).columns)
+    width = terminal_width()
     for r in results:
         head = f"{r.status:>7}  {r.name}" + (f" ({len(r.rows):,} violating row(s))" if r.rows
                                                else "")
@@ -100,17 +99,13 @@ def main(
         else:
             typer.echo(head)
             if r.note:
-                typer.echo(textwrap.fill(r.note, width, initial_indent=" " * 9,
-                                         subsequent_indent=" " * 9))
+                echo_wrapped(r.note, " " * 9, " " * 9)
         for row in r.rows[:SHOWN_ROWS]:   # one violating row: its columns, wrapped
-            typer.echo(textwrap.fill(", ".join(f"{k}={v}" for k, v in row.items()), width,
-                                     initial_indent=" " * 9 + "- ", subsequent_indent=" " * 11))
+            echo_wrapped(", ".join(f"{k}={v}" for k, v in row.items()), " " * 9 + "- ", " " * 11)
         if len(r.rows) > SHOWN_ROWS:     # the command that lists them all, runnable as shown
             params = "".join(f" --param {k}={v}" for k, v in r.params.items())
-            typer.echo(textwrap.fill(f"(+{len(r.rows) - SHOWN_ROWS:,} more: replaylake sql "
-                                     f"--lake {lake} --name {r.name}{params})", width,
-                                     initial_indent=" " * 9, subsequent_indent=" " * 10,
-                                     break_long_words=False, break_on_hyphens=False))
+            echo_wrapped(f"(+{len(r.rows) - SHOWN_ROWS:,} more: replaylake sql --lake {lake} "
+                         f"--name {r.name}{params})", " " * 9, " " * 10)
     failed = [r.name for r in results if r.status == "FAIL"]
     skipped = sum(r.status == "skipped" for r in results)
     typer.echo(f"{len(results) - len(failed) - skipped} passed, {len(failed)} failed, "

@@ -219,12 +219,16 @@ def fail(text: str) -> NoReturn:
     raise typer.Exit(USER_EXIT)
 
 
-def echo_wrapped(text: str) -> None:
-    """Print ``text`` wrapped to the terminal's width (80 columns when it has none, 40 at least),
-    its continuation lines indented two spaces; words and paths are never cut."""
-    width = max(40, shutil.get_terminal_size((80, 24)).columns)
-    typer.echo(textwrap.fill(text, width, subsequent_indent="  ", break_long_words=False,
-                             break_on_hyphens=False))
+def terminal_width() -> int:
+    """The terminal's width in columns: 80 when it has none, 40 at least."""
+    return max(40, shutil.get_terminal_size((80, 24)).columns)
+
+
+def echo_wrapped(text: str, first: str = "", rest: str = "  ") -> None:
+    """Print ``text`` wrapped to the terminal's width, its first line after ``first`` and the
+    others after ``rest``; words and paths are never cut (a printed command stays runnable)."""
+    typer.echo(textwrap.fill(text, terminal_width(), initial_indent=first, subsequent_indent=rest,
+                             break_long_words=False, break_on_hyphens=False))
 
 
 def handled(func: Callable[..., Any]) -> Callable[..., Any]:

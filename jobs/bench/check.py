@@ -12,8 +12,6 @@ bare in the same rounds, and verl's time over theirs is the most any adapter cou
 from __future__ import annotations
 
 import json
-import shutil
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +48,8 @@ def misses(report: dict[str, Any]) -> tuple[list[str], list[str], list[str], int
 def _say(tag: str, line: str) -> None:
     """One entry, wrapped to the terminal's width under its tag (an 80-column terminal reads
     each one whole)."""
-    width = max(shutil.get_terminal_size((80, 24)).columns, 40)
-    typer.echo(textwrap.fill(line, width, initial_indent=f"{tag:<8}", subsequent_indent=" " * 8,
-                             break_long_words=False, break_on_hyphens=False))
+    from jobs.cli import echo_wrapped
+    echo_wrapped(line, f"{tag:<8}", " " * 8)
 
 
 def main(report: Path = typer.Argument(Path("runs/bench/all.json"),

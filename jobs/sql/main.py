@@ -95,8 +95,8 @@ def main(
 ) -> None:
     """Read-only SQL over a lake: one-shot, a named query, or an interactive shell."""
     if list_:
-        import shutil
-        typer.echo(_catalog_text(max(40, shutil.get_terminal_size((80, 24)).columns)))
+        from jobs.cli import terminal_width
+        typer.echo(_catalog_text(terminal_width()))
         return
     if fmt is None:                      # the file says what it is: x.csv gets CSV, not a table
         fmt = _format_of(output)

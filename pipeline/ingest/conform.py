@@ -360,9 +360,10 @@ def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
                 flat.field("n_tokens").null_count:      # nothing else can be read of such spans
             missing = pc.or_(pc.or_(pc.is_null(flat), pc.is_null(pc.struct_field(flat, "version"))),
                              pc.is_null(pc.struct_field(flat, "n_tokens")))
-            return out + [Problem("version_spans", tuple(np.unique(np.asarray(parents)[
-                np.asarray(missing)]).tolist()), "holds a null span (or a span with a null "
-                "version or n_tokens): every span is a (version, n_tokens) pair of numbers")]
+            return out + [Problem("version_spans", _item_rows(spans, np.asarray(missing)),
+                                  "holds a null span (or a span with a null version or "
+                                  "n_tokens): every span is a (version, n_tokens) pair of "
+                                  "numbers")]
         tok = np.bincount(np.asarray(parents), weights=flat.field("n_tokens").to_numpy(),
                           minlength=len(spans)).astype(np.int64)
         has = np.asarray(pc.is_valid(spans))

@@ -112,6 +112,12 @@ def checksum(data: bytes | pa.Buffer, algorithm: int = WRITE_ALGORITHM) -> int:
     return zlib.crc32(data)
 
 
+def mapped(path: Path) -> pa.Buffer:
+    """The whole file as one zero-copy buffer, readable after the file is replaced or deleted."""
+    with pa.memory_map(str(path)) as f:
+        return f.read_buffer()
+
+
 def extend_checksum(crc: int, data: bytes, algorithm: int = WRITE_ALGORITHM) -> int:
     """``crc`` (of the bytes so far) extended over ``data``: a running `checksum`."""
     if algorithm == CRC32C:

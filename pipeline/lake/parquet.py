@@ -36,7 +36,7 @@ from pipeline.lake.files import (
     WRITE_ALGORITHM,
     checksum,
     extend_checksum,
-    refused,
+    mapped,
     table_of,
 )
 from schemas import LAKE_TABLES
@@ -90,18 +90,13 @@ def write_table(table: pa.Table, path: Path, row_group_size: int | None = None) 
         w.write_table(table, row_group_size=row_group_size)
 
 
-def verify(source: Path | pa.Buffer, path: Path | None = None) -> None:
-    """Raise `LakeDamageError` unless the file's footer parses and the bytes before it match the
-    checksum it records (a file without one, written before the lake kept them, passes).
-    ``source``: the file, or its bytes mapped (``path`` names it then)."""
-    path = source if isinstance(source, Path) else (path or Path("<mapped>"))
+def verify(data: pa.Buffer, path: Path) -> None:
+    """Raise `LakeDamageError` unless the file ``path`` (its bytes ``data``, mapped) has a footer
+    that parses and bytes before it that match the checksum it records (a file without one,
+    written before the lake kept them, passes)."""
     try:
-        meta = pq.read_metadata(source if isinstance(source, Path) else pa.BufferReader(source))
+        meta = pq.read_metadata(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:    # ValueError: a name not UTF-8
-        if refused(exc):
-            raise                       # unreadable to this user: not damage
-        if isinstance(source, Path) and not source.exists():
-            raise FileNotFoundError(f"{source} is gone") from exc
         raise LakeDamageError(path, 0, f"the Parquet footer cannot be read ({exc})") from exc
     recorded = (meta.metadata or {}).get(SUM_KEY)
     if recorded is None:
@@ -114,11 +109,7 @@ def verify(source: Path | pa.Buffer, path: Path | None = None) -> None:
         raise LakeDamageError(path, 0, f"its recorded checksum {recorded!r} is not one the lake "
                                        "writes") from exc
     _check_columns(meta, path)
-    if isinstance(source, Path):
-        got, seen = _file_checksum(source, length, algorithm)
-    else:
-        got, seen = checksum(source[:length], algorithm), min(length, source.size)
-    if seen < length or got != crc:
+    if data.size < length or checksum(data[:length], algorithm) != crc:
         raise LakeDamageError(path, 0, f"the bytes of its rows (0 to {length}) do not match the "
                                        "checksum the file records")
 
@@ -144,35 +135,17 @@ def _check_columns(meta: pq.FileMetaData, path: Path) -> None:
                                        f"table's columns (e.g. {(wrong or got.names)[:3]})")
 
 
-def _file_checksum(path: Path, length: int, algorithm: int) -> tuple[int, int]:
-    """(the checksum of the first ``length`` bytes of ``path``, how many there were), read in
-    pieces so a large file is never held in memory whole."""
-    crc, seen = 0, 0
-    with open(path, "rb") as f:
-        while seen < length:
-            piece = f.read(min(_PIECE, length - seen))
-            if not piece:
-                break
-            crc, seen = extend_checksum(crc, piece, algorithm), seen + len(piece)
-    return crc, seen
+def open_file(path: Path) -> pq.ParquetFile:
+    """A compacted file, mapped once (the checksum and the decoding read the same pages),
+    verified whole, then opened with every page checked as it is decoded."""
+    data = mapped(Path(path))
+    verify(data, Path(path))
+    return opened(data)
 
 
-_PIECE = 16 * 2**20
-
-
-def open_file(source: Any) -> pq.ParquetFile:
-    """A compacted file (a path or a mapped buffer), verified whole, then opened with every
-    page checked as it is decoded."""
-    verify(Path(source) if isinstance(source, (str, Path)) else source)
-    if isinstance(source, pa.Buffer):
-        source = pa.BufferReader(source)
-    return pq.ParquetFile(source, page_checksum_verification=True)
-
-
-def read(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """A whole compacted file (or ``columns`` of it), verified."""
-    with open_file(path) as f:
-        return f.read(columns=columns)
+def opened(data: pa.Buffer) -> pq.ParquetFile:
+    """A verified file's mapped bytes, opened with every page checked as it is decoded."""
+    return pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
 
 
 def dataset_format() -> ds.ParquetFileFormat:

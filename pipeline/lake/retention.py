@@ -36,7 +36,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline.errors import ConfigError
 from pipeline.lake import kill as lake_kill
@@ -105,11 +104,12 @@ def _stripped(t: pa.Table, mask: pa.Array) -> pa.Table:
 def _rewrite(path: Path, gone: pa.Array) -> tuple[Path, int] | None:
     """Drop the payload of ``gone`` groups' rows of one Parquet file into its next generation,
     which replaces it (module doc); (the new file, rows changed), None when nothing changed."""
-    meta = pq.read_metadata(path)
-    keys = parquet.read(path, columns=["partition", "uid"])
+    f = parquet.open_file(path)     # mapped and verified once for both reads
+    meta = f.metadata
+    keys = f.read(columns=["partition", "uid"])
     if not pc.any(pc.is_in(_key(keys), gone)).as_py():
         return None
-    t = parquet.read(path)
+    t = f.read()
     mask = pc.and_(pc.is_in(_key(t), gone), _has_payload(t))
     changed = int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
     if changed == 0:

@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import LakeError
 from pipeline.lake import kill as lake_kill
 from pipeline.lake import parquet, scratch
-from pipeline.lake.files import CALL_KEY, table_of
+from pipeline.lake.files import CALL_KEY, mapped, table_of
 from pipeline.lake.frames import compressed
 from pipeline.lake.names import newest_copy, read_newest
 from pipeline.lake.read import (
@@ -113,17 +113,11 @@ def cut_seq(seqs: dict[str, np.ndarray], first: str,
 SCRATCH_BATCH_BYTES = 8 << 20
 
 
-def _mapped(path: Path) -> pa.Buffer:
-    """The whole file as one zero-copy buffer, readable after the file is replaced or deleted."""
-    with pa.memory_map(str(path)) as f:
-        return f.read_buffer()
-
-
 def _taken(out: Path) -> pa.Buffer:
     """A scratch file, mapped and then unlinked: from here on it takes no room on disk."""
     lake_kill.hit("scan.scratch_written")
     try:
-        return _mapped(out)
+        return mapped(out)
     finally:
         out.unlink()
 
@@ -180,12 +174,12 @@ def _parquet(path: Path, table: str, out: Path) -> tuple[str, pa.Buffer]:
     One written before a derived column existed (`schemas.evolve`) is streamed row group by row
     group into the scratch file ``out`` with that column computed; other files are scanned as
     they are (a missing nullable column reads as null)."""
-    buf = read_newest(path, _mapped)
-    parquet.verify(buf, path)
+    buf = read_newest(path, mapped)
+    parquet.verify(buf, path)       # before its footer is read; its pages are checked as decoded
     if not set(missing_columns(table, pq.read_schema(pa.BufferReader(buf)))) & DERIVED.keys():
         return "parquet", buf
     with pa.ipc.new_file(out, LAKE_TABLES[table]) as w:
-        for batch in parquet.open_file(buf).iter_batches():
+        for batch in parquet.opened(buf).iter_batches():
             w.write_batch(upgrade_batch(table, batch))
     return "ipc", _taken(out)
 
