@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support import python_ast
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "sql", "schemas")     # the project's importable code besides jobs/
 
@@ -83,7 +85,7 @@ def faces(files: dict[str, Path]) -> dict[str, Face]:
     for name, path in files.items():
         if path.name != "__init__.py":
             continue
-        tree = ast.parse(path.read_text(), str(path))
+        tree = python_ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "face":
                 homes = _value(node.args[1])
@@ -112,7 +114,7 @@ def import_edges(module: str, source: str, files: dict[str, Path],
     """The modules of ours that importing `module` runs, from its import-time statements. A name
     taken from a face is an edge to the module that defines it (the face imports it then)."""
     edges: set[str] = set()
-    for node in import_time_statements(ast.parse(source).body):
+    for node in import_time_statements(python_ast.parse(source).body):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 edges.update(_with_parents(alias.name, files, module))
@@ -218,7 +220,7 @@ def private_reaches(module: str, source: str, files: dict[str, Path],
     "line: what"."""
     out: set[str] = set()
     package = module if is_package else module.rpartition(".")[0]
-    tree = ast.parse(source)
+    tree = python_ast.parse(source)
     own = _own_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -264,7 +266,7 @@ def job_reaches(source: str, files: dict[str, Path], face_map: dict[str, Face]) 
     """Imports (anywhere in the file) of a family's insides: a module inside a face's package
     that the face does not offer in `modules=`, or a private module. Each as "line: module"."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(python_ast.parse(source)):
         if isinstance(node, ast.Import):
             targets = [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:

@@ -21,6 +21,7 @@ from pipeline.decide.policies import (
 )
 from pipeline.lake import config as lake_config
 from pipeline.lake import read_table
+from tests.support import python_ast
 from tests.support.policies import Refiller, group
 
 
@@ -86,7 +87,7 @@ def test_a_renamed_policy_class_writes_the_declared_name_into_the_lake(tmp_path)
 def _string_tests(fn) -> list[str]:
     """`if` tests (and conditional expressions) of ``fn``'s source that compare something with
     a string or read a mode (`validation`, `drains`, `strategy`, a partition)."""
-    tree = ast.parse(inspect.getsource(fn))
+    tree = python_ast.parse(inspect.getsource(fn))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.If, ast.IfExp, ast.While)):

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import python_ast
 from tests.support.lake import ROOT
 
 JOBS = sorted(p for p in (ROOT / "jobs").rglob("*.py")
               if any(isinstance(n, ast.FunctionDef) and n.name == "main"
-                     for n in ast.parse(p.read_text()).body))
+                     for n in python_ast.parse(p.read_text()).body))
 
 
 def _runs_main(path: Path) -> bool:
-    for node in ast.parse(path.read_text()).body:
+    for node in python_ast.parse(path.read_text()).body:
         if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
                 and ast.unparse(node.test) in ("__name__ == '__main__'", '__name__ == "__main__"')):
             return "main" in ast.unparse(node)
