@@ -398,7 +398,9 @@ class ReplayBuffer:
         be trained at one of the steps g .. g + T - 1 (group span s - g + 1 <= T), which hold
         T x B places; ``selected`` counts the groups already selected at steps >= g (step g's
         own batch when ``sample(g)`` ran before this call, 0 before it), and every sampleable
-        and in-flight group was dispatched at g or before, so it is ahead of the new ones. Ask
+        and in-flight group was dispatched at g or before, so it is ahead of the new ones (in
+        flight: registered groups not yet terminal, and prompts ``refill_fn`` was asked for at
+        ``global_steps`` that no registration has matched yet). Ask
         with the step the new groups will be registered with, at any point of that step. The
         guarantee holds when every group finishes before the next step's sample. Sampleable
         groups are counted as `get_sampleable_count` counts them (after the eviction rules, so
@@ -426,8 +428,11 @@ class ReplayBuffer:
             # (a stale group, say) is no longer ahead of a new group
             ev = decide.evaluate(part, self.config.rules_for(p), global_steps,
                                  self.config.filter_metric)
+            # prompts refill_fn was asked for at this step and that are not registered yet
+            # count as in flight (as admission counts them)
             return capacity(threshold, batch, part.selected_since(global_steps),
-                            part.candidates.alive_count - ev.count, len(part.inflight))
+                            part.candidates.alive_count - ev.count,
+                            len(part.inflight) + part.unregistered(global_steps))
 
     def lookup(self, partition: str | None = None, uid: str | None = None, *,
                partition_id: str | None = None) -> GroupView | None:

@@ -322,4 +322,6 @@ class StepAggregator:
                 out[k] = min(xs)
             else:
                 out[k] = xs[-1]
+            if red != "mean":      # a count, extreme or last value keeps its declared type
+                out[k] = METRICS[k].type(out[k])
         return out

@@ -24,6 +24,7 @@ from pipeline.decide import evaluate as decide
 from pipeline.decide.batch import Batch
 from pipeline.decide.metrics import CallMetrics, EvictionMetrics
 from pipeline.decide.policies import CallState, PollContext, PollOutcome
+from pipeline.decide.policies.stale import WaitGate, blocks
 from pipeline.decide.selection import deliver, select
 from pipeline.errors import SampleTimeout
 from pipeline.state import BufferState, PartitionState, decision_rows
@@ -186,7 +187,7 @@ class _Call:
                 scalars = acc.scalars(metric_prefix(ctx.partition))
                 return Ready(uids, CallMetrics(scalars, acc.reward_counts)), 0, None
             return select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None
-        _check_time(ctx, self.timeout, self.deadline, now, part, state, st)
+        _check_time(ctx, self.timeout, self.deadline, now, part, state, st, cfg)
         if st.refilled and now - self.last_warn >= WARN_EVERY_S:
             self.last_warn = now
             log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
@@ -284,7 +285,8 @@ def _call(ctx: PollContext) -> str:
 
 
 def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None, now: float,
-                part: PartitionState, state: BufferState, st: CallState) -> None:
+                part: PartitionState, state: BufferState, st: CallState,
+                cfg: BufferConfig) -> None:
     """Every poll honours the timeout, also one that just asked for a refill; the error says
     why the batch is short as far as the buffer can tell."""
     if deadline is None or now < deadline:
@@ -298,12 +300,28 @@ def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None,
                    "their rollouts are late or stalled" if flying else
                    "none of them is in flight: refill_fn returned without registering them, "
                    f"or they were evicted in turn (evicted in this call: {seen})"))
+    elif part.candidates.alive_count >= ctx.batch_size and cfg.gate is not None and \
+            not cfg.gate.open(ctx.step, part.oldest_inflight()):
+        hint = _gate_hint(ctx, part, cfg.gate)
     elif not part.groups and not part.removed_uids and not part.candidates.alive_count:
         known = [p for p, s in state.partitions() if p != ctx.partition and s.groups]
         hint = (f"; partition {ctx.partition!r} has never received a group (known partitions: "
                 f"{known or 'none'})")
     raise SampleTimeout(f"{_call(ctx)} timed out after {timeout}s with "
                         f"{part.candidates.alive_count} sampleable group(s){hint}", part.counts())
+
+
+def _gate_hint(ctx: PollContext, part: PartitionState, gate: WaitGate) -> str:
+    """Why a call with enough sampleable groups did not return under `wait`: the in-flight
+    groups old enough to block it, oldest first."""
+    late = sorted((gs, u) for u, gs in part.inflight.items() if blocks(ctx.step, gs, gate.threshold))
+    spans = decide.group_spans(ctx.step, [gs for gs, _ in late[:3]])
+    named = ", ".join(f"{u!r} (dispatched at step {gs}, group span {s})"
+                      for (gs, u), s in zip(late, spans))
+    more = f" and {len(late) - 3} more" if len(late) > 3 else ""
+    return (f"; max_off_policy_strategy='wait' holds the batch while an in-flight group has "
+            f"group span >= {gate.threshold}: {len(late)} such group(s), {named}{more}. Finish or "
+            "fail them (update_status), reissue them, or retire them")
 
 
 def _ready(cfg: BufferConfig, part: PartitionState, ctx: PollContext, o: PollOutcome,

@@ -233,11 +233,14 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> p
 
 
 def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
-               keep: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
+               keep: Callable[[pa.Table], pa.Array] | None = None,
+               columns: list[str] | None = None) -> pa.Table:
     """One lake table as a pyarrow Table sorted by ``seq`` (empty, with its schema, if absent).
 
     ``keep(segment) -> boolean mask`` filters each segment as it is read, so a large table never
-    has to fit in memory whole before filtering. Raises LakeDamageError on damage."""
+    has to fit in memory whole before filtering; ``columns`` (which must hold ``seq``) keeps only
+    those of each segment, so a reader of a few small columns never copies the token payload.
+    Raises LakeDamageError on damage."""
     schema = LAKE_TABLES[table]
     log = read_log(root)
     committed = committed_calls(root, log)
@@ -251,9 +254,11 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
         if t.num_rows and keep is not None:
             t = t.filter(keep(t))
         if t.num_rows:
-            parts.append(upgrade(table, t) if t.schema != schema else t)
+            t = upgrade(table, t) if t.schema != schema else t
+            parts.append(t if columns is None else t.select(columns))
     if not parts:
-        return schema.empty_table()
+        empty = schema.empty_table()
+        return empty if columns is None else empty.select(columns)
     out = pa.concat_tables(parts)
     return out.take(pc.sort_indices(out, [("seq", "ascending")]))
 

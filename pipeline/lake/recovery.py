@@ -79,7 +79,7 @@ def _record_gaps(root: Path, writer: Any) -> None:
     burnt: salvage holds the lake, so no such gap is a write in flight, and readers must not cut
     the acknowledged history after it (see `lake.scan.cut_seq`)."""
     from pipeline.lake.read import burnt_ranges, highest_seq, read_log, read_table
-    seqs = np.unique(np.concatenate([read_table(root, t).column("seq").to_numpy()
+    seqs = np.unique(np.concatenate([read_table(root, t, columns=["seq"]).column("seq").to_numpy()
                                      for t in LAKE_TABLES]))
     top = highest_seq(root)
     known = burnt_ranges(read_log(root))

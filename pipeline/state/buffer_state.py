@@ -159,6 +159,7 @@ class BufferState:
         # one prompt per eviction: the oldest evictions are replaced first, the rest wait
         part.refill_deferred = (total - dispatch, named[dispatch:]) if dispatch < total \
             else (0, [])
+        part.asked_unregistered(step, dispatch)     # in flight until their groups register
         return dispatch
 
     def owe_refill(self, partition: str, wanted: int, replaces: list[str]) -> None:
@@ -178,6 +179,7 @@ class BufferState:
         exception's type; its prompts stay owed."""
         with self._cond:
             part = self.part(partition)
+            part.asked_unregistered(step, -count)   # no group of this ask is coming
             self.commit("decisions", decision_rows(
                 "refill_failed", partition=partition, step=step, call_id=call_id, poll=poll,
                 reason=type(error).__name__, count=count, replaces=list(part.refill_replaces)))

@@ -142,6 +142,7 @@ class PartitionState:
         self.refill_deferred: tuple[int, list[str]] = (0, [])   # owed, held back by admission
         self._asked: tuple[int, int] | None = None   # (count, replaced) of the last ask in the
         #                                          lake not yet known served or failed
+        self._unregistered = (-1, 0)             # (step, prompts) asked at it, not registered yet
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.refill_done: Any = None             # ... and the threading.Event it sets on return
         self.unreported: Any = None              # EvictionMetrics of calls that raised
@@ -175,6 +176,9 @@ class PartitionState:
                               datasets: Sequence[str | None] | None = None) -> None:
         """`apply_registered` of each row in order, in one loop (a poll registers ~64)."""
         groups, inflight, push = self.groups, self.inflight, heapq.heappush
+        step, asked = self._unregistered
+        if asked:
+            self._unregistered = (step, max(asked - len(uids), 0))
         if datasets is None:
             datasets = [None] * len(uids)
         for uid, gs, n, prompt_id, dataset in zip(uids, steps, ns, prompt_ids, datasets):
@@ -247,6 +251,25 @@ class PartitionState:
         self.refill_owed -= count
         self.refill_replaces = self.refill_replaces[replaced:]
         self._asked = None
+
+    def asked_unregistered(self, step: int, count: int) -> None:
+        """An ask of ``count`` prompts decided at ``step`` (negative: an ask that failed): in
+        flight for admission until as many groups are registered (see `unregistered`)."""
+        at, asked = self._unregistered
+        self._unregistered = (step, max((asked if at == step else 0) + count, 0))
+
+    def unregistered(self, step: int) -> int:
+        """Prompts refill_fn was asked for at ``step`` that no registration has matched yet.
+
+        A refill_fn may hand its ask to the rollout side and return before the new groups are
+        registered (they are in flight, only not yet visible); admission counts them with the
+        groups in flight from the ask on, or the next poll would see the same room and ask
+        again (a refill_fn that registers before it returns has matched them by then). Any group
+        registered in the partition counts against them (registrations carry nothing that ties
+        them to an ask); prompts never registered count only within their step, so a lost ask
+        holds no place for good. Memory only: a restart starts from 0, as before any ask."""
+        at, asked = self._unregistered
+        return asked if at == step else 0
 
     def settle_asked(self) -> None:
         if self._asked is not None:

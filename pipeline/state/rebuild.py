@@ -50,7 +50,7 @@ def restore(state: BufferState, lake: str | os.PathLike) -> None:
                     "lake (set aside by `replaylake lake salvage`); they were skipped", lake,
                     dropped)
     seqs = [tables[n].column("seq").to_numpy() for n in _REPLAYED]
-    metric_seq = read_table(lake, "metrics").column("seq").to_numpy()
+    metric_seq = read_table(lake, "metrics", columns=["seq"]).column("seq").to_numpy()
     all_seq = np.concatenate(seqs)
     source = np.concatenate([np.full(len(s), i, dtype=np.int8) for i, s in enumerate(seqs)])
     local = np.concatenate([np.arange(len(s)) for s in seqs])

@@ -131,7 +131,8 @@ def test_figures_a_replay_cannot_stand_behind_are_floors_and_each_approximation_
     assert not got["staleness_mean"][0].startswith(">=")     # the recorded run has none
     assert got["over_bound_rows"] == ("0", str(over))
     said = notes(res.output)
-    assert [n.split(":", 1)[0] for n in said] == ["arrivals", "wait",
+    # without stale evictions the replay asks for fewer refills than the recorded run did
+    assert [n.split(":", 1)[0] for n in said] == ["arrivals", "wait", "refills",
                                                   "weight versions from the future"]
     assert f"wait: {over} of {trained} trained rows were trained above the bound (group " \
         "span > 1)" in said[1]
@@ -205,6 +206,12 @@ def test_filter_metric_none_switches_the_filter_off_in_the_replay(tmp_path: Path
     assert res.exit_code == 0, res.output
     recorded_n, whatif_n = cells(res.output)["evicted: zero_variance"]
     assert int(recorded_n) > 0 and whatif_n == "0"
+    # evicting nothing, the replay asks for none of the recorded refills: their groups are
+    # not in it, and the approximations say how many (and how they were attributed)
+    got = replay(shared_run("async").lake, tmp_path / "again", filter_groups_metric=None)
+    assert got.refill_undrawn > 0
+    assert f"refills: {got.refill_undrawn:,} group(s) the recorded refills registered were " \
+           "never asked for" in " ".join(res.output.split())
 
 
 def test_the_token_figure_is_named_as_the_exact_per_token_mean_it_is(tmp_path: Path) -> None:

@@ -298,3 +298,48 @@ def test_admit_raises_when_the_cap_leaves_a_short_batch_nothing_to_wait_for() ->
     with pytest.raises(RefillLimitError, match="dispatch capacity is 0"):
         buf.sample(1, "train", 1, timeout=5)
     assert ref.calls == []
+
+
+def _admit_recording_asks() -> tuple[ReplayBuffer, list[int]]:
+    """T=2, B=2 under admit with the DAPO filter; refill_fn only records each ask (as one that
+    hands it to the rollout side and returns before any group is registered)."""
+    asks: list[int] = []
+    return make("async", max_off_policy_threshold=2, max_off_policy_strategy="admit",
+                train_batch_size=2, filter_groups_metric="reward", refill_fn=asks.append), asks
+
+
+def test_admit_counts_asked_prompts_in_flight_until_their_groups_register() -> None:
+    """A refill_fn that hands the ask to the rollout side and returns before the new groups are
+    registered: the next poll of the call must not see the same room and ask again. T=2, B=2,
+    at step 3: 3 zero-variance groups evicted (3 owed), 2 sampleable, 1 in flight: capacity 1.
+    One prompt is asked; it holds its place until a group registers (not twice after that),
+    and an ask never registered holds no place at the next step."""
+    buf, asks = _admit_recording_asks()
+    group(buf, "c", 2, [0.0, 1.0])
+    group(buf, "a", 3, [0.0, 1.0])
+    group(buf, "b", 3, status="running")
+    for u in ("z1", "z2", "z3"):
+        group(buf, u, 3, [1.0, 1.0])
+    assert buf.dispatch_capacity(3, "train") == 1
+    batch = buf.sample(3, "train", 2, timeout=5)
+    assert batch.uids == ["c", "a"]
+    assert asks == [1]                          # not one per poll until all 3 were asked
+    assert buf.dispatch_capacity(3, "train") == 0     # b and the asked prompt take the places
+    group(buf, "r0", 3, status="running")       # the asked group arrives: counted once
+    assert buf.dispatch_capacity(3, "train") == 0
+    buf.update_status(partition="train", uids=["b", "r0"], status="failure")
+    assert buf.dispatch_capacity(3, "train") == 2
+
+
+def test_an_asked_prompt_never_registered_holds_no_place_at_the_next_step() -> None:
+    buf, asks = _admit_recording_asks()
+    group(buf, "a", 3, [0.0, 1.0])
+    group(buf, "z", 3, [1.0, 1.0])
+    group(buf, "b", 3, status="running")
+    assert buf.dispatch_capacity(3, "train") == 2
+    buf.release(buf.sample(3, "train", 1, timeout=5))
+    assert asks == [1]
+    # selected 1, in flight b and the asked prompt: 4 - 1 - 2 = 1 at step 3
+    assert buf.dispatch_capacity(3, "train") == 1
+    # at step 4 the ask no longer counts: 4 places, only b in flight (the batch was step 3's)
+    assert buf.dispatch_capacity(4, "train") == 3

@@ -54,6 +54,12 @@ def test_step_aggregator_uses_declared_reductions_and_weights():
     assert out[f"{P}/evicted_samples_staleness/min"] == 1
     assert out["global_steps"] == 7
     assert agg.reward_counts == {0.0: 3, 1.0: 1}
+    # merged counts and extremes keep the types a single call reports (a count stays an int);
+    # the max of the spans is declared a float, as one call reports it
+    types = {k: type(v) for k, v in out.items()}
+    assert types[f"{P}/evicted_samples"] is int and types["global_steps"] is int
+    assert types[f"{P}/evicted_samples_staleness/mean"] is float
+    assert types[f"{P}/evicted_samples_staleness/max"] is float
 
 
 def test_step_aggregator_refuses_undeclared_keys():

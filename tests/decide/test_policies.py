@@ -102,8 +102,11 @@ def test_wait_gate_opens_below_threshold_and_closes_at_exactly_threshold():
     group(buf, "done", 5, [0.0, 1.0])
     assert buf.sample(5, "train", 1, timeout=5).uids == ["done"]
     group(buf, "done2", 5, [0.0, 1.0])
-    with pytest.raises(TimeoutError):                   # span 4 == T at g=8 -> blocks
+    with pytest.raises(TimeoutError) as error:          # span 4 == T at g=8 -> blocks
         buf.sample(8, "train", 1, timeout=0.3)
+    # the timeout says that the gate, not a short buffer, held the batch, and names the group
+    assert "max_off_policy_strategy='wait' holds the batch" in str(error.value)
+    assert "'inflight' (dispatched at step 5, group span 4)" in str(error.value)
 
 
 def test_sync_ignores_drop_and_wait():

@@ -34,3 +34,22 @@ def test_the_highest_seq_of_a_compacted_file_is_read_from_its_seq_column(tmp_pat
     meta = pq.read_metadata(path)
     assert read.seq_ranges(meta) == [(5, 7)]
     assert read._parquet_max_seq(path) == 7
+
+
+def test_a_table_read_for_some_columns_holds_those_of_every_row_in_seq_order(tmp_path):
+    """`read_table(columns=...)`: what a reader of a few small columns (salvage's seq scan, a
+    restore's metric seqs) gets is the whole read's rows, those columns only, also on a table
+    that is absent (its empty schema, those columns)."""
+    from pipeline import ReplayBuffer
+    from tests.support.lake import add_group
+    lake = tmp_path / "lake"
+    buf = ReplayBuffer.async_(lake=lake)
+    for k in range(3):
+        add_group(buf, f"g{k}", gs=k + 1)
+    buf.close()
+    whole = read.read_table(lake, "trajectories")
+    some = read.read_table(lake, "trajectories", columns=["seq", "uid"])
+    assert some.column_names == ["seq", "uid"] and whole.num_rows == 6
+    assert some.equals(whole.select(["seq", "uid"]))
+    empty = read.read_table(lake, "metrics", columns=["seq"])
+    assert empty.column_names == ["seq"] and empty.num_rows == 0

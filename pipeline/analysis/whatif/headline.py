@@ -87,6 +87,13 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
         out.append(f"refills: {outcome.refill_shortfall:,} refilled group(s) the replay asked "
                    "for were never generated in the recorded run, so its batches trained other "
                    "groups or stayed short")
+    if outcome.refill_undrawn:
+        out.append(f"refills: {outcome.refill_undrawn:,} group(s) the recorded refills "
+                   "registered were never asked for by the replay, so they are not in it. The "
+                   "replay takes the registrations right after each recorded refill decision "
+                   "for that refill's groups: where the recorded refill_fn returned before its "
+                   "groups were registered, groups the trainer or another producer registered "
+                   "meanwhile may be among them (check with the decision_log query)")
     short = unfilled_summary(outcome, calls) if unfilled else None
     future = future_summary(outcome, calls)
     return out + [x for x in (short, future) if x is not None]

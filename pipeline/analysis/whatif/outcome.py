@@ -29,6 +29,7 @@ class Outcome:
     batches: list[list[str]] = field(default_factory=list)      # uids per sample call, in order
     unfilled: list[int] = field(default_factory=list)           # steps whose batch never filled
     refill_shortfall: int = 0
+    refill_undrawn: int = 0      # recorded refill groups the replay never asked for
     lake: Path | None = None
     future_rows: dict[int, int] = field(default_factory=dict)   # step -> rows newer than it
 

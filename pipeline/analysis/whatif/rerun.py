@@ -169,6 +169,7 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
             if max_calls is None:          # the rest of the record: what was left at the end
                 feed.advance(None)
             result.refill_shortfall = feed.shortfall
+            result.refill_undrawn = len(feed.pool)
     # the batches as the replay's own decision log orders them (as `recorded` reads a lake)
     result.batches = recorded(result.lake).batches
     return result

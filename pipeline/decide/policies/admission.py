@@ -76,8 +76,10 @@ class Admit:
         call no way to fill its batch (nothing in flight, too few sampleable, no place left),
         instead of waiting until a timeout."""
         selected = part.selected_since(ctx.step)
-        cap = capacity(self.threshold, self.train_batch_size, selected, o.sampleable, o.inflight)
-        if cap == 0 and o.inflight == 0 and o.sampleable < ctx.batch_size:
+        # prompts asked at this step whose groups are not registered yet are in flight already
+        inflight = o.inflight + part.unregistered(ctx.step)
+        cap = capacity(self.threshold, self.train_batch_size, selected, o.sampleable, inflight)
+        if cap == 0 and inflight == 0 and o.sampleable < ctx.batch_size:
             raise RefillLimitError(
                 f"max_off_policy_strategy='admit': sample(step={ctx.step}, {ctx.partition!r}) has "
                 f"{o.sampleable}/{ctx.batch_size} groups sampleable and none in flight, and the "
