@@ -91,6 +91,7 @@ from pipeline.to_torch.ragged import (
 LAYOUTS = ("padded", "packed")
 PER_ROW_INT64 = ("global_steps", "min_global_steps", "max_global_steps", "staleness")
 LIST_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 REQUIRED_COLUMNS = (*LIST_COLUMNS, "reward", *PER_ROW_INT64, "is_padding")
 
 
@@ -188,9 +189,11 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
     """The trainer's tensors for a Batch table (trajectories + provenance); see the module doc.
 
     Rows keep the table's order. ``device`` (e.g. ``"cuda"``) receives a copy, non-blocking when
-    the host tensors are pinned; ``None`` or ``"cpu"`` keeps them on the host. ``pool``: write the
-    token tensors into a ``TensorPool``'s reused buffers (see pipeline/to_torch/pool.py); host
-    tensors then go back with ``pool.give_back``, staging ones for a device go back by themselves.
+    the host tensors are pinned; ``None`` or ``"cpu"`` keeps them on the host; a device torch
+    cannot use here (no such device, or none of its kind) is refused before any work. ``pool``:
+    write the token tensors into a ``TensorPool``'s reused buffers (see pipeline/to_torch/pool.py);
+    host tensors then go back with ``pool.give_back``, staging ones for a device go back by
+    themselves (also when the copy fails).
     ``token_versions=True`` adds ``token_versions`` / ``token_staleness`` (int64, aligned like
     ``response_mask``; ``responses_token_versions`` / ``responses_token_staleness`` [B, R] in the
     padded layout): the weight version behind every response token and its staleness (see
@@ -205,10 +208,10 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
         raise BatchFormatError(
             f"the table lacks column(s) {', '.join(missing)}; batch_to_torch needs a Batch table "
             "(schemas.TRAJECTORIES plus schemas.BATCH_PROVENANCE), e.g. ReplayBuffer.sample's")
-    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
-        raise BatchFormatError(f"pad_token_id={pad_token_id!r} must be an int")
+    _check_pad_token_id(pad_token_id)
     if pool is not None and not isinstance(pool, TensorPool):
         raise BatchFormatError(f"pool={pool!r} must be a TensorPool or None")
+    target = _target_device(device)
     if require_log_probs_when_stale:
         to_torch_versions.refuse_stale_without_log_probs(
             table, _lengths(table, "response_ids"))
@@ -221,7 +224,7 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
     if plain is not None:             # the common batch, read straight from its buffers
         n = plain.p + plain.r
         if to_torch_rows.use_row_copy(layout, table.num_rows, int(n.sum()), int(n.max())):
-            return _finish(table, pin, device, pool, plain.p, plain.r, partial(
+            return _finish(table, pin, target, pool, plain.p, plain.r, partial(
                 _packed, pin, plain.p, plain.r, True,
                 lambda out, n, _: to_torch_packed.write(out, plain, n), pool),
                 layout if token_versions else None)
@@ -247,8 +250,49 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
                 to_torch_masks.write_packed(out, p, r, cu, prompt.pieces, resp.pieces, mask,
                                             logp)
         build = partial(_packed, pin, p, r, row_copy, write, pool)
-    return _finish(table, pin, device, pool, prompt.lengths, resp.lengths, build,
+    return _finish(table, pin, target, pool, prompt.lengths, resp.lengths, build,
                    layout if token_versions else None)
+
+
+def _check_pad_token_id(pad_token_id: Any) -> None:
+    """``pad_token_id`` must be an int the int64 token tensors can hold (checked in both layouts,
+    though only the padded one writes it)."""
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+        raise BatchFormatError(f"pad_token_id={pad_token_id!r} must be an int")
+    if not INT64_MIN <= int(pad_token_id) <= INT64_MAX:
+        raise BatchFormatError(f"pad_token_id={pad_token_id!r} does not fit the int64 token "
+                               "tensors; give your tokenizer's pad token id (an int in "
+                               "[-2**63, 2**63 - 1])")
+
+
+def _target_device(device: Any) -> torch.device | None:
+    """The device the tensors are copied to (None: they stay on the host), refused before any
+    work when torch cannot use it here. The check is torch's device module (``torch.cuda``, ...):
+    ``is_available()`` and ``device_count()``; a device type without one is not checked."""
+    if device is None:
+        return None
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise BatchFormatError(f"device={device!r} is not a device torch can use here ({exc}); "
+                               "pass e.g. 'cuda', 'cuda:1', or None to keep the tensors on the "
+                               "host") from None
+    if target.type == "cpu":
+        return None
+    try:
+        module = torch.get_device_module(target)
+    except RuntimeError:                  # no device module (e.g. meta): nothing cheap to ask
+        return target
+    is_available = getattr(module, "is_available", None)
+    if callable(is_available) and not is_available():
+        raise BatchFormatError(f"device={device!r}: torch has no usable {target.type} device "
+                               f"here ({module.__name__}.is_available() is False); pass "
+                               "device=None to keep the tensors on the host")
+    count = getattr(module, "device_count", None)
+    if target.index is not None and callable(count) and target.index >= count():
+        raise BatchFormatError(f"device={device!r}: torch sees {count()} {target.type} "
+                               f"device(s) here, numbered from 0")
+    return target
 
 
 def _lengths(table: pa.Table, name: str) -> np.ndarray:
@@ -272,11 +316,11 @@ def _token_versions(table: pa.Table, layout: str, pin: bool, pool: TensorPool | 
     return tensors if layout == "padded" else {k: v[None] for k, v in tensors.items()}
 
 
-def _finish(table: pa.Table, pin: bool, device: Any, pool: TensorPool | None, p: np.ndarray,
-            r: np.ndarray, build: Callable[[], dict[str, torch.Tensor]],
+def _finish(table: pa.Table, pin: bool, device: torch.device | None, pool: TensorPool | None,
+            p: np.ndarray, r: np.ndarray, build: Callable[[], dict[str, torch.Tensor]],
             versions_layout: str | None = None) -> dict[str, torch.Tensor]:
     """``build()``'s tensors and the per-row ones (and the token versions of
-    ``versions_layout``, if given), lent from ``pool``, copied to ``device``."""
+    ``versions_layout``, if given), lent from ``pool``, copied to ``device`` (None: the host)."""
     try:
         out = build()
         out.update(to_torch_loss_mask.build(table, out, pin, pool))
@@ -290,11 +334,24 @@ def _finish(table: pa.Table, pin: bool, device: Any, pool: TensorPool | None, p:
         raise
     if pool is not None:
         pool.lend(out)
-    if device is not None and torch.device(device).type != "cpu":
-        host = out
+    return out if device is None else _to_device(out, device, pin, pool)
+
+
+def _to_device(host: dict[str, torch.Tensor], device: torch.device, pin: bool,
+               pool: TensorPool | None) -> dict[str, torch.Tensor]:
+    """Copies of ``host`` on ``device``. Pooled host tensors are only staging: they go back to
+    ``pool`` here, also when a copy fails (out of memory, a device error), once the copies that
+    did start no longer read them."""
+    try:
         out = {k: v.to(device, non_blocking=pin) for k, v in host.items()}
+        ready = _copies_done(device, pin) if pool is not None else None
+    except BaseException:
         if pool is not None:
-            pool.give_back(host, ready=_copies_done(torch.device(device), pin))
+            _wait_for_started_copies(device, pin)
+            pool.give_back(host)
+        raise
+    if pool is not None:
+        pool.give_back(host, ready=ready)
     return out
 
 
@@ -309,3 +366,19 @@ def _copies_done(device: torch.device, pin: bool) -> Any:
         return event
     torch.accelerator.synchronize(device)
     return None
+
+
+def _wait_for_started_copies(device: torch.device, pin: bool) -> None:
+    """After a copy to ``device`` failed: wait until the non-blocking copies that did start have
+    read their host tensors (pageable copies return after reading them). A device that cannot
+    synchronize (never usable, or failed) runs none of them any more; the copy's own error is the
+    one to report."""
+    if not pin:
+        return
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        else:
+            torch.accelerator.synchronize(device)
+    except Exception:
+        pass

@@ -268,6 +268,25 @@ def test_device_cpu_keeps_tensors_on_the_host() -> None:
     assert all(t.device.type == "cpu" for t in out.values())
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("pad", [2**63, -(2**63) - 1, np.uint64(2**63)])
+def test_a_pad_token_id_past_int64_is_refused_in_both_layouts(layout: str, pad: int) -> None:
+    with pytest.raises(BatchFormatError, match=r"pad_token_id=.*does not fit the int64 token"):
+        batch_to_torch(LITERAL, layout=layout, pad_token_id=pad)
+
+
+def test_the_int64_extremes_are_valid_pad_token_ids() -> None:
+    for pad in (2**63 - 1, -(2**63)):
+        out = batch_to_torch(LITERAL, layout="padded", pad_token_id=pad)
+        assert out["input_ids"][1, 1:].tolist() == [pad] * 4
+        assert out["responses"][1].tolist() == [pad] * 3
+
+
+def test_a_device_that_is_not_a_torch_device_is_refused_by_name() -> None:
+    with pytest.raises(BatchFormatError, match="device='gpu0' is not a device torch can use"):
+        batch_to_torch(LITERAL, device="gpu0")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback without an accelerator")
 def test_pin_memory_without_an_accelerator_warns_and_returns_ordinary_memory() -> None:
     with pytest.warns(UserWarning, match="no accelerator"):

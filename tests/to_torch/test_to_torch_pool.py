@@ -140,6 +140,32 @@ def test_a_failed_call_leaves_no_buffer_on_loan() -> None:
     assert_same_tensors(out, naive_to_torch(table, "padded"))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_device_torch_cannot_use_is_refused_before_any_buffer_is_lent(layout: str) -> None:
+    pool = TensorPool()
+    absent = f"cuda:{torch.cuda.device_count()}"     # one past the last GPU, or any without CUDA
+    for _ in range(3):
+        with pytest.raises(BatchFormatError, match=f"device='{absent}'"):
+            batch_to_torch(long_rows(21, 5), layout=layout, device=absent, pool=pool)
+    assert pool.loaned_bytes == 0 and pool.idle_bytes == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_failed_copy_to_the_device_gives_the_staging_buffers_back(layout: str) -> None:
+    # torch knows the xla device type but this build cannot reach it, and has no device module
+    # to ask beforehand: the copy itself fails, after the buffers were lent
+    pool = TensorPool()
+    table = long_rows(22, 6)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="xla"):
+            batch_to_torch(table, layout=layout, device="xla", pool=pool)
+        assert pool.loaned_bytes == 0 and pool.idle_bytes > 0
+    idle = pool.idle_bytes
+    out = batch_to_torch(table, layout=layout, pool=pool)     # served from the same buffers
+    assert_same_tensors(out, naive_to_torch(table, layout))
+    assert pool.idle_bytes + pool.loaned_bytes == idle
+
+
 def test_max_bytes_bounds_what_the_pool_keeps_but_never_fails_a_call() -> None:
     table = long_rows(13, 10)
     size = sum(t.numel() * t.element_size() for t in batch_to_torch(table).values())
@@ -182,3 +208,23 @@ def test_staging_buffers_for_the_gpu_return_to_the_pool_by_themselves(layout: st
     torch.cuda.synchronize()
     for t, out in zip(tables, outs):
         assert_same_tensors({k: v.cpu() for k, v in out.items()}, naive_to_torch(t, layout))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_copy_that_runs_out_of_gpu_memory_gives_the_staging_buffers_back() -> None:
+    pool = TensorPool()
+    table = long_rows(23, 400, 600, 1200)          # ~50 MB of tensors
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_reserved() / total)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            batch_to_torch(table, device="cuda", pin_memory=True, pool=pool)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert pool.loaned_bytes == 0 and pool.idle_bytes > 0
+    out = batch_to_torch(table, device="cuda", pin_memory=True, pool=pool)
+    torch.cuda.synchronize()
+    assert_same_tensors({k: v.cpu() for k, v in out.items()}, naive_to_torch(table, "padded"))

@@ -24,7 +24,7 @@ the caller's ``global_steps`` (the weight version the request was served with) i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.errors import ReplayLakeError
 from pipeline.ingest import STEP_LIMIT, STEP_RULE
@@ -35,6 +35,17 @@ Spans = list[tuple[int, int]]   # runs of (version, n_tokens)
 
 class VllmOutputError(ReplayLakeError, ValueError):
     """A vLLM output cannot become a trajectory row (partial, unlabelled, inconsistent)."""
+
+
+class Dating(NamedTuple):
+    """The caller's argument that dates a row vLLM reported no ``weight_versions`` for: its name
+    as the caller writes it, and what to pass there (both said in the error when it is missing)."""
+
+    name: str
+    meaning: str
+
+
+BY_GLOBAL_STEPS = Dating("global_steps=", "the weight version that served the request")
 
 
 def default_version_of(label: Any) -> int:
@@ -123,21 +134,21 @@ def completion_spans(completion: Any, *, version_of: Callable[[Any], int] = defa
 
 
 def versions_row(spans: Spans | None, n_tokens: int, global_steps: int | None,
-                 where: str) -> dict[str, Any]:
+                 where: str, *, dating: Dating = BY_GLOBAL_STEPS) -> dict[str, Any]:
     """``min/max_global_steps`` and ``version_spans`` columns from spans or the fallback step;
-    a version or step outside the steps ingest takes is refused here, naming the completion."""
+    a version or step outside the steps ingest takes is refused here, naming the completion.
+    ``dating`` names the caller's argument that gave ``global_steps`` (said when it is missing)."""
     if spans:
         versions = [v for v, _ in spans]
         _check_steps(where, "weight version", versions)
         return {"min_global_steps": min(versions), "max_global_steps": max(versions),
                 "version_spans": [{"version": v, "n_tokens": n} for v, n in spans]}
-    if spans is not None and n_tokens == 0 and global_steps is None:
-        raise VllmOutputError(f"{where}: empty response and no global_steps to date it")
     if global_steps is None:
-        raise VllmOutputError(f"{where}: vLLM reported no weight_versions and no global_steps "
-                              "was given; pass global_steps= (the weight version that served "
-                              "the request)")
-    _check_steps(where, "global_steps=", [int(global_steps)])
+        what = ("empty response and no " if spans is not None and n_tokens == 0
+                else "vLLM reported no weight_versions and no ")
+        raise VllmOutputError(f"{where}: {what}{dating.name} to date it; pass {dating.name} "
+                              f"({dating.meaning})")
+    _check_steps(where, dating.name, [int(global_steps)])
     return {"min_global_steps": int(global_steps), "max_global_steps": int(global_steps),
             "version_spans": None}
 
@@ -154,9 +165,10 @@ def trajectory_row(*, partition: str, uid: str, session_id: int, prompt_ids: Seq
                    response_ids: Sequence[int], logprobs: Sequence[float] | None,
                    spans: Spans | None, finish_reason: str | None, reward: float,
                    reward_info: Mapping[str, float] | None = None, index: int = 0,
-                   global_steps: int | None = None, mask_truncated: bool = False
-                   ) -> dict[str, Any]:
-    """One row of the trajectory input schema (shared by plain conversion and resumed sessions)."""
+                   global_steps: int | None = None, mask_truncated: bool = False,
+                   dating: Dating = BY_GLOBAL_STEPS) -> dict[str, Any]:
+    """One row of the trajectory input schema (shared by plain conversion and resumed sessions);
+    ``dating`` names the caller's argument that gave ``global_steps``."""
     where = f"{partition}/{uid} session {session_id}"
     if finish_reason in PARTIAL_FINISH:
         raise VllmOutputError(f"{where}: the generation ended with finish_reason="
@@ -167,7 +179,7 @@ def trajectory_row(*, partition: str, uid: str, session_id: int, prompt_ids: Seq
         "reward": float(reward), "prompt_ids": list(prompt_ids),
         "response_ids": list(response_ids),
         "rollout_log_probs": None if logprobs is None else list(logprobs),
-        **versions_row(spans, len(response_ids), global_steps, where),
+        **versions_row(spans, len(response_ids), global_steps, where, dating=dating),
     }
     if reward_info is not None:
         row["reward_info"] = dict(reward_info)
@@ -197,14 +209,29 @@ def request_rows(request_output: Any, *, partition: str, uid: str, rewards: Sequ
                  version_of: Callable[[Any], int] = default_version_of,
                  mask_truncated: bool = False) -> list[dict[str, Any]]:
     """Every completion of a request (``SamplingParams(n=...)``: the group's sessions) as rows;
-    completion ``i`` (vLLM's ``index``) becomes session ``first_session + i``."""
-    outs = sorted(request_output.outputs, key=lambda c: c.index)
-    if len(rewards) != len(outs):
-        raise VllmOutputError(f"{partition}/{uid}: {len(rewards)} rewards for {len(outs)} "
-                              "completions")
-    infos = list(reward_infos) if reward_infos is not None else [None] * len(outs)
+    completion ``i`` (vLLM's ``index``) becomes session ``first_session + i``.
+
+    ``rewards[k]`` (and ``reward_infos[k]``) belong to ``request_output.outputs[k]``: give them in
+    the order of ``outputs`` (``[score(c) for c in out.outputs]``), whatever the ``index`` of each
+    completion there -- a streamed request with ``n > 1`` lists its completions in the order they
+    arrived, not by ``index``. The rows come back sorted by session."""
+    outs = list(request_output.outputs)
+    _check_count(partition, uid, "rewards", len(rewards), len(outs))
+    if reward_infos is None:
+        infos: list[Mapping[str, float] | None] = [None] * len(outs)
+    else:
+        infos = list(reward_infos)
+        _check_count(partition, uid, "reward_infos", len(infos), len(outs))
+    scored = sorted(zip(outs, rewards, infos), key=lambda item: item[0].index)
     return [completion_row(request_output, c, partition=partition, uid=uid,
                            session_id=first_session + c.index, reward=r, reward_info=info,
                            global_steps=global_steps, version_of=version_of,
                            mask_truncated=mask_truncated)
-            for c, r, info in zip(outs, rewards, infos)]
+            for c, r, info in scored]
+
+
+def _check_count(partition: str, uid: str, name: str, given: int, completions: int) -> None:
+    """A per-completion list must hold one entry per completion of the request."""
+    if given != completions:
+        raise VllmOutputError(f"{partition}/{uid}: {given} {name} for {completions} completions; "
+                              f"give one per entry of request_output.outputs, in that order")

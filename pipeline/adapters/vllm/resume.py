@@ -23,6 +23,7 @@ from typing import Any
 
 from pipeline.adapters.vllm.outputs import (
     PARTIAL_FINISH,
+    Dating,
     Spans,
     completion_spans,
     default_version_of,
@@ -34,6 +35,8 @@ from pipeline.adapters.vllm.outputs import (
 from pipeline.errors import ConfigError, ReplayLakeError
 
 Generate = Callable[[list[int], int], Awaitable[Any]]
+BY_CURRENT_VERSION = Dating("current_version=", "a callable returning the weight version each "
+                            "attempt starts with")
 
 
 class GenerationFailed(ReplayLakeError, RuntimeError):
@@ -69,11 +72,14 @@ class RetryPolicy:
 
 @dataclass
 class ResumedCompletion:
-    """The merged result of one session's attempts."""
+    """The merged result of one session's attempts. ``start_version``: what
+    ``current_version()`` named at the last attempt's start (None without it); it dates a session
+    that ends with no tokens, which has no span to carry a version."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
     spans: Spans | None = field(default_factory=list)   # None: some attempt is undated
+    start_version: int | None = None
     finish_reason: str | None = None
     stop_reason: Any = None
     attempts: int = 0
@@ -94,6 +100,7 @@ class ResumedCompletion:
         elif self.spans is not None:
             self.spans = merge_runs([*self.spans, *runs])
         self.token_ids += tokens
+        self.start_version = None if fallback is None else int(fallback)
         self.finish_reason, self.stop_reason = finish_info(completion)
 
 
@@ -107,7 +114,8 @@ async def generate_resumable(generate: Generate, prompt_ids: Sequence[int], max_
 
     ``current_version()`` (optional) names the weight version at each attempt's start; it dates
     the tokens of attempts for which vLLM reported no ``weight_versions`` (exact, because a weight
-    update aborts the attempt). A session with undated tokens fails when it becomes a row.
+    update aborts the attempt), and an empty response (min = max = that version). A session with
+    undated tokens fails when it becomes a row.
     Raises `GenerationFailed` when the attempts run out (still aborted, or ``generate`` kept
     raising)."""
     policy = policy or RetryPolicy()
@@ -168,7 +176,9 @@ async def rollout_group(buffer: Any, *, partition: str, uid: str, prompt_ids: Se
     sessions that completed, then moves the group to ``finished`` — or to ``failure`` when any
     session failed (a group is terminal only after all its sessions settled). ``reward_fn(
     prompt_ids, response_ids)`` returns a reward or ``(reward, reward_info)``. ``buffer`` is a
-    `ReplayBuffer` or a `RayReplayBuffer` (its blocking calls run in a worker thread)."""
+    `ReplayBuffer` or a `RayReplayBuffer` (its blocking calls run in a worker thread).
+    Tokens vLLM reported no ``weight_versions`` for, and empty responses, are dated with
+    ``current_version()`` (see `generate_resumable`); without it such a session fails."""
     await asyncio.to_thread(buffer.update_status, partition=partition, uids=[uid],
                             status="running")
     results = await asyncio.gather(*(
@@ -189,7 +199,8 @@ async def rollout_group(buffer: Any, *, partition: str, uid: str, prompt_ids: Se
                 partition=partition, uid=uid, session_id=session, prompt_ids=prompt_ids,
                 response_ids=res.token_ids, logprobs=res.logprobs, spans=res.spans,
                 finish_reason=res.finish_reason, reward=reward, reward_info=info,
-                mask_truncated=mask_truncated))
+                global_steps=None if res.token_ids else res.start_version,
+                mask_truncated=mask_truncated, dating=BY_CURRENT_VERSION))
         except Exception as exc:
             failures[session] = f"{type(exc).__name__}: {exc}"
     if rows:

@@ -50,6 +50,28 @@ def format_reward_counts(counts: Mapping[float, int]) -> str:
     return ", ".join(f"{float(v):g}:{int(c)}" for v, c in sorted(counts.items()))
 
 
+def _number(name: str, value: Any, kind: type = float) -> Any:
+    """``value`` as the ``kind`` (float or int) W&B stores; a value that is not a number is
+    refused, naming it."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        raise ConfigError(f"{name}={value!r} is not a number; log a {kind.__name__} (leave the key "
+                          "out at a step that has no value for it)") from None
+
+
+def _reward_counts(counts: Mapping[float, int]) -> dict[float, int]:
+    """``filtered_reward_counts`` as ``{reward: count}``, zero counts left out; a reward or count
+    that is not a number is refused, naming it."""
+    out: dict[float, int] = {}
+    for value, count in counts.items():
+        reward = _number("filtered_reward_counts key", value)
+        n = _number(f"filtered_reward_counts[{value!r}]", count, int)
+        if n:
+            out[reward] = n
+    return out
+
+
 def resolve_mode(mode: str | None = None) -> str:
     """The W&B mode to use: the explicit argument, else ``WANDB_MODE``, else ``offline``."""
     return mode or os.environ.get("WANDB_MODE") or "offline"
@@ -101,18 +123,21 @@ class WandbTracker:
         """Log one training step: scalar metrics, and a table row when something was filtered.
 
         Steps must increase (W&B drops rows logged at an earlier step); a step may be logged only
-        once, so a trainer that samples several times per step merges first (StepAggregator)."""
+        once, so a trainer that samples several times per step merges first (StepAggregator).
+        Every value is checked before anything is logged: a value that is not a number raises
+        `ConfigError` naming its key, and the step counts as not logged (a corrected call for
+        the same step is taken)."""
         if self._run is None:
             raise ConfigError("this WandbTracker is finished; make a new one to log again")
         step = int(step)
+        row: dict[str, Any] = {k: _number(f"metrics[{k!r}]", v) for k, v in metrics.items()}
+        counts = _reward_counts(filtered_reward_counts or {})
         if self._last_step is not None and step <= self._last_step:
             raise ConfigError(f"step={step}: steps must increase (last logged {self._last_step})")
-        self._last_step = step
-        row: dict[str, Any] = {k: float(v) for k, v in metrics.items()}
-        counts = {float(v): int(c) for v, c in (filtered_reward_counts or {}).items() if c}
         if counts:
             row[TABLE_KEY] = self._table_with_row(step, format_reward_counts(counts))
         self._run.log(row, step=step)
+        self._last_step = step
 
     def log_batch(self, batch: Any, extra: Mapping[str, float] | None = None) -> None:
         """Log a `Batch` from `sample` at its step: its metrics, its filtered reward counts, and

@@ -135,7 +135,7 @@ def test_request_with_n_completions_gives_one_session_per_completion(buf, lake):
     outs = [OUT.completion([10 + i] * (i + 1), index=i, logprobs=[-0.5] * (i + 1),
                          spans=[(str(3 + i % 2), 0, i + 1)]) for i in (2, 0, 1)]
     rows = request_rows(OUT.request(PROMPT, outs), partition="train", uid="g0",
-                        rewards=[0.0, 1.0, 1.0])
+                        rewards=[1.0, 0.0, 1.0])       # in the order of outputs: index 2, 0, 1
     assert [r["session_id"] for r in rows] == [0, 1, 2]
     stored = sorted(_stored(buf, lake, rows), key=lambda r: r["session_id"])
     assert [r["response_ids"] for r in stored] == [[10], [11, 11], [12, 12, 12]]
@@ -147,6 +147,46 @@ def test_request_rows_refuse_a_reward_count_that_differs_from_the_completions():
     outs = [OUT.completion([1], index=i, spans=[("1", 0, 1)]) for i in range(2)]
     with pytest.raises(VllmOutputError, match="1 rewards for 2 completions"):
         request_rows(OUT.request(PROMPT, outs), partition="train", uid="g0", rewards=[1.0])
+
+
+def test_request_rows_refuse_a_reward_info_count_that_differs_from_the_completions():
+    outs = [OUT.completion([1], index=i, spans=[("1", 0, 1)]) for i in range(2)]
+    with pytest.raises(VllmOutputError, match="g0: 1 reward_infos for 2 completions"):
+        request_rows(OUT.request(PROMPT, outs), partition="train", uid="g0", rewards=[1.0, 0.0],
+                     reward_infos=[{"acc": 1.0}])
+
+
+def _scored_by_length(buf, lake, req) -> list[dict]:
+    """``req``'s rows, each completion scored by its length in the order of ``req.outputs`` (as
+    docs/vllm.md scores them), stored and read back by session."""
+    rewards = [float(len(c.token_ids)) for c in req.outputs]
+    infos = [{"len": float(len(c.token_ids))} for c in req.outputs]
+    rows = request_rows(req, partition="train", uid="g0", rewards=rewards, reward_infos=infos)
+    assert [r["session_id"] for r in rows] == sorted(r["session_id"] for r in rows)
+    return sorted(_stored(buf, lake, rows), key=lambda r: r["session_id"])
+
+
+def test_each_reward_stays_with_its_completion_when_outputs_are_not_in_index_order(buf, lake):
+    outs = [OUT.completion([20 + i] * (i + 1), index=i, spans=[("3", 0, i + 1)]) for i in (1, 2, 0)]
+    stored = _scored_by_length(buf, lake, OUT.request(PROMPT, outs))
+    assert [r["response_ids"] for r in stored] == [[20], [21, 21], [22, 22, 22]]
+    assert [r["reward"] for r in stored] == [1.0, 2.0, 3.0]
+    assert [dict(r["reward_info"]) for r in stored] == [{"len": 1.0}, {"len": 2.0}, {"len": 3.0}]
+
+
+@pytest.mark.skipif(not shapes.REAL, reason="needs vllm 0.33 (its RequestOutput.add): runs in the "
+                    "session of vLLM's real classes (test_vllm_real_classes.py; make test-vllm)")
+def test_rewards_follow_a_streamed_request_whose_completions_arrive_out_of_index_order(buf, lake):
+    def chunk(index: int, tokens: list[int]) -> object:
+        done = OUT.completion(tokens, index=index, spans=[("2", 0, len(tokens))])
+        return OUT.k.RequestOutput(request_id="r", prompt=None, prompt_token_ids=PROMPT,
+                                   prompt_logprobs=None, outputs=[done], finished=False)
+
+    streamed = chunk(1, [9, 9])               # AsyncLLM with n=2: child 1 finishes first,
+    streamed.add(chunk(0, [5]), aggregate=True)   # and add() appends child 0 after it
+    assert [c.index for c in streamed.outputs] == [1, 0]
+    stored = _scored_by_length(buf, lake, streamed)
+    assert [(r["response_ids"], r["reward"]) for r in stored] == [([5], 1.0), ([9, 9], 2.0)]
 
 
 def test_log_probs_survive_the_float32_column_within_float32_precision(buf, lake):

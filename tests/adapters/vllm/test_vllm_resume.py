@@ -155,3 +155,27 @@ def test_rollout_group_moves_the_group_to_failure_when_a_session_gives_up(buf, l
     assert _group_events(lake, "g1") == ["registered", "running", "failure"]
     assert buf.counts("train")["failure"] == 1
     assert [r["session_id"] for r in read_table(lake, "trajectories").to_pylist()] == [0]
+
+
+def test_rollout_group_dates_an_empty_response_with_current_version(buf, lake):
+    engine = ScriptedEngine([([], None, None, "stop")])      # no tokens, no weight_versions
+    buf.register(partition="train", uids=["g2"], global_steps=3, n=1)
+    res = _run(rollout_group(buf, partition="train", uid="g2", prompt_ids=PROMPT, n=1,
+                             generate=engine, reward_fn=lambda p, r: 0.0, max_tokens=8,
+                             policy=NO_WAIT, current_version=lambda: 2))
+    assert (res.status, res.failures) == ("finished", {})
+    (row,) = read_table(lake, "trajectories").to_pylist()
+    assert row["response_ids"] == [] and row["version_spans"] is None
+    assert (row["min_global_steps"], row["max_global_steps"]) == (2, 2)
+
+
+def test_rollout_group_without_versions_says_to_pass_current_version(buf, lake):
+    engine = ScriptedEngine([([7], [-0.1], None, "stop")])   # the engine reports no versions
+    buf.register(partition="train", uids=["g3"], global_steps=3, n=1)
+    res = _run(rollout_group(buf, partition="train", uid="g3", prompt_ids=PROMPT, n=1,
+                             generate=engine, reward_fn=lambda p, r: 0.0, max_tokens=8,
+                             policy=NO_WAIT))
+    assert res.status == "failure"
+    assert "no weight_versions and no current_version=" in res.failures[0]
+    assert "pass current_version=" in res.failures[0]
+    assert "global_steps" not in res.failures[0]        # rollout_group takes no global_steps=

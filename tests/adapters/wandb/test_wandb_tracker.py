@@ -103,6 +103,21 @@ def test_steps_must_increase(tmp_path):
             tracker.log_step(3, {"x": 2.0})
 
 
+def test_a_value_that_is_not_a_number_is_refused_by_key_and_the_step_can_be_retried(tmp_path):
+    with WandbTracker(dir=tmp_path) as tracker:
+        tracker.log_step(1, {"train/loss": 1.0})
+        with pytest.raises(ConfigError, match=r"metrics\['train/loss'\]=None is not a number"):
+            tracker.log_step(2, {"train/reward": 0.5, "train/loss": None})
+        with pytest.raises(ConfigError, match=r"filtered_reward_counts\[0.0\]='many' is not"):
+            tracker.log_step(2, {"train/loss": 0.5}, {0.0: "many"})
+        tracker.log_step(2, {"train/reward": 0.5, "train/loss": 0.5}, {0.0: 3})
+        run_dir = tracker.run_dir
+    run = read_run(run_dir)
+    assert run.values("train/loss") == {1: 1.0, 2: 0.5}
+    assert run.values("train/reward") == {2: 0.5}         # nothing of the refused calls
+    assert run.table_rows(TABLE_KEY) == [[2, "0:3"]]
+
+
 def test_wandb_mode_set_by_the_user_is_respected_and_an_explicit_mode_wins(tmp_path,
                                                                             monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
