@@ -187,7 +187,7 @@ class _Call:
                 scalars = acc.scalars(metric_prefix(ctx.partition))
                 return Ready(uids, CallMetrics(scalars, acc.reward_counts)), 0, None
             return select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None
-        _check_time(ctx, self.timeout, self.deadline, now, part, state, st, cfg)
+        _check_time(ctx, self.timeout, self.deadline, now, part, state, st, cfg, self.consume)
         if st.refilled and now - self.last_warn >= WARN_EVERY_S:
             self.last_warn = now
             log.warning("sample(step=%d, %s): still short of %d groups after %.0fs: "
@@ -240,7 +240,7 @@ class _Call:
                 errors.append(exc)
                 if time.monotonic() >= self.deadline:
                     log.warning("refill_fn(%d) of %s raised after the call timed out: %r "
-                                "(the prompts stay owed)", dispatch, _call(self.ctx), exc)
+                                "(the prompts stay owed)", dispatch, _call(self.ctx, self.consume), exc)
             finally:
                 done.set()
 
@@ -248,7 +248,7 @@ class _Call:
         if not done.wait(max(self.deadline - time.monotonic(), 0.0)):
             with self.state.locked():
                 raise SampleTimeout(
-                    f"{_call(self.ctx)} timed out after {self.timeout}s: refill_fn({dispatch}) "
+                    f"{_call(self.ctx, self.consume)} timed out after {self.timeout}s: refill_fn({dispatch}) "
                     "has not returned (the rollout side is not answering); the ask stays in "
                     "flight and its groups count as soon as they arrive", part.counts())
         if errors:
@@ -267,9 +267,9 @@ class _Call:
         if not done.wait(left):
             with self.state.locked():
                 raise SampleTimeout(
-                    f"{_call(self.ctx)} timed out after {self.timeout}s: a refill_fn an earlier "
-                    "call asked has not returned (the rollout side is not answering); its "
-                    "groups count as soon as they arrive", part.counts())
+                    f"{_call(self.ctx, self.consume)} timed out after {self.timeout}s: a "
+                    "refill_fn an earlier call asked has not returned (the rollout side is not "
+                    "answering); its groups count as soon as they arrive", part.counts())
 
     def _ask_failed(self, poll: int, dispatch: int, exc: BaseException) -> None:
         """Record that the refill decided at ``poll`` served nothing (refill_fn raised, or the
@@ -279,14 +279,18 @@ class _Call:
                                  poll=poll, error=exc, count=dispatch)
 
 
-def _call(ctx: PollContext) -> str:
+def _call(ctx: PollContext, consume: bool = True) -> str:
+    """The call as its caller wrote it: `sample` or `wait_for_sampleable`."""
+    if not consume:
+        return (f"wait_for_sampleable(global_steps={ctx.step}, partition={ctx.partition!r}, "
+                f"target_count={ctx.batch_size})")
     return (f"sample(global_steps={ctx.step}, partition={ctx.partition!r}, "
             f"batch_size={ctx.batch_size})")
 
 
 def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None, now: float,
                 part: PartitionState, state: BufferState, st: CallState,
-                cfg: BufferConfig) -> None:
+                cfg: BufferConfig, consume: bool) -> None:
     """Every poll honours the timeout, also one that just asked for a refill; the error says
     why the batch is short as far as the buffer can tell."""
     if deadline is None or now < deadline:
@@ -307,7 +311,7 @@ def _check_time(ctx: PollContext, timeout: float | None, deadline: float | None,
         known = [p for p, s in state.partitions() if p != ctx.partition and s.groups]
         hint = (f"; partition {ctx.partition!r} has never received a group (known partitions: "
                 f"{known or 'none'})")
-    raise SampleTimeout(f"{_call(ctx)} timed out after {timeout}s with "
+    raise SampleTimeout(f"{_call(ctx, consume)} timed out after {timeout}s with "
                         f"{part.candidates.alive_count} sampleable group(s){hint}", part.counts())
 
 

@@ -42,7 +42,11 @@ class BufferState:
 
     def __init__(self, journal: Journal, filter_metric: str | None,
                  order: SelectionOrder | None = None):
-        self._cond = threading.Condition(threading.RLock())
+        # `locked()` hands out the RLock itself: its enter and exit are C calls, so a signal
+        # cannot raise between acquiring it and entering the `with` body (a Condition's Python
+        # `__enter__` could, leaving the lock held by a thread no longer in any call)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self.journal = journal
         self.filter_metric = filter_metric
         self.order = order         # the declared selection order of every partition (None: oldest)
@@ -54,9 +58,9 @@ class BufferState:
         self.broken: str | None = None   # why memory may differ from the lake (see `commit`)
 
     # --- the lock and the change counter -----------------------------------------------------
-    def locked(self) -> threading.Condition:
+    def locked(self) -> Any:
         """The buffer's lock, as a context manager (re-entrant): `with state.locked(): ...`."""
-        return self._cond
+        return self._lock
 
     def wait(self, timeout: float | None) -> None:
         """Release the lock until a change is committed or ``timeout`` seconds pass."""
@@ -68,7 +72,7 @@ class BufferState:
         return self._version
 
     def add_listener(self, fn: Listener) -> None:
-        with self._cond:
+        with self._lock:
             self._listeners.append(fn)
 
     # --- partitions and groups ---------------------------------------------------------------
@@ -109,7 +113,7 @@ class BufferState:
         return sum(p.rows.held_bytes for p in self._parts.values())
 
     def new_call(self) -> int:
-        with self._cond:
+        with self._lock:
             call_id = self._next_call
             self._next_call += 1
             return call_id
@@ -177,7 +181,7 @@ class BufferState:
                       error: BaseException, count: int) -> None:
         """The ask decided at ``poll`` served nothing: a `refill_failed` row named by the
         exception's type; its prompts stay owed."""
-        with self._cond:
+        with self._lock:
             part = self.part(partition)
             part.asked_unregistered(step, -count)   # no group of this ask is coming
             self.commit("decisions", decision_rows(

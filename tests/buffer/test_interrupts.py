@@ -254,3 +254,52 @@ def test_a_put_larger_than_the_whole_budget_is_refused_at_once_not_after_its_tim
         buf.put([traj("b", s) for s in range(8)], timeout=30)
     assert time.monotonic() - t0 < 10
     buf.close()
+
+
+def test_ctrl_c_in_the_main_thread_never_leaves_the_lock_held_for_other_threads(tmp_path):
+    """Ctrl-C lands in the main thread at random points of its calls while another thread uses
+    the buffer: after each interrupt the main thread holds no lock, so the other thread keeps
+    going (a lock taken in Python code before the call's body could be left held: the main
+    thread, re-entrant, went on, while every other thread waited on it for good)."""
+    from tests.support.lake import run_python, write_script
+    script = write_script(tmp_path, "pester.py", """
+        import os, random, signal, threading, time
+        from pipeline import ReplayBuffer
+
+        def interrupt(signum, frame):      # Ctrl-C, landing only inside the buffer's calls
+            if frame is not None and frame.f_code.co_filename != __file__:
+                raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, interrupt)
+        buf = ReplayBuffer.async_(max_off_policy_threshold=None, poll_interval=0.01)
+        buf.register(partition="train", uids=["g"], global_steps=1, n=1)
+        calm, stop, calls = threading.Event(), threading.Event(), [0]
+
+        def other():
+            while not stop.is_set():
+                buf.counts("train"); buf.get_sampleable_count(1, "train"); calls[0] += 1
+
+        def pester():
+            while not calm.is_set():
+                time.sleep(random.uniform(0.0002, 0.002)); os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=other, daemon=True).start()
+        threading.Thread(target=pester, daemon=True).start()
+        hit, leaked, end = 0, 0, time.monotonic() + 3
+        while time.monotonic() < end:
+            try:
+                buf.counts("train"); buf.lookup("train", "g")
+            except KeyboardInterrupt:
+                hit += 1
+                leaked += buf._state.locked()._is_owned()
+        calm.set()
+        time.sleep(0.05)
+        before = calls[0]
+        time.sleep(0.3)
+        moving = calls[0] > before        # the other thread still gets the lock
+        stop.set()
+        print(hit, leaked, moving)
+    """)
+    hit, leaked, moving = run_python(script, timeout=60).stdout.split()
+    assert int(hit) > 100                 # the interrupts did land inside calls
+    assert leaked == "0" and moving == "True"

@@ -1,6 +1,9 @@
 """wait_for_sampleable reports what its evictions filtered, and sample then takes those groups."""
 from __future__ import annotations
 
+import pytest
+
+from pipeline import SampleTimeout
 from tests.support.policies import Refiller, group, make
 
 
@@ -23,3 +26,12 @@ def test_wait_for_sampleable_on_validation_reports_nothing():
     group(buf, "flat", 1, [1.0, 1.0], partition="val")
     uids, metrics = buf.wait_for_sampleable(1, "val", 1, timeout=5)
     assert uids == ["flat"] and metrics == {} and metrics.reward_counts == {}
+
+
+def test_a_wait_for_sampleable_that_times_out_names_itself():
+    buf = make("async")
+    group(buf, "one", 1, [0.0, 1.0])
+    with pytest.raises(SampleTimeout) as error:
+        buf.wait_for_sampleable(1, "train", 2, timeout=0.2)
+    assert str(error.value).startswith(
+        "wait_for_sampleable(global_steps=1, partition='train', target_count=2) timed out")
