@@ -99,13 +99,16 @@ def test_the_vllm_adapter_refuses_a_weight_version_past_the_limit() -> None:
         versions_row(None, 2, LIMIT, "c0")
 
 
-def test_the_verl_adapter_names_the_keys_whose_versions_pass_the_limit() -> None:
+def test_the_verl_adapter_names_the_rows_whose_versions_pass_the_limit() -> None:
+    """The rows are those of the keys read (the mirror names their TransferQueue keys and takes
+    out just their groups: tests/adapters/verl/test_verl_refused.py)."""
     from pipeline.adapters.verl.rows import _table
     todo = [("a_0_0", ("a", 0, 0), 1), ("b_0_0", ("b", 0, 0), 1), ("c_0_0", ("c", 0, 0), 1)]
     tags = [{"min_global_steps": 0, "max_global_steps": TOP},
             {"min_global_steps": 0, "max_global_steps": 2**63},     # past int64 itself
             {"min_global_steps": LIMIT, "max_global_steps": LIMIT}]
-    with pytest.raises(IngestError, match=r"< 2\*\*62 .*keys \['b_0_0', 'c_0_0'\]"):
-        _table("train", todo, tags, [0, 1, 2], [None] * 3, [None] * 3, {})
-    rows = _table("train", todo[:1], tags[:1], [0], [None], [None], {})
+    with pytest.raises(IngestError, match=r"rows 1, 2: .*< 2\*\*62") as error:
+        _table("train", todo, tags, [0, 1, 2], [None] * 3, [None] * 3, {}, None)
+    assert [p.rows for p in error.value.problems] == [(1, 2)]
+    rows = _table("train", todo[:1], tags[:1], [0], [None], [None], {}, None)
     assert rows.column("max_global_steps").to_pylist() == [TOP]

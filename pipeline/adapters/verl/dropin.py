@@ -221,6 +221,16 @@ class VerlBuffer:
             meta = batch_meta(partition_id, keys, [m.listing.get(k, {}) for k in keys])
             return meta, verl_metrics(batch.eviction_metrics, batch.filtered_reward_counts)
 
+    def retire(self, partition_id: str, uids: list[str], reason: str = "retired") -> list[str]:
+        """Take live, unselected groups out for good (not in verl: an addition): the core's
+        `retire`, recorded in the lake as evictions with ``reason``, and their prompt and
+        trajectory keys cleared from TransferQueue. The way on for groups a MissingMetricError
+        names: ``buffer.retire(partition_id, uids, reason='missing_metric')``. Returns the uids
+        retired (unknown or already removed ones are skipped)."""
+        with self._lock:
+            self._mirror(partition_id)      # so the listener clears their keys
+            return self.core.retire(partition_id, uids, reason=reason)
+
     def close(self) -> None:
         """Stop the background mirror (if any) and make the clears it still owed, then close the
         lake (if any); TransferQueue stays up (it belongs to the trainer)."""

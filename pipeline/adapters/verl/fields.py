@@ -96,8 +96,10 @@ def dataset_name(row: Any) -> str | None:
 
 
 def reward_info_of(extra: dict[str, Any] | None) -> list[tuple[str, float]] | None:
-    """Named reward metrics (`extra_fields["reward_extra_info"]`) that are numbers; others (lists,
-    strings) cannot be a filter metric (verl's `float()` would fail on them) and are left out."""
+    """Named reward metrics (`extra_fields["reward_extra_info"]`) as floats: every entry Python's
+    `float()` takes (numbers, numpy / torch scalars, numeric strings such as "1.0"), which is
+    how verl reads the filter metric. Entries it refuses (lists, words) are left out here; when
+    such an entry is the filter metric, `unreadable_metric` names it."""
     if extra is None:
         return None
     info = extra.get("reward_extra_info")
@@ -105,11 +107,30 @@ def reward_info_of(extra: dict[str, Any] | None) -> list[tuple[str, float]] | No
         return None
     out = []
     for name, v in info.items():
-        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
-            v = v.item()
-        if isinstance(v, (bool, int, float)):
-            out.append((str(name), float(v)))
+        f = v if type(v) is float else as_float(v)
+        if f is not None:
+            out.append((str(name), f))
     return out
+
+
+def as_float(v: Any) -> float | None:
+    """``float(v)`` as verl computes it, or None where float() refuses the value."""
+    if isinstance(v, (list, tuple, dict, set)):
+        return None              # float() refuses them; skip the exception
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return None
+
+
+def unreadable_metric(extra: dict[str, Any] | None, metric: str) -> tuple[bool, Any]:
+    """(True, value) when the trajectory's `reward_extra_info` holds ``metric`` as a value
+    `float()` refuses (a list, a word); (False, None) when it is absent or readable."""
+    info = extra.get("reward_extra_info") if extra is not None else None
+    if not isinstance(info, dict) or metric not in info:
+        return False, None
+    v = info[metric]
+    return (as_float(v) is None), v
 
 
 def versions_of(tag: dict[str, Any], extra: dict[str, Any] | None, dispatch_step: int

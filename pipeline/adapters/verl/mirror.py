@@ -20,7 +20,14 @@ has created it but not yet written its tags: TransferQueue does the two in turn,
 may fall between them) is classified by the first listing that shows its tags, as verl, which
 re-reads every key on every poll, sees it then. A trajectory key of a *selected* group that
 the mirror has never seen (only after a restart on a lake) is tracked, not cleared: the trainer
-may still hold that batch.
+may still hold that batch. A prompt key listed again *with its dispatch tags* for a group the
+core has removed means TransferQueue was restored to an earlier state (verl's checkpoint resume
+over a lake that went further): the lake's decision stands, the group's prompt and trajectory
+keys are cleared, and one warning names the groups.
+
+A trajectory the core refuses (a NaN reward, a token list it cannot hold, ...) fails its group
+only: the group is marked `failure` (each preset evicts it as a failed rollout), its new keys
+are cleared and one warning names its keys and the problem; the other groups are put as usual.
 
 The other direction is the core's decisions, told to the mirror by the adapter's listener: an
 evicted or discarded group gives up its prompt key and every trajectory key, a selected group
@@ -48,12 +55,32 @@ from pipeline.adapters.verl.keys import (
 )
 from pipeline.adapters.verl.rows import trajectory_rows
 from pipeline.config import is_validation
-from pipeline.errors import InvariantError
+from pipeline.errors import IngestError, InvariantError
 
 log = logging.getLogger("replaylake.verl")
 
 _TERMINAL = ("finished", "failure")
 _RANK = {"pending": 0, "running": 1, "finished": 2, "failure": 2}
+
+
+def refused_groups(exc: IngestError, keys: list[str]) -> dict[str, tuple[list[str], list[str]]] | None:
+    """The groups a row-level refusal names: uid -> (its refused keys, the problems), where
+    row r of the refused input is TransferQueue key ``keys[r]``. None when some problem names no
+    row or an unknown group: then no group can be blamed alone."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for p in exc.problems:
+        rows = getattr(p, "rows", ())
+        if not rows or getattr(p, "kind", "invalid") != "invalid":
+            return None
+        why = f"{p.column}: {p.message}"
+        for r in rows:
+            k = keys[r]
+            ks, whys = out.setdefault(k.partition("_")[0], ([], []))
+            if k not in ks:
+                ks.append(k)
+            if why not in whys:
+                whys.append(why)
+    return out or None
 
 
 class PartitionMirror:
@@ -86,6 +113,9 @@ class PartitionMirror:
         for batch_id, keys in core.held_batches(partition).items():   # restored from a lake
             self.batches[batch_id] = [f"{u}_{s}_{x}" for u, s, x in keys]
         self.orphans_cleared = 0
+        self.rolled_back: dict[str, str] = {}   # removed uid whose prompt key came back -> fate
+        self._new_rolled_back: list[str] = []
+        self.failed_refused = 0     # groups failed because the core refused a trajectory of theirs
         self.ignored_count = 0
         self._orphans: list[str] = []
         self._arrivals = 0
@@ -135,6 +165,7 @@ class PartitionMirror:
                 del self.untagged[k], self.kind[k]
             new = ready + new          # listed before the new tail: listing order is kept
         registers, reissue = self._classify(new, listing)
+        self._warn_rolled_back()
         if reissue is not None:       # verl re-issued in-flight prompts after a resume
             if self.reuse:
                 again = self.core.resume(reissue, self.partition).get(self.partition, [])
@@ -217,7 +248,7 @@ class PartitionMirror:
                     self.kind[k] = PROMPT
                     self.watch[k] = "pending"
                 elif g.removed:
-                    self._orphan(k, "prompt key of a removed group, re-created")
+                    self._rolled_back(k, g.removed)
                 else:                                # known from a restored lake
                     self.kind[k] = PROMPT
                     if g.status not in _TERMINAL:
@@ -251,6 +282,9 @@ class PartitionMirror:
             if g is None:
                 continue                              # no prompt key yet: keep waiting
             del waiting[k]
+            if g.removed and parsed[0] in self.rolled_back:
+                self._orphan(k, f"trajectory of group {parsed[0]!r}, rolled back", quiet=True)
+                continue
             if (parsed[1], parsed[2]) in g.keys or g.removed == "sampled":
                 self._mark_mirrored((k,))            # known from a restored lake
                 continue
@@ -261,19 +295,77 @@ class PartitionMirror:
         if not todo:
             return set()
         try:
-            rows, kept, late = trajectory_rows(
-                self.tq, self.partition, [(k, p, g.global_steps) for k, p, g in todo],
-                [listing[k] for k, _, _ in todo], self.fields, self.filter_metric)
-            if rows is not None:
-                self.core.put(rows)
+            todo, kept, late = self._put_rows(todo, listing)
         except Exception:
             for k, parsed, _ in todo:               # nothing was accepted: try again next poll
-                self.waiting[k] = parsed
+                if self.kind.get(k) == WAITING:     # (a failed group's keys are orphans now)
+                    self.waiting[k] = parsed
             raise
         self._mark_mirrored([todo[i][0] for i in kept])
         for i in late:                              # no data in storage yet: read it next poll
             self.waiting[todo[i][0]] = todo[i][1]
         return {todo[i][1][0] for i in late}
+
+    def _put_rows(self, todo: list, listing: dict[str, dict]) -> tuple[list, list[int], list[int]]:
+        """Read and put the new trajectories ``todo``; returns (the entries still in play, the
+        indices of those put, of those without data yet). A group with a trajectory the core
+        (or the conversion before it) refuses is taken out, failed and its keys cleared
+        (`_fail_refused`), and the rest is put again: one bad group never blocks a partition."""
+        while True:
+            keys = [k for k, _, _ in todo]
+            try:
+                rows, kept, late = trajectory_rows(
+                    self.tq, self.partition, [(k, p, g.global_steps) for k, p, g in todo],
+                    [listing[k] for k in keys], self.fields, self.filter_metric)
+            except IngestError as exc:
+                todo = self._fail_refused(exc, keys, todo)   # its rows: indices into todo
+                continue
+            try:
+                if rows is not None:
+                    self.core.put(rows)
+            except IngestError as exc:
+                todo = self._fail_refused(exc, [keys[i] for i in kept], todo)
+                continue
+            return todo, kept, late
+
+    def _fail_refused(self, exc: IngestError, keys: list[str], todo: list) -> list:
+        """Take the groups owning the rows ``exc`` names (``keys[row]``) out of ``todo``: each
+        is marked `failure` in the core (so each preset evicts it as it evicts a failed rollout,
+        asking for a replacement where it refills failures), its new keys are cleared, and one
+        warning names them and the problems. Re-raises ``exc`` when a problem names no row or
+        an unknown group (nothing to isolate)."""
+        refused = refused_groups(exc, keys)
+        if refused is None:
+            raise exc
+        for u, (ks, why) in refused.items():
+            log.warning(
+                "verl adapter: group %r of partition %r has TransferQueue key(s) %s the buffer "
+                "cannot take (%s); the group is marked 'failure' and evicted like a failed "
+                "rollout, its keys cleared, and the other groups go on; fix what writes these "
+                "fields (the reward function, the agent loop) for later groups.",
+                u, self.partition, ks[:5], "; ".join(why))
+        self.core.update_status({"partition": [self.partition] * len(refused),
+                                 "uid": list(refused), "status": ["failure"] * len(refused)})
+        self.failed_refused += len(refused)
+        kept = []
+        for entry in todo:
+            u = entry[1][0]
+            if u in refused:
+                self.watch.pop(u, None)             # its TransferQueue status changes nothing
+                self._drop_from_group(entry[0])
+                self._orphan(entry[0], f"trajectory of group {u!r}, failed", quiet=True)
+            else:
+                kept.append(entry)
+        return kept
+
+    def _drop_from_group(self, k: str) -> None:
+        """Take a trajectory key out of its group's list (it is cleared on its own)."""
+        uid = k.partition("_")[0]
+        keys = self.by_uid.get(uid)
+        if keys is not None and k in keys:
+            keys.remove(k)
+            if not keys:
+                del self.by_uid[uid]
 
     def _apply_statuses(self, listing: dict[str, dict], held: set[str]) -> None:
         uids, statuses = [], []
@@ -384,11 +476,36 @@ class PartitionMirror:
             n += 1
         self._arrivals = n
 
-    def _orphan(self, k: str, why: str) -> None:
+    def _orphan(self, k: str, why: str, quiet: bool = False) -> None:
+        """Clear `k` with the next full sync; ``quiet``: a warning of its own named it already."""
         self.kind[k] = IGNORED
         self._orphans.append(k)
-        log.warning("verl adapter: clearing orphan key %r of partition %r (%s)", k, self.partition,
-                    why)
+        (log.debug if quiet else log.warning)(
+            "verl adapter: clearing orphan key %r of partition %r (%s)", k, self.partition, why)
+
+    def _rolled_back(self, uid: str, fate: str) -> None:
+        """A prompt key listed again, with its dispatch tags, for a group the core has removed:
+        only a TransferQueue restored to an earlier state (verl's checkpoint resume over a lake
+        that went further) writes that. The lake's decision stands; the prompt key and every
+        trajectory key of the group are cleared (`_put_waiting` clears those)."""
+        self.rolled_back[uid] = fate
+        self._new_rolled_back.append(uid)
+        self._orphan(uid, f"prompt key of a group already {fate}, rolled back", quiet=True)
+
+    def _warn_rolled_back(self) -> None:
+        """One warning for the groups a listing found rolled back (see `_rolled_back`)."""
+        if not self._new_rolled_back:
+            return
+        found, self._new_rolled_back = self._new_rolled_back, []
+        log.warning(
+            "verl adapter: TransferQueue partition %r holds %d group(s) the buffer has already "
+            "sampled or removed: %s (their prompt keys are back with their dispatch tags: a "
+            "TransferQueue checkpoint older than the lake was loaded, e.g. verl resumed from an "
+            "earlier step; or a uid was used twice). The lake's decisions stand: their keys are "
+            "cleared and they are not trained again. To train them again, restore the lake "
+            "together with the checkpoint (copy lake_dir when verl saves one), or give lake_dir "
+            "a new directory on resume.",
+            self.partition, len(found), {u: self.rolled_back[u] for u in found[:5]})
 
     def _clear_orphans(self) -> None:
         if self._orphans:

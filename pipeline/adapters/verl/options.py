@@ -29,6 +29,7 @@ EXTRA_DEFAULTS: dict[str, Any] = {"lake_dir": None, "max_num_gen_batches": 0, "m
                                   "dataset_field": None}
 SAMPLER_KWARGS = tuple(k for k in (*VERL_DEFAULTS, *EXTRA_DEFAULTS) if k != "refill_fn")
 MIRROR_FIELDS = ("auto", "decisions", "rewards", "full")
+STRATEGIES = ("drop", "wait", "admit")    # the core's, less 'mask' (see core_config)
 
 
 class VerlThresholdError(ThresholdError, AssertionError):
@@ -125,5 +126,7 @@ def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any
                     poll_interval=opts["poll_interval"])
     except ThresholdError as exc:
         raise VerlThresholdError(str(exc)) from None
-    except StrategyError as exc:
-        raise VerlStrategyError(str(exc)) from None
+    except StrategyError:
+        raise VerlStrategyError(
+            f"Invalid max off policy strategy: max_off_policy_strategy={strategy!r}; use one of "
+            f"{', '.join(repr(s) for s in STRATEGIES)} with the verl adapter") from None

@@ -32,7 +32,10 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
     """``todo``: (key, (uid, session, index), dispatch step) per new trajectory key, ``tags``
     their TransferQueue tags. Returns (rows of the readable keys, their indices into ``todo``,
     indices of keys without data in storage yet). Raises MissingMetricError when metric `reward`
-    is filtered on and a trajectory has no `rm_scores` (verl raises a bare KeyError there)."""
+    is filtered on and a trajectory has no `rm_scores` (verl raises a bare KeyError there), and
+    an IngestError for values no row can hold (weight versions out of range, a filter metric
+    `float()` refuses, token values their column's type cannot hold), whose problems' rows are
+    indices into ``todo``, so the caller can take out just those trajectories' groups."""
     keys = [k for k, _, _ in todo]
     need_rm = fields != "decisions" or filter_metric == "reward"
     need_extra = fields != "decisions" or filter_metric not in (None, "reward")
@@ -63,11 +66,12 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
                 f"{sorted({todo[keys.index(k)][1][0] for k in missing})[:5]}, keys {missing[:5]}")
     if not keep:
         return None, [], late
-    return _table(partition, todo, tags, keep, rm_rows, extra_rows, tokens), keep, late
+    return _table(partition, todo, tags, keep, rm_rows, extra_rows, tokens, filter_metric), keep, late
 
 
 def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int],
-           rm_rows: list, extra_rows: list, tokens: dict[str, list]) -> pa.Table:
+           rm_rows: list, extra_rows: list, tokens: dict[str, list],
+           filter_metric: str | None) -> pa.Table:
     uid, session, index, lo, hi, reward, info, padding, inferred = ([] for _ in range(9))
     versions_of, extra_of, reward_of = vf.versions_of, vf.extra_of, vf.reward_of
     reward_info_of = vf.reward_info_of
@@ -93,7 +97,11 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
         reward.append(0.0 if r is None else r)              # no rm_scores written yet
         info.append(None if extra is None else reward_info_of(extra))
         padding.append(bool(tag.get("is_padding", False)))
-    _check_versions(partition, [todo[i][0] for i in keep], lo, hi)
+    problems = _version_problems(keep, lo, hi)
+    if filter_metric not in (None, "reward"):
+        problems += _metric_problems(todo, keep, extra_rows, filter_metric)
+    if problems:           # before pyarrow sees the versions
+        raise IngestError(f"verl trajectories of partition {partition!r}", problems)
     cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
             "max_global_steps": hi, "reward": reward, "reward_info": info,
             "is_padding": padding, "versions_inferred": inferred}
@@ -104,18 +112,54 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
     for name, src, typ in _TOKENS:
         required = name in ("prompt_ids", "response_ids")
         if src in tokens:
-            data[name] = vf.token_lists([tokens[src][i] for i in keep], typ, null_as_empty=required)
+            rows = [tokens[src][i] for i in keep]
+            try:
+                data[name] = vf.token_lists(rows, typ, null_as_empty=required)
+            except (pa.ArrowInvalid, OverflowError, TypeError, ValueError):
+                problems.append(_token_problem(name, src, typ, rows, keep))
         elif required:
             data[name] = pa.array([[]] * n, pa.list_(typ))
+    if problems:
+        raise IngestError(f"verl trajectories of partition {partition!r}", problems)
     return pa.table({f.name: data[f.name] if f.name in data else pa.nulls(n, f.type)
                      for f in TRAJECTORIES_INPUT}, schema=TRAJECTORIES_INPUT)
 
 
-def _check_versions(partition: str, keys: list[str], lo: list, hi: list) -> None:
-    """Weight versions outside the steps ingest takes, named by their TransferQueue keys (one
-    past int64 would otherwise fail inside pyarrow with no key named)."""
-    bad = [k for k, a, b in zip(keys, lo, hi) if not (0 <= a < STEP_LIMIT and 0 <= b < STEP_LIMIT)]
-    if bad:
-        raise IngestError(f"verl trajectories of partition {partition!r}", [Problem(
-            "min_global_steps/max_global_steps", (), f"{STEP_RULE}; keys {bad[:5]}"
-            + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))])
+def _version_problems(keep: list[int], lo: list, hi: list) -> list[Problem]:
+    """Weight versions outside the steps ingest takes (one past int64 would otherwise fail
+    inside pyarrow with no key named); rows are indices into the caller's ``todo``."""
+    bad = tuple(i for i, a, b in zip(keep, lo, hi)
+                if not (0 <= a < STEP_LIMIT and 0 <= b < STEP_LIMIT))
+    return [Problem("min_global_steps/max_global_steps", bad, STEP_RULE)] if bad else []
+
+
+def _metric_problems(todo: Sequence, keep: list[int], extra_rows: list,
+                     metric: str) -> list[Problem]:
+    """Trajectories whose filter metric is present but not a value `float()` takes (verl would
+    crash in float() on it): named with the value, never reported as a missing metric."""
+    out = []
+    for i in keep:
+        bad, value = vf.unreadable_metric(vf.extra_of(extra_rows[i]), metric)
+        if bad:
+            out.append(Problem("reward_extra_info", (i,), (
+                f"metric {metric!r} of key {todo[i][0]!r} is {_short(value)}, which float() "
+                "does not take: write a number (or a numeric string) for it")))
+    return out
+
+
+def _token_problem(name: str, src: str, typ: pa.DataType, rows: list, keep: list[int]) -> Problem:
+    """The trajectories whose `src` tensor holds values `typ` cannot hold (found one by one:
+    only after the whole column failed to convert)."""
+    bad = []
+    for j, r in enumerate(rows):
+        try:
+            vf.token_lists([r], typ)
+        except (pa.ArrowInvalid, OverflowError, TypeError, ValueError):
+            bad.append(keep[j])
+    return Problem(name, tuple(bad), f"TransferQueue field {src!r} holds values a {typ} column "
+                                     "cannot hold")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
