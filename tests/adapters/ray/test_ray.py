@@ -2,7 +2,10 @@
 same errors as in-process, Arrow batches, refills requested from inside the actor."""
 from __future__ import annotations
 
+import inspect
 import itertools
+import threading
+import time
 import uuid
 
 import pyarrow as pa
@@ -11,6 +14,8 @@ import pytest
 from pipeline import ReplayBuffer
 from pipeline.adapters.ray.client import RayReplayBuffer
 from pipeline.errors import (
+    BufferFullError,
+    BufferUnavailableError,
     ConfigError,
     IngestError,
     LakeError,
@@ -19,7 +24,7 @@ from pipeline.errors import (
     UnknownGroupError,
 )
 from pipeline.lake.writer import read_table
-from tests.support.lake import traj
+from tests.support.lake import add_group, traj
 from tests.support.ray_producers import GROUP, group_rows, produce
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -254,3 +259,93 @@ def test_the_actor_resumes_in_flight_groups_keeping_their_completed_sessions(act
     batch = actor.sample(4, "train", 1)
     assert batch.table["session_id"].to_pylist() == [0, 1, 2, 3]
     assert set(batch.table["global_steps"].to_pylist()) == {4}
+
+
+def test_the_client_takes_the_parameters_of_every_in_process_method():
+    """Names, order, kinds and defaults, method by method: code written against `ReplayBuffer`
+    runs against the actor. `add_listener` alone is not offered (its callback would run in the
+    actor's process, not the caller's)."""
+    public = {n for n, _ in inspect.getmembers(ReplayBuffer, inspect.isfunction)
+              if not n.startswith("_")}
+    assert "sample" in public and "add_listener" in public
+    for name in sorted(public - {"add_listener"}):
+        ours = inspect.signature(getattr(RayReplayBuffer, name)).parameters.values()
+        theirs = inspect.signature(getattr(ReplayBuffer, name)).parameters.values()
+        assert [(p.name, p.kind, p.default) for p in ours] == \
+            [(p.name, p.kind, p.default) for p in theirs], name
+
+
+def test_the_actor_answers_the_in_process_keywords_as_the_in_process_buffer(tmp_path):
+    """`partition=` or its `partition_id=` alias on every call, `put(timeout=)` waiting for room
+    under `max_live_bytes`, `release` of what is not a batch, and the reads beside `counts`:
+    the same answers and errors from the actor as in process."""
+    client = RayReplayBuffer.start(lake=tmp_path / "lake", preset="sync", name=_name(),
+                                   poll_interval=0.05, max_live_bytes=300)   # one group's room
+    local = ReplayBuffer.sync(poll_interval=0.05, max_live_bytes=300)
+    try:
+        answers = [_keyword_calls(buf) for buf in (local, client)]
+        assert answers[0] == answers[1]
+        for buf in (local, client):
+            with pytest.raises(ConfigError, match=r"^release: 'abc' is not a batch; pass"):
+                buf.release("abc")
+        with pytest.raises(ConfigError, match="before_poll= runs in the buffer's own process"):
+            client.sample(1, partition="train", batch_size=1, before_poll=lambda: None)
+    finally:
+        client.kill()
+
+
+def _keyword_calls(buf) -> list:
+    """Calls by keyword, as the README writes them; what each answered."""
+    add_group(buf, "a", 1)
+    buf.register(partition_id="train", uids=["b", "c"], global_steps=1, n=2)
+    got = [buf.counts(partition="train"), buf.counts(partition_id="train"),
+           buf.lookup(partition="train", uid="b"), buf.get_sampleable_count(1, partition="train"),
+           buf.sampleable_uids(partition_id="train")]
+    batch = buf.sample(global_steps=1, partition="train", batch_size=1, timeout=5)
+    got += [batch.uids, list(buf.held_batches(partition="train"))]
+    with pytest.raises(BufferFullError, match="pass put"):
+        buf.put([traj("b", s) for s in range(2)], timeout=0)        # "a" fills the budget
+    threading.Timer(0.3, buf.release, [batch]).start()
+    got.append(int(buf.put([traj("b", s) for s in range(2)], timeout=30)))   # waits for room
+    buf.update_status(partition_id="train", uids=["b"], status="finished")
+    buf.prepare(partition="train")
+    got.append(buf.candidates(partition="train")["uid"].to_pylist())
+    got += [buf.retire(partition_id="train", uids=["c", "zz"]), buf.counts("train")]
+    got.append(buf.reissue(2, partition="train"))
+    return got
+
+
+def test_a_dead_refill_dispatcher_is_the_refill_functions_error_not_the_buffer_actors(
+        tmp_path, ray_cluster):
+    """The actor asks a dispatcher actor that died: `sample` raises that error at once, as an
+    in-process refill_fn that raises, with one failed ask in the lake; the buffer actor, alive,
+    is not waited for as if it had died."""
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    class Dispatcher:
+        def refill(self, k: int) -> None:
+            return None
+
+    dispatcher = Dispatcher.remote()
+    client = RayReplayBuffer.start(lake=tmp_path / "lake", preset="async", name=_name(),
+                                   refill=(dispatcher, "refill"), filter_groups_metric="acc",
+                                   poll_interval=0.05, retry_wait=30)
+    try:
+        pid = client.info()["pid"]
+        client.register(partition="train", uids=["flat"], global_steps=1, n=2)
+        client.put([traj("flat", s, reward=1.0, reward_info={"acc": 1.0}) for s in range(2)])
+        client.update_status(partition="train", uids=["flat"], status="finished")
+        ray.kill(dispatcher)
+        t0 = time.monotonic()
+        with pytest.raises(ray.exceptions.ActorDiedError) as died:
+            client.sample(1, "train", 1, timeout=20)
+        assert time.monotonic() - t0 < 10 and client.retries == 0
+        assert not isinstance(died.value, BufferUnavailableError)
+        assert "refill dispatcher" in str(died.value)
+        assert client.info()["pid"] == pid
+        client.close()
+        kinds = read_table(tmp_path / "lake", "decisions")["kind"].to_pylist()
+        assert (kinds.count("refill"), kinds.count("refill_failed")) == (1, 1)
+    finally:
+        client.kill()

@@ -17,7 +17,7 @@ import pytest
 from jobs.audit import run_audits
 from pipeline import ReplayBuffer
 from pipeline.adapters.ray.client import RayReplayBuffer
-from pipeline.errors import BufferUnavailableError, UnknownBatchError
+from pipeline.errors import BufferUnavailableError, LakeError, UnknownBatchError
 from pipeline.lake.writer import read_table
 from tests.support.ray_cluster import NodeSpec
 from tests.support.ray_producers import GROUP, RolloutWorker, group_rows
@@ -161,18 +161,72 @@ def test_a_node_whose_raylet_dies_takes_the_actor_down_and_it_comes_back_on_anot
             ray_local_cluster.kill_raylet(spare)
 
 
-def test_without_restarts_a_call_gives_up_after_the_retry_wait(tmp_path, ray_cluster):
+def test_an_actor_dead_for_good_fails_every_call_at_once_and_kill_then_does_nothing(
+        tmp_path, ray_cluster):
+    """No restart left (killed with max_restarts=0, or ended by `kill`): a call fails at once,
+    saying so, instead of waiting out its retry_wait; a second `kill` does nothing."""
     client = RayReplayBuffer.start(lake=tmp_path / "lake", name=f"dead-{uuid.uuid4().hex[:8]}",
-                                   place_on="lake", max_restarts=0, retry_wait=1.0)
+                                   place_on="lake", max_restarts=0, retry_wait=60)
+    ended = RayReplayBuffer.start(lake=None, name=f"ended-{uuid.uuid4().hex[:8]}", retry_wait=60)
+    other = RayReplayBuffer.connect(ended.name, retry_wait=60)    # another client of it
     try:
         client.register(partition="train", uids=["g"], global_steps=1, n=GROUP)
         os.kill(client.info()["pid"], signal.SIGKILL)
+        ended.kill()
         t0 = time.monotonic()
-        with pytest.raises(BufferUnavailableError, match="retry_wait=1s"):
+        with pytest.raises(BufferUnavailableError, match="is dead and Ray will not restart it"):
             client.counts("train")
-        assert 1.0 <= time.monotonic() - t0 < 30
+        with pytest.raises(BufferUnavailableError, match="is dead and Ray will not restart it"):
+            other.partitions()
+        with pytest.raises(BufferUnavailableError, match=r"was ended by kill\(\), so counts"):
+            ended.counts("train")
+        assert time.monotonic() - t0 < 20 and client.retries + other.retries < 5
+        ended.kill()
+        client.kill()                        # nothing to close: only the actor to end
     finally:
         ray_cluster.kill(client.handle)
+
+
+def test_a_restart_that_finds_its_lake_locked_says_why_and_opens_it_once_free(tmp_path,
+                                                                              ray_cluster):
+    """Another process opens the lake between the actor's death and its restart: calls wait
+    for their retry_wait, then fail naming the lock's holder; once the lake is free, the actor
+    opens it on the next call and goes on."""
+    lake = tmp_path / "lake"
+    client = RayReplayBuffer.start(lake=lake, name=f"locked-{uuid.uuid4().hex[:8]}",
+                                   place_on="lake", poll_interval=0.05, retry_wait=60)
+    brief = RayReplayBuffer(client.handle, client.name, retry_wait=1.5)
+    try:
+        _finished(client, "a")
+        dead = client.info()["pid"]
+        os.kill(dead, signal.SIGSTOP)                      # it holds the lock until it is gone
+        os.kill(dead, signal.SIGKILL)
+        holder = _open_first(lake)
+        assert f"pid {os.getpid()} " in client.info()["reopen_error"]   # restarted, no lake
+        with pytest.raises(BufferUnavailableError, match=(
+                r"did not serve counts\(\) within retry_wait=1.5s: it was restarted but cannot "
+                rf"open its lake \(LakeError: the lake .* is already open for writing by pid "
+                rf"{os.getpid()} ")):
+            brief.counts("train")
+        holder.close()
+        assert brief.counts("train")["finished"] == 1
+        after = client.info()
+        assert after["restarted"] and after["reopen_error"] is None and after["pid"] != dead
+    finally:
+        ray_cluster.kill(client.handle)
+
+
+def _open_first(lake) -> ReplayBuffer:
+    """The lake opened in this process as soon as the dead actor's lock is gone (before Ray
+    has restarted the actor, which takes a new worker process: seconds)."""
+    end = time.monotonic() + 30
+    while True:
+        try:
+            return ReplayBuffer.async_(lake=lake)
+        except LakeError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.005)
 
 
 def test_a_batch_held_when_the_actor_died_comes_back_through_a_new_client(tmp_path, ray_cluster):
