@@ -108,12 +108,16 @@ DECISIONS = schema(
     field("step", pa.int64(), "trainer global step `g` of the sample call"),
     field("call_id", pa.int64(), "id of the sample / wait call that took the decision"),
     field("poll", pa.int32(), "poll number within the call (0-based)"),
-    field("kind", pa.string(), "evict | select | discard | refill | refill_failed | release "
-          "(refill_failed: the refill of the same call and poll raised; it served nothing)"),
+    field("kind", pa.string(), "evict | select | discard | refill | refill_failed | "
+          "refill_deferred | release (refill_failed: the refill of the same call and poll "
+          "raised; it served nothing; refill_deferred: prompts owed and not asked yet, held back "
+          "by admission or while an earlier ask runs; the next refill asks for them)"),
     field("uid", pa.string(), "group concerned; null for refill rows", nullable=True),
     field("reason", pa.string(),
           "evict: stale | zero_variance | failure; select: stale when the group was trained "
-          "masked (max_off_policy_strategy='mask'), else null; refill: the policy that asked; "
+          "masked (max_off_policy_strategy='mask'), else null; refill, refill_deferred: the "
+          "refill policy (refill_deferred: reissue for the prompts of an ask no group "
+          "registered before a restart, owed again by reissue/resume); "
           "refill_failed: the type of the exception refill_fn raised",
           nullable=True),
     field("group_span", pa.int64(), "group span g - global_steps + 1 at the decision",
@@ -121,11 +125,12 @@ DECISIONS = schema(
     field("value", pa.float64(), "zero_variance: the group's single metric value",
           nullable=True),
     field("batch_id", pa.int64(), "select / release: the batch", nullable=True),
-    field("count", pa.int64(), "refill: number of prompts requested; else 1"),
+    field("count", pa.int64(), "refill: number of prompts requested; refill_deferred: number "
+          "held back (all of them, not only this poll's); else 1"),
     field("replaces", pa.list_(pa.string()),
           "refill: uids of the evicted groups (same partition) whose replacement this refill "
-          "asks for, in eviction order (refill_failed: those of the failed ask); null on other "
-          "kinds", nullable=True),
+          "asks for, in eviction order (refill_failed: those of the failed ask; "
+          "refill_deferred: those held back); null on other kinds", nullable=True),
     field("bound", pa.int64(),
           "select: the staleness bound in force for the group, the largest group span it may be "
           "trained at (the `drop` rule's threshold, the `wait` gate's, or the `mask` threshold "

@@ -89,6 +89,9 @@ class _Call:
         with state.locked():
             part = state.part(ctx.partition)
             self.acc, part.unreported = part.unreported or EvictionMetrics(), None
+            if part.restored_evictions:     # a restored lake's evictions no batch reported
+                self.acc.add_rows(part.restored_evictions)
+                part.restored_evictions = []
 
     def run(self, before_poll: Callable[[], None] | None) -> Batch | Ready:
         try:
@@ -164,7 +167,8 @@ class _Call:
             st.replaces = []
             wanted = cfg.refill.after_poll(outcome, st, ctx)
             if part.refill_asking:     # an earlier ask has not returned: never ask twice
-                state.owe_refill(ctx.partition, wanted, st.replaces)
+                state.owe_refill(ctx.partition, wanted, st.replaces, step=ctx.step,
+                                 call_id=self.call_id, poll=poll, policy=cfg.refill.name)
             else:
                 # the row asks for what is owed too; should it fail to be written, the next poll
                 # (of this or a later call) still owes these prompts, as when refill_fn raises

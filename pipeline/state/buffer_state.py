@@ -9,6 +9,7 @@ attributes behind them.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from itertools import groupby
@@ -27,6 +28,7 @@ from pipeline.state.partition import PartitionState
 if TYPE_CHECKING:
     from pipeline.decide.policies import SelectionOrder
 
+log = logging.getLogger("replaylake")
 _DECISION_RUN = itemgetter(0, 1, 3, 4)   # rows of one effect: partition, kind, batch_id, step
 
 Listener = Callable[[str, str, list[str], "int | None"], None]
@@ -137,9 +139,9 @@ class BufferState:
         ``wanted`` (the lake never saw it), and the next poll asks again.
 
         ``limit()`` (asked only when something is owed; None: no limit) caps the ask, as
-        admission does: the rest is deferred, in memory, to the next poll's ask (like an ask
-        owed while another runs, a restart forgets it), with the evictions it replaces, oldest
-        replaced first."""
+        admission does: the rest is held back to a later poll's ask, with the evictions it
+        replaces (oldest replaced first), and a `refill_deferred` row beside the ask (or alone,
+        when nothing could be asked) records it, so a restart still owes it."""
         part = self.part(partition)
         deferred, later = part.refill_deferred
         total = wanted + part.refill_owed + deferred
@@ -148,28 +150,47 @@ class BufferState:
         cap = None if limit is None else limit()
         dispatch = total if cap is None else min(total, max(cap, 0))
         named = part.refill_replaces + later + replaces
+        common = {"partition": partition, "step": step, "call_id": call_id, "poll": poll}
         if not dispatch:                 # all held back (what an earlier ask owes stays owed)
-            part.refill_deferred = (deferred + wanted, later + replaces)
+            if wanted:
+                self._commit_refill(part, wanted, replaces, decision_rows(
+                    "refill_deferred", **common, reason=policy, count=deferred + wanted,
+                    replaces=later + replaces))
             return 0
+        rows = decision_rows("refill", **common, reason=policy, count=dispatch,
+                             replaces=named[:dispatch])
+        if dispatch < total:             # one prompt per eviction: the oldest replaced first
+            rows = pa.concat_tables([rows, decision_rows(
+                "refill_deferred", **common, reason=policy, count=total - dispatch,
+                replaces=named[dispatch:])])
+        self._commit_refill(part, wanted, replaces, rows)
+        part.asked_unregistered(step, dispatch)     # in flight until their groups register
+        return dispatch
+
+    def _commit_refill(self, part: PartitionState, wanted: int, replaces: list[str],
+                       rows: pa.Table) -> None:
+        """Write an ask's rows; applying them sets what is owed and held back. Should they not
+        be written, memory still owes ``wanted`` (the lake never saw it)."""
         seen = self._version
         try:
-            self.commit("decisions", decision_rows(
-                "refill", partition=partition, step=step, call_id=call_id, poll=poll,
-                reason=policy, count=dispatch, replaces=named[:dispatch]))
+            self.commit("decisions", rows)
         except BaseException:
             if self._version == seen:      # not written: nothing applied
                 part.owe_refill(wanted, replaces)
             raise
-        # one prompt per eviction: the oldest evictions are replaced first, the rest wait
-        part.refill_deferred = (total - dispatch, named[dispatch:]) if dispatch < total \
-            else (0, [])
-        part.asked_unregistered(step, dispatch)     # in flight until their groups register
-        return dispatch
 
-    def owe_refill(self, partition: str, wanted: int, replaces: list[str]) -> None:
-        """A poll wanted a refill while an earlier ask is still running: the next ask takes it.
-        (In memory only: a restart before that ask forgets it, as the lake never heard of it.)"""
-        self.part(partition).owe_refill(wanted, replaces)
+    def owe_refill(self, partition: str, wanted: int, replaces: list[str], *, step: int,
+                   call_id: int, poll: int, policy: str) -> None:
+        """A poll wanted a refill while an earlier ask is still running: held back, as admission
+        holds prompts back (a `refill_deferred` row, so a restart still owes them); the next
+        ask takes it."""
+        part = self.part(partition)
+        if not wanted:
+            return
+        deferred, later = part.refill_deferred
+        self._commit_refill(part, wanted, replaces, decision_rows(
+            "refill_deferred", partition=partition, step=step, call_id=call_id, poll=poll,
+            reason=policy, count=deferred + wanted, replaces=later + replaces))
 
     def refill_served(self, partition: str, count: int, replaced: int) -> None:
         """refill_fn returned: its ``count`` prompts and the first ``replaced`` evictions they
@@ -278,10 +299,13 @@ class BufferState:
                 self._next_batch = max(self._next_batch, batch_id + 1)
             if kind == "evict":
                 part.apply_removed(uids, "evicted")
+                if effects is None:        # restore: a call's evictions await their report
+                    self._restored_evictions(part, rows.slice(at - len(run), len(run)))
             elif kind == "discard":
                 part.apply_removed(uids, "discarded")
             elif kind == "select":
                 part.apply_removed(uids, "sampled", batch_id, step)
+                part.restored_evictions.clear()    # reported with this batch's metrics
             elif kind == "release":
                 uids = part.apply_released(batch_id)
             else:
@@ -290,14 +314,48 @@ class BufferState:
                 if kind == "refill":
                     part.apply_refill(last.column("count")[0].as_py(),
                                       last.column("replaces")[0].as_py() or [])
+                elif kind == "refill_deferred":
+                    part.apply_refill_deferred(last.column("count")[0].as_py(),
+                                               last.column("replaces")[0].as_py() or [])
                 elif kind == "refill_failed":
                     part.apply_refill_failed()
                 continue   # refills change no group
             if effects is not None:
                 effects.append((kind, p, uids, batch_id))
 
+    @staticmethod
+    def _restored_evictions(part: PartitionState, rows: pa.Table) -> None:
+        """Keep the evictions of sample calls (not `retire`'s) as (reason, group span, value):
+        those no later batch of the partition reported go out with its next batch's metrics,
+        as they would have in the process that took them."""
+        calls, reasons, spans, values = (rows.column(c).to_pylist() for c in
+                                         ("call_id", "reason", "group_span", "value"))
+        part.restored_evictions.extend(
+            (r, g, v) for c, r, g, v in zip(calls, reasons, spans, values) if c is not None and c >= 0)
+
     def settle_restored(self) -> None:
-        """After restore: an ask the lake shows without a `refill_failed` row counts as served
-        (as the lake's readers count it), whatever the process that asked saw of it."""
-        for part in self._parts.values():
-            part.settle_asked()
+        """After restore: the last ask the lake shows without a `refill_failed` row counts as
+        served (as the lake's readers count it); prompts of it no group registered are said,
+        and `reowe_lost_ask` owes them again when the caller says the rollout side is gone."""
+        for pid, part in self._parts.items():
+            lost = part.settle_asked()
+            if lost:
+                log.warning("restore: %d prompt(s) of the last refill ask of partition %r have "
+                            "no registered group (the process stopped first); if the rollout "
+                            "side stopped with it, reissue() or resume() owes them again and "
+                            "the next sample asks refill_fn for them", lost, pid)
+
+    def reowe_lost_ask(self, partition: str, step: int) -> int:
+        """Owe again the prompts of the restored lake's last ask that no group registered (the
+        rollout side that was asked is gone): a `refill_deferred` row (reason ``reissue``), so
+        the next poll asks for them, and a restart still owes them. Returns how many."""
+        part = self.part(partition)
+        lost, names = part.lost_ask
+        if not lost:
+            return 0
+        deferred, later = part.refill_deferred
+        self.commit("decisions", decision_rows(
+            "refill_deferred", partition=partition, step=step, reason="reissue",
+            count=deferred + lost, replaces=later + names))
+        part.lost_ask = (0, [])
+        return lost

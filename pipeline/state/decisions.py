@@ -15,9 +15,9 @@ import pyarrow as pa
 from pipeline.errors import InvariantError
 from pipeline.state.journal import by_column
 
-KINDS = ("evict", "select", "discard", "refill", "refill_failed", "release")
+KINDS = ("evict", "select", "discard", "refill", "refill_failed", "refill_deferred", "release")
 OUTSIDE_A_CALL = -1        # the call id of decisions no sample call took (retire, release)
-_ONE_ROW = ("refill", "refill_failed")   # a refill names no group: one row per ask
+_ONE_ROW = ("refill", "refill_failed", "refill_deferred")   # a refill names no group: one row
 
 
 def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
@@ -31,7 +31,8 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
     ``step``, ``reason``, ``group_span``, ``value``, ``replaces``, ``bound`` and ``strategy`` are
     either one value shared by every row or a list of one value per row (None: null). A refill
     (or a failed one) is one row without a uid: ``count`` prompts, ``replaces`` the evicted uids
-    they replace."""
+    they replace; a `refill_deferred` row, the prompts admission held back (owed, asked by the
+    next refill)."""
     if kind not in KINDS:
         raise InvariantError(f"unknown decision kind {kind!r}; kinds: {', '.join(KINDS)}")
     if (kind in _ONE_ROW) != (uids is None):

@@ -142,6 +142,11 @@ class PartitionState:
         self.refill_deferred: tuple[int, list[str]] = (0, [])   # owed, held back by admission
         self._asked: tuple[int, int] | None = None   # (count, replaced) of the last ask in the
         #                                          lake not yet known served or failed
+        self._registered_since_ask = 0           # groups registered since that ask's row
+        self.lost_ask: tuple[int, list[str]] = (0, [])   # restore: prompts of the last ask no
+        #                  group registered after (owed again by `reissue` / `resume`)
+        self.restored_evictions: list[tuple[str, int | None, float | None]] = []   # restore:
+        #                  (reason, group span, value) of evictions by calls no batch reported
         self._unregistered = (-1, 0)             # (step, prompts) asked at it, not registered yet
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.refill_done: Any = None             # ... and the threading.Event it sets on return
@@ -179,6 +184,7 @@ class PartitionState:
         step, asked = self._unregistered
         if asked:
             self._unregistered = (step, max(asked - len(uids), 0))
+        self._registered_since_ask += len(uids)
         if datasets is None:
             datasets = [None] * len(uids)
         for uid, gs, n, prompt_id, dataset in zip(uids, steps, ns, prompt_ids, datasets):
@@ -235,9 +241,18 @@ class PartitionState:
     # applying it sets what is owed; a `refill_failed` row leaves the debt as it is. Serving an
     # ask writes no row (the lake's readers count an ask served unless it failed), so restore
     # settles the last ask it saw as served once the lake is replayed.
+    #
+    # Prompts admission held back are owed too: a `refill_deferred` row after the ask (or alone,
+    # when nothing could be asked) records them, so a restart owes them as the run did.
     def apply_refill(self, count: int, replaces: list[str]) -> None:
         self.refill_owed, self.refill_replaces = count, list(replaces)
         self._asked = (count, len(replaces))
+        self._registered_since_ask = 0
+        self.refill_deferred = (0, [])      # an ask takes what was held back (a row after it
+        #                                    holds back what it could not take)
+
+    def apply_refill_deferred(self, count: int, replaces: list[str]) -> None:
+        self.refill_deferred = (count, list(replaces))
 
     def apply_refill_failed(self) -> None:
         self._asked = None
@@ -271,9 +286,19 @@ class PartitionState:
         at, asked = self._unregistered
         return asked if at == step else 0
 
-    def settle_asked(self) -> None:
-        if self._asked is not None:
-            self.refill_served(*self._asked)
+    def settle_asked(self) -> int:
+        """After restore: the last ask in the lake (neither failed nor followed by another)
+        counts as served, as the lake's readers count it. Its prompts that no group registered
+        after it (the process stopped first) are kept aside in `lost_ask`: `reissue` / `resume`
+        (the rollout side died with the process) owe them again. Returns how many there are."""
+        if self._asked is None:
+            return 0
+        count, replaced = self._asked
+        served = min(count, self._registered_since_ask)
+        names = self.refill_replaces[min(replaced, served):replaced]
+        self.refill_served(count, replaced)
+        self.lost_ask = (count - served, names)
+        return count - served
 
     # --- the consumer ------------------------------------------------------------------------
     def apply_removed(self, uids: list[str], how: str, batch_id: int | None = None,

@@ -6,11 +6,13 @@
 --   evicted uids the poll's refills replace (null when the poll asked for no refill). A refill
 --   whose refill_fn raised has a `refill_failed` row beside it: it served nothing, so it counts
 --   in `refill_failed` (prompts), not in `refilled`, and replaces nothing (the prompts stay owed
---   and a later poll asks for them again, naming the same evicted groups).
+--   and a later poll asks for them again, naming the same evicted groups). `held_back`: the
+--   prompts owed and not asked after the poll (a `refill_deferred` row: admission held them
+--   back, or an earlier ask was still running; the next refill asks for them), else 0.
 -- params: none
 -- reads: decisions
 -- returns: partition, step, call_id, poll, evicted, evicted_by_reason, refilled, selected,
---   batch_id, discarded, first_seq, replaces, refill_failed
+--   batch_id, discarded, first_seq, replaces, refill_failed, held_back
 with
 decs as (
     select partition, step, call_id, poll, kind, uid, reason, batch_id, count, replaces, seq
@@ -33,7 +35,9 @@ per_poll as (
         case when bool_or(kind = 'refill_failed') then null
              else flatten(list(replaces order by seq) filter (where kind = 'refill'
                                                           and replaces is not null))
-        end as replaces
+        end as replaces,
+        coalesce(arg_max(count, seq) filter (where kind = 'refill_deferred'), 0)::bigint
+            as held_back
     from decs
     group by partition, step, call_id, poll
 ),
@@ -42,7 +46,7 @@ final as (
     select
         partition, step, call_id, poll, evicted,
         coalesce(evicted_by_reason, map([], []))::map(varchar, bigint) as evicted_by_reason,
-        refilled, selected, batch_id, discarded, first_seq, replaces, refill_failed
+        refilled, selected, batch_id, discarded, first_seq, replaces, refill_failed, held_back
     from per_poll
 )
 

@@ -42,4 +42,5 @@ def test_a_selection_carries_the_bound_in_force_on_every_row() -> None:
                          group_span=[2, 3], bound=3, strategy="drop").to_pylist()
     assert [(r["uid"], r["bound"], r["strategy"]) for r in rows] == [("a", 3, "drop"),
                                                                      ("b", 3, "drop")]
-    assert set(KINDS) == {"evict", "select", "discard", "refill", "refill_failed", "release"}
+    assert set(KINDS) == {"evict", "select", "discard", "refill", "refill_failed",
+                          "refill_deferred", "release"}
