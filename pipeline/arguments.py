@@ -1,8 +1,13 @@
 """Checks of the public API's arguments: each names the call, the argument and what to pass."""
 from __future__ import annotations
 
+import numbers
 import operator
+import threading
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
+
+import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.ingest import STEP_LIMIT, STEP_RULE, check_partition
@@ -21,6 +26,11 @@ def partition_arg(partition: str | None, partition_id: str | None, where: str,
     return check_partition(p) if check else p
 
 
+INT64_MAX = 2**63 - 1
+"""The largest BIGINT: every count, size, step and bound is stored (and computed) as an int64."""
+_INT64 = "2**63 - 1"
+
+
 def _integer(value: Any) -> int | None:
     """``value`` as a python int when it is an integer (a numpy integer too; bool refused)."""
     if isinstance(value, bool):
@@ -29,6 +39,58 @@ def _integer(value: Any) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def int64(value: Any) -> int | None:
+    """``value`` as a python int when it is an integer that fits a BIGINT (int64), a numpy
+    integer too; None otherwise (bool refused: True is no count)."""
+    i = _integer(value)
+    return i if i is not None and -INT64_MAX - 1 <= i <= INT64_MAX else None
+
+
+def real(value: Any) -> float | None:
+    """``value`` as a python float when it is a real number (an int, a float, a numpy integer or
+    floating scalar); None otherwise (bool, str, None; an int too large for a float). NaN stays
+    NaN: the caller says whether it takes one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+
+
+def count_arg(name: str, value: Any, why: str = "", *, minimum: int = 1, where: str = "") -> int:
+    """An int knob: an int >= ``minimum`` that fits an int64 (a numpy integer is taken as its
+    int; bool refused), else a ConfigError naming ``name`` (and the call ``where``), the value,
+    what to pass and ``why``."""
+    n = int64(value)
+    if n is not None and n >= minimum:
+        return n
+    what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    if _integer(value) is not None and n is None:     # an int, but no int64
+        what = f"{what} no larger than {_INT64} (an int64, as the lake stores it)"
+    call = f"{where}: " if where else ""
+    raise ConfigError(f"{call}{name}={value!r} must be {what}{f' {why}' if why else ''}")
+
+
+def flag_arg(name: str, value: Any, where: str = "") -> bool:
+    """A bool knob: True or False (a numpy bool too); anything else (1, "yes", "no", None) is
+    refused rather than read by its truth value ("no" is true)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    call = f"{where}: " if where else ""
+    raise ConfigError(f"{call}{name}={value!r} must be True or False")
+
+
+def seconds_arg(name: str, value: Any, why: str = "") -> float:
+    """A positive, finite number of seconds that a wait can take (at most threading.TIMEOUT_MAX,
+    about 292 years); a numpy number is taken as its float, bool refused."""
+    s = real(value)
+    if s is not None and 0 < s <= threading.TIMEOUT_MAX:
+        return s
+    raise ConfigError(f"{name}={value!r} must be a positive number of seconds, at most "
+                      f"{threading.TIMEOUT_MAX:.0f}{f' {why}' if why else ''}")
 
 
 def step_arg(where: str, global_steps: Any) -> int:
@@ -41,13 +103,16 @@ def step_arg(where: str, global_steps: Any) -> int:
 
 
 def timeout_arg(where: str, timeout: Any) -> float | None:
-    """Seconds to wait: a number >= 0 (a negative one waits not at all), or None: no limit."""
+    """Seconds to wait: a number >= 0 (a negative one waits not at all; a numpy number is taken
+    as its float), or None: no limit. One beyond what a wait can take (threading.TIMEOUT_MAX,
+    about 292 years; inf too) is no limit either, as None."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+    seconds = real(timeout)
+    if seconds is None or seconds != seconds:
         raise ConfigError(f"{where}: timeout={timeout!r} must be a number of seconds (or None: "
                           "wait as long as it takes)")
-    return max(float(timeout), 0.0)
+    return None if seconds > threading.TIMEOUT_MAX else max(seconds, 0.0)
 
 
 def callback_arg(where: str, name: str, fn: Any) -> Any:
@@ -59,22 +124,24 @@ def callback_arg(where: str, name: str, fn: Any) -> Any:
 
 
 def uid_list(where: str, uids: Any) -> list[str]:
-    """A list of uids for the keyword shorthands (a lone string is refused, not iterated)."""
+    """A list of uids for the keyword shorthands: a list or tuple, or an array / Series (a lone
+    string is refused, not iterated; a dict or set too: its keys, in no order the caller chose,
+    are no list of uids)."""
     if uids is None:
         raise ConfigError(f"{where}: nothing to do; pass rows, or uids=[...] with partition=")
     if isinstance(uids, (str, bytes)):
         raise ConfigError(f"{where}: uids={uids!r} is one string; pass a list of uids, e.g. "
                           f"uids=[{uids!r}]")
+    if isinstance(uids, (Mapping, Set)) or not isinstance(uids, Iterable):
+        raise ConfigError(f"{where}: uids={uids!r} must be a list of uids (a list or tuple of "
+                          "str, or an array / Series of them)")
     return list(uids)
 
 
 def batch_size_arg(where: str, batch_size: Any, name: str = "batch_size") -> int:
-    """A batch size (or target count, ``name``): a positive int (a numpy integer too; bool
-    refused)."""
-    size = _integer(batch_size)
-    if size is None or size <= 0:
-        raise ConfigError(f"{where}: {name}={batch_size!r} must be a positive int")
-    return size
+    """A batch size (or target count, ``name``): a positive int that fits an int64 (a numpy
+    integer too; bool refused)."""
+    return count_arg(name, batch_size, where=where)
 
 
 def prompt_id_list(where: str, prompt_ids: Any, n_uids: int) -> list[int | None]:

@@ -22,7 +22,9 @@ from pipeline.arguments import (
     batch_id_arg,
     batch_size_arg,
     callback_arg,
+    count_arg,
     dataset_list,
+    flag_arg,
     partition_arg,
     prompt_id_list,
     step_arg,
@@ -30,8 +32,10 @@ from pipeline.arguments import (
     uid_list,
 )
 from pipeline.config import BufferConfig, async_config, preset_kwargs, sync_config
+from pipeline.config.buffer_config import places
 from pipeline.decide import Batch, Ready, aggregates, run_call
 from pipeline.decide import evaluate as decide
+from pipeline.decide import rules as declared_rules
 from pipeline.decide.policies import PollContext, capacity
 from pipeline.decide.selection import held as held_batch
 from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
@@ -48,6 +52,67 @@ from pipeline.state import (
 )
 
 log = logging.getLogger("replaylake")
+
+
+def _lake_arg(lake: Any) -> str | os.PathLike | None:
+    """``lake``: None (memory only) or a directory path, a non-empty str or an os.PathLike
+    naming a str path (e.g. a pathlib.Path); a bytes path or a number is refused."""
+    path = os.fspath(lake) if isinstance(lake, os.PathLike) else lake
+    if lake is None or (isinstance(path, str) and path):
+        return lake
+    raise ConfigError(f"lake={lake!r} must be the lake's directory: a non-empty str or a "
+                      "pathlib.Path (os.PathLike of a str), e.g. lake='runs/lake'; or None to "
+                      "keep everything in memory")
+
+
+def _allow_changes_arg(allow_changes: Any) -> tuple[str, ...]:
+    """``allow_changes``: one decision setting's name, or a tuple / list / set of them."""
+    names = (allow_changes,) if isinstance(allow_changes, str) else allow_changes
+    if isinstance(names, (tuple, list, set, frozenset)) and all(isinstance(n, str) for n in names):
+        return tuple(names)
+    raise ConfigError(f"allow_changes={allow_changes!r} must name the decision settings a reopen "
+                      "may change: one name (a str) or a tuple of them, e.g. "
+                      "allow_changes=('max_off_policy_threshold',); () allows none")
+
+
+def _few(uids: list[str]) -> str:
+    """Up to five uids for an error message, with how many more."""
+    more = f" and {len(uids) - 5} more" if len(uids) > 5 else ""
+    return f"{list(uids[:5])}{more}"
+
+
+def _uid_elements(where: str, uids: list[Any]) -> list[str]:
+    """``uids`` when each is a str (a uid); else an error naming the first that is not."""
+    for i, u in enumerate(uids):
+        if not isinstance(u, str):
+            raise ConfigError(f"{where}: uids[{i}]={u!r} is not a uid; pass the groups' uids (str)")
+    return uids
+
+
+def _reason_arg(reason: Any) -> str:
+    """retire's ``reason``: a non-empty str that no eviction rule records (see `retire`)."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise ConfigError(f"retire: reason={reason!r} must be a non-empty str recorded with each "
+                          "eviction, e.g. reason='vanished' (the default) or 'missing_metric'")
+    if reason in declared_rules.reasons():
+        raise ConfigError(
+            f"retire: reason={reason!r} is the name of the {reason} eviction rule; metrics, a "
+            "restored buffer and the lake's queries would count these retirements as its "
+            "evictions: pass a reason of your own, e.g. reason='vanished' or "
+            f"reason='{reason}_by_hand'")
+    return reason
+
+
+def _not_before_dispatch(step: int, uids: list[str], dispatch_steps: list[int]) -> None:
+    """retire's ``global_steps`` against the groups it retires: none may be dispatched later
+    (its group span would be below 1)."""
+    early = [f"{u!r} (dispatched at step {g})" for u, g in zip(uids, dispatch_steps) if g > step]
+    if early:
+        more = f" and {len(early) - 5} more" if len(early) > 5 else ""
+        raise ConfigError(
+            f"retire: global_steps={step} precedes the dispatch step of {', '.join(early[:5])}"
+            f"{more}; pass the trainer's current step (at least each group's dispatch step), or "
+            "leave global_steps out to record each group at its own; nothing was retired")
 
 
 def _missing(group: Any) -> list[int] | None:
@@ -73,12 +138,13 @@ class ReplayBuffer:
             raise ConfigError(f"config={config!r} must be a BufferConfig (use sync_config() / "
                               "async_config(), or ReplayBuffer.sync(...) / ReplayBuffer.async_(...))")
         self.config = config or sync_config()
-        self.lake_dir = lake
-        if max_live_bytes is not None and (isinstance(max_live_bytes, bool) or
-                                           not isinstance(max_live_bytes, int) or
-                                           max_live_bytes <= 0):
-            raise ConfigError(f"max_live_bytes={max_live_bytes!r} must be a positive int (bytes "
-                              "of trajectory payload held in memory), or None for no budget")
+        # every argument is checked before the lake is opened (and its lock taken)
+        self.lake_dir = lake = _lake_arg(lake)
+        fsync = flag_arg("fsync", fsync)
+        allow_changes = _allow_changes_arg(allow_changes)
+        if max_live_bytes is not None:
+            max_live_bytes = count_arg("max_live_bytes", max_live_bytes, "(bytes of trajectory "
+                                       "payload held in memory), or None for no budget")
         self.max_live_bytes = max_live_bytes
         writer = LakeWriter(lake, fsync=fsync) if lake is not None else None
         self._state = BufferState(Journal(writer), self.config.aggregated_metric,
@@ -259,6 +325,7 @@ class ReplayBuffer:
     def _reissue(self, where: str, global_steps: int, partition: str | None,
                  partition_id: str | None, release_held: bool, *, keep: bool) -> dict:
         global_steps = step_arg(where, global_steps)
+        release_held = flag_arg("release_held", release_held, where)
         only = None if partition is None and partition_id is None else \
             partition_arg(partition, partition_id, where)
         out: dict[str, list] = {}
@@ -266,6 +333,7 @@ class ReplayBuffer:
             for pid, part in self._state.partitions():
                 if only is not None and pid != only:
                     continue
+                self._state.reowe_lost_ask(pid, global_steps)   # asked, never registered
                 uids = sorted(part.inflight)
                 if uids:
                     kept = [self._state.stored_rows(pid, u) for u in uids if part.groups[u].keys] \
@@ -333,10 +401,20 @@ class ReplayBuffer:
                partition_id: str | None = None) -> list[str]:
         """Remove live, unselected groups that disappeared from an external data plane (e.g.
         verl's trainer cleared the partition): each gets an `evict` decision with ``reason`` and
-        is never sampled or accepted again. Returns the uids retired (unknown or already removed
-        ones are skipped)."""
+        is never sampled or accepted again. Returns the uids retired, each once and in the order
+        given (unknown or already removed ones are skipped; a uid named twice is retired once).
+
+        ``reason`` is a non-empty str recorded with each eviction, e.g. 'vanished' or
+        'missing_metric'. The name of an eviction rule ('stale', 'zero_variance', 'failure',
+        'overlong', ...) is refused: the metrics, the restored buffer and the lake's queries
+        count an eviction by its reason, so a retirement under a rule's name would read as that
+        rule's eviction (a stale group's span, a zero-variance group's reward). ``global_steps``
+        (the trainer's step; default: each group's own dispatch step) may not precede the
+        dispatch step of a group it retires (that would record a negative group span). A call
+        that raises retires nothing."""
         partition = partition_arg(partition, partition_id, "retire")
-        uids = uid_list("retire", uids)
+        uids = list(dict.fromkeys(_uid_elements("retire", uid_list("retire", uids))))
+        reason = _reason_arg(reason)
         if global_steps is not None:
             global_steps = step_arg("retire", global_steps)
         with self._state.locked():
@@ -350,6 +428,7 @@ class ReplayBuffer:
             if global_steps is None:      # no trainer step at hand: the group's own dispatch step
                 steps, spans = gs, [1] * len(gs)
             else:
+                _not_before_dispatch(global_steps, kept, gs)
                 steps, spans = [global_steps] * len(gs), decide.group_spans(global_steps, gs)
             # `replaces` as rows of None: the layout these rows always had in the lake
             self._state.commit("decisions", decision_rows(
@@ -357,20 +436,39 @@ class ReplayBuffer:
                 group_span=spans, replaces=[None] * len(kept)))
             return kept
 
-    def release(self, batch: Batch | int) -> None:
-        """The trainer is done with the batch: its trajectories leave memory (not the lake)."""
-        batch_id = batch.batch_id if isinstance(batch, Batch) else batch_id_arg(batch)
-        with self._state.locked(), interrupts.held():
-            for pid, part in self._state.partitions():
-                if batch_id in part.batches:
-                    uids = part.batches[batch_id]
-                    nulls = [None] * len(uids)   # laid out as rows of None (not `pa.nulls`)
-                    self._state.commit("decisions", decision_rows(
-                        "release", partition=pid, step=part.batch_step[batch_id], uids=uids,
-                        reason=nulls, batch_id=batch_id, replaces=nulls))
-                    return
+    def _held(self, batch: Any, where: str) -> tuple[int, str, Any]:
+        """(batch id, partition id, partition) of the held batch ``batch`` names: a Batch, or its
+        integer id. A Batch must be the held one: its partition and uids are checked, so a Batch
+        of another buffer (or one whose id a restart gave to another batch) never names this
+        buffer's batch. Raises UnknownBatchError when none is held. Call with the lock held."""
+        batch_id = batch.batch_id if isinstance(batch, Batch) else batch_id_arg(batch, where)
+        for pid, part in self._state.partitions():
+            if batch_id not in part.batches:
+                continue
+            held = part.batches[batch_id]
+            if isinstance(batch, Batch) and (batch.partition != pid or
+                                             sorted(batch.uids) != sorted(held)):
+                raise UnknownBatchError(
+                    f"{where}: this Batch (partition {batch.partition!r}, uids "
+                    f"{_few(batch.uids)}) is not batch {batch_id} of this buffer (partition "
+                    f"{pid!r}, uids {_few(held)}): it came from another buffer, or from before a "
+                    "restart that gave its id to another batch; pass the Batch this buffer's "
+                    f"sample() or held_batch() returned, or {where}({batch_id}) for the held one")
+            return batch_id, pid, part
         raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or "
-                                "already released)")
+                                "already released); held_batches(partition) lists the held ones")
+
+    def release(self, batch: Batch | int) -> None:
+        """The trainer is done with the batch: its trajectories leave memory (not the lake).
+        ``batch``: the Batch `sample` returned (its partition and uids must be those of the
+        batch this buffer holds under its id), or its integer batch id."""
+        with self._state.locked(), interrupts.held():
+            batch_id, pid, part = self._held(batch, "release")
+            uids = part.batches[batch_id]
+            nulls = [None] * len(uids)   # laid out as rows of None (not `pa.nulls`)
+            self._state.commit("decisions", decision_rows(
+                "release", partition=pid, step=part.batch_step[batch_id], uids=uids,
+                reason=nulls, batch_id=batch_id, replaces=nulls))
 
     # --- reads: none of them changes a group's fate ----------------------------------------------
     def get_sampleable_count(self, global_steps: int, partition: str | None = None, *,
@@ -420,6 +518,10 @@ class ReplayBuffer:
             raise ConfigError("dispatch_capacity needs the groups trained per step: pass "
                               "batch_size=, or give the preset train_batch_size=")
         batch = batch_size_arg("dispatch_capacity", batch)
+        try:
+            places(threshold, batch)
+        except ConfigError as exc:
+            raise ConfigError(f"dispatch_capacity: {exc}") from None
         with self._state.locked():
             part = self._state.find(p)
             if part is None:
@@ -464,14 +566,9 @@ class ReplayBuffer:
         off-policy metrics; the eviction metrics stay with the call that chose it): after a
         restart, the batch the trainer held when the process died, to train on it and release
         it (`held_batches` lists their ids)."""
-        batch_id = batch_id.batch_id if isinstance(batch_id, Batch) else \
-            batch_id_arg(batch_id, "held_batch")
         with self._state.locked():
-            for _, part in self._state.partitions():
-                if batch_id in part.batches:
-                    return held_batch(self.config, part, batch_id)
-        raise UnknownBatchError(f"batch {batch_id} is not held by this buffer (never sampled, or "
-                                "already released); held_batches(partition) lists the held ones")
+            batch_id, _, part = self._held(batch_id, "held_batch")
+            return held_batch(self.config, part, batch_id)
 
     def sampleable_uids(self, partition: str | None = None, *,
                         partition_id: str | None = None) -> list[str]:

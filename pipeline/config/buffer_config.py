@@ -4,17 +4,20 @@ A configuration switches rules on (sql/rules/, with the parameters they bind) an
 staleness settings and a refill policy. Opt-in rules come as data, ``rules={name: {param: value}}``
 checked against each rule's declaration (pipeline/config/rule_knobs.py). Validation runs at
 construction and names the parameter, the value and what to do, in this order: threshold,
-strategy, a filter metric without refill_fn, sync_refill_failed_groups without refill_fn, the
-sync-only checks, the rules, then the selection order. Presets map verl 0.9.1's
+strategy, a filter metric without refill_fn, sync_refill_failed_groups (a bool) without
+refill_fn, refill_fn, poll_interval, the int knobs (max_num_gen_batches, then sync's batch sizes
+or async's train_batch_size), the rules, then the starvation steps and the selection order.
+Every int knob is an int that fits an int64 (what the lake and the rules store; a numpy integer
+is taken as its int, a bool refused), every bool knob True or False. Presets map verl 0.9.1's
 constructor keywords 1:1, so a verl config carries over unchanged.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from pipeline.arguments import INT64_MAX, count_arg, flag_arg, seconds_arg
 from pipeline.config import rule_knobs
 from pipeline.config.partitions import is_validation
 from pipeline.config.stale_bounds import StaleBounds, parse
@@ -112,7 +115,9 @@ class BufferConfig:
 
 
 def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refill_fn: Any,
-                  sync_refill_failed_groups: bool, poll_interval: Any) -> None:
+                  sync_refill_failed_groups: Any, poll_interval: Any) -> tuple[bool, float]:
+    """The checks both presets run, in the documented order; returns sync_refill_failed_groups
+    and poll_interval as python values (a numpy bool or number taken as its own)."""
     parse(threshold)
     if strategy not in STRATEGIES:
         raise StrategyError(
@@ -128,24 +133,18 @@ def _check_common(threshold: Any, strategy: Any, filter_groups_metric: Any, refi
         raise ConfigError(
             f"filter_groups_metric={filter_groups_metric!r} requires refill_fn (filtered groups "
             "must be replaced by new prompts)")
-    if sync_refill_failed_groups and refill_fn is None:
+    if flag_arg("sync_refill_failed_groups", sync_refill_failed_groups) and refill_fn is None:
         raise ConfigError("sync_refill_failed_groups=True requires refill_fn")
     if refill_fn is not None and not callable(refill_fn):
         raise ConfigError(f"refill_fn={refill_fn!r} must be callable as refill_fn(n): it asks the "
                           "rollout side for n more prompts")
-    if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or \
-            not 0 < poll_interval < math.inf:
-        raise ConfigError(f"poll_interval={poll_interval!r} must be a positive number of seconds")
+    return (bool(sync_refill_failed_groups),
+            seconds_arg("poll_interval", poll_interval, "(how often a waiting sample polls)"))
 
 
-def _positive_int(name: str, value: Any, why: str) -> None:
-    if value is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive int {why}")
-
-
-def _non_negative_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{name}={value!r} must be an int >= 0 (0 = unbounded)")
+def _optional_count(name: str, value: Any, why: str) -> int | None:
+    """None, or a positive int knob as a python int (see `count_arg`)."""
+    return None if value is None else count_arg(name, value, why)
 
 
 def _filter_rules(filter_groups_metric: str | None, max_response_length: int | None,
@@ -153,8 +152,8 @@ def _filter_rules(filter_groups_metric: str | None, max_response_length: int | N
     """The filter rules: zero variance (DAPO), then the opt-in rules of the ``rules`` mapping
     (none is in verl), which ``max_response_length`` fills as shorthand for `overlong`."""
     out = (RuleUse("zero_variance"),) if filter_groups_metric is not None else ()
-    if max_response_length is not None:
-        _positive_int("max_response_length", max_response_length, "(or None: keep long groups)")
+    max_response_length = _optional_count("max_response_length", max_response_length,
+                                          "(or None: keep long groups)")
     return out + rule_knobs.rule_uses(
         rule_knobs.with_sugar(rules, max_response_length=max_response_length))
 
@@ -173,14 +172,18 @@ def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     switches opt-in rules on by name (``{"overlong": {"max_response_length": 12}}``).
     ``selection_order`` (not in verl): which candidates a sample takes first, `oldest` (verl's
     order), `spread_first` or `oldest_version` (pipeline/decide/policies/order.py)."""
-    _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
-                  refill_fn, sync_refill_failed_groups, poll_interval)
-    _non_negative_int("max_num_gen_batches", max_num_gen_batches)
-    if filter_groups_metric is not None:
-        _positive_int("max_inflight_gen_batches", max_inflight_gen_batches,
-                      "when filter_groups_metric is set")
-        _positive_int("train_batch_size", train_batch_size, "when filter_groups_metric is set")
-        _positive_int("gen_batch_size", gen_batch_size, "when filter_groups_metric is set")
+    sync_refill_failed_groups, poll_interval = _check_common(
+        max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric, refill_fn,
+        sync_refill_failed_groups, poll_interval)
+    max_num_gen_batches = _max_num_gen_batches(max_num_gen_batches)
+    # the DAPO refill counts with all three; without it they are checked when given
+    dapo = filter_groups_metric is not None
+    why = "when filter_groups_metric is set" if dapo else "(or None)"
+    size = count_arg if dapo else _optional_count
+    max_inflight_gen_batches = count_arg("max_inflight_gen_batches", max_inflight_gen_batches,
+                                         why if dapo else "(prompt batches in flight at once)")
+    train_batch_size = size("train_batch_size", train_batch_size, why)
+    gen_batch_size = size("gen_batch_size", gen_batch_size, why)
     if sync_refill_failed_groups and gen_batch_size != 1:
         raise ConfigError(
             f"sync_refill_failed_groups=True requires gen_batch_size=1 (got {gen_batch_size!r}): "
@@ -217,7 +220,8 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     ``rules`` and ``selection_order`` as for `sync_config`.
 
     gen_batch_size / max_inflight_gen_batches / sync_refill_failed_groups are sync-only knobs;
-    they are accepted (verl's configs pass them) and have no effect here.
+    they are accepted (verl's configs pass them; only sync_refill_failed_groups is checked, as
+    a bool) and have no effect here.
 
     ``max_off_policy_strategy="admit"`` (not in verl) keeps the `stale` rule as a safety net and
     paces the buffer's own refills: an owed refill is asked only up to the dispatch capacity
@@ -227,9 +231,12 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     ``max_off_policy_strategy="mask"`` (not in verl) evicts nothing for staleness: a chosen group
     the `stale` rule would evict is trained with its loss switched off (``is_stale`` rows,
     `to_torch`'s ``loss_mask``), so the batch stays full and nothing is re-generated."""
-    _check_common(max_off_policy_threshold, max_off_policy_strategy, filter_groups_metric,
-                  refill_fn, sync_refill_failed_groups, poll_interval)
-    _non_negative_int("max_num_gen_batches", max_num_gen_batches)
+    _, poll_interval = _check_common(max_off_policy_threshold, max_off_policy_strategy,
+                                     filter_groups_metric, refill_fn, sync_refill_failed_groups,
+                                     poll_interval)
+    max_num_gen_batches = _max_num_gen_batches(max_num_gen_batches)
+    train_batch_size = _optional_count("train_batch_size", train_batch_size,
+                                       "(the groups trained per step), or None")
     bounds = parse(max_off_policy_threshold)
     if bounds.by_dataset and max_off_policy_strategy in ("wait", "mask"):
         why = ("the wait gate holds every sample on the oldest group in flight, whatever its "
@@ -256,13 +263,16 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
         starvation=_starvation(starvation_steps), order=selection_order_of(selection_order))
 
 
+def _max_num_gen_batches(value: Any) -> int:
+    return count_arg("max_num_gen_batches", value, "(0 = unbounded)", minimum=0)
+
+
 def _starvation(steps: Any) -> Starvation:
     """``starvation_steps``: after this many consecutive steps with groups in flight and no
     trained row, a dataset is named in a warning and counted in `<prefix>/dataset/starved`."""
-    if steps is not None:
-        _positive_int("starvation_steps", steps, "(consecutive steps without a trained row "
-                      "that make a dataset starved), or None to switch the signal off")
-    return Starvation(steps)
+    return Starvation(_optional_count(
+        "starvation_steps", steps, "(consecutive steps without a trained row that make a "
+        "dataset starved), or None to switch the signal off"))
 
 
 def _stale_rule(bounds: StaleBounds) -> RuleUse:
@@ -277,11 +287,23 @@ def _admission(strategy: str, threshold: int | None, train_batch_size: Any) -> A
     which counts places per step, so it needs the batch a step trains and a bound."""
     if strategy != "admit":
         return Unpaced()
-    _positive_int("train_batch_size", train_batch_size,
-                  "with max_off_policy_strategy='admit' (the groups trained per step: the "
-                  "dispatch capacity counts places per step)")
+    train_batch_size = count_arg("train_batch_size", train_batch_size,
+                                 "with max_off_policy_strategy='admit' (the groups trained per "
+                                 "step: the dispatch capacity counts places per step)")
     if threshold is None:
         raise ConfigError("max_off_policy_strategy='admit' needs max_off_policy_threshold (a "
                           "positive int or a per-dataset mapping): the dispatch capacity is the "
                           "room left under that bound (under a mapping, the tightest one)")
+    places(threshold, train_batch_size, "train_batch_size")
     return Admit(threshold, train_batch_size)
+
+
+def places(threshold: int, batch_size: int, name: str = "batch_size") -> int:
+    """T x B, the places a dispatch capacity counts, checked to fit an int64 (the capacity is
+    computed as one: past it the count would wrap around)."""
+    if threshold * batch_size > INT64_MAX:
+        raise ConfigError(
+            f"{name}={batch_size!r} with max_off_policy_threshold {threshold!r}: the dispatch "
+            f"capacity counts threshold x {name} = {threshold * batch_size} places, more than an "
+            "int64 holds (2**63 - 1); give a smaller bound or batch size")
+    return threshold * batch_size

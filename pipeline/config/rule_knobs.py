@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from numbers import Integral
 from typing import Any
 
+from pipeline.arguments import int64, real
 from pipeline.config.keywords import did_you_mean
 from pipeline.decide import rules as registry
 from pipeline.decide.rules import RuleUse
@@ -38,6 +40,8 @@ Knobs = Mapping[str, Mapping[str, Any] | None]
 
 _WHAT = {"BIGINT": ("an int", "12"), "INTEGER": ("an int", "12"), "DOUBLE": ("a number", "0.5"),
          "VARCHAR": ("a str", "'text'"), "BOOLEAN": ("True or False", "True")}
+# the integer types' ranges: an int beyond them is not one of them (it overflows every poll)
+_BITS = {"BIGINT": 63, "INTEGER": 31}
 
 
 def switchable_rules() -> list[str]:
@@ -146,15 +150,28 @@ def _params(rule: registry.Rule, given: Mapping[str, Any]) -> tuple[tuple[str, A
     return tuple((p.name, _value(rule.name, p, given[p.name])) for p in rule.knobs)
 
 
+def _python(p: Param, v: Any) -> Any:
+    """``v`` as the python value its declared type takes (a numpy integer or float as its own),
+    or None when it is none: an int out of the type's range is no BIGINT / INTEGER."""
+    if p.type in _BITS:
+        i = int64(v)
+        return i if i is not None and -2**_BITS[p.type] <= i < 2**_BITS[p.type] else None
+    return real(v) if p.type == "DOUBLE" else v
+
+
 def _value(rule: str, p: Param, v: Any) -> Any:
-    why = p.problem(v)
+    checked = _python(p, v)
+    why = p.problem(checked)
     if why:
         what, example = _WHAT[p.type]
         if p.minimum is not None:    # the usual example, unless it is below the minimum
             what, example = f"{what} >= {p.minimum}", repr(max(p.minimum, float(example)) if
                                                            p.type == "DOUBLE" else
                                                            max(p.minimum, int(example)))
+        too_big = checked is None and isinstance(v, Integral) and not isinstance(v, bool)
         raise ConfigError(f"rules[{rule!r}][{p.name!r}]={v!r}: the rule {rule} declares "
                           f"{p}; pass {what}, e.g. "
-                          f"rules={{{rule!r}: {{{p.name!r}: {example}}}}}")
-    return float(v) if p.type == "DOUBLE" else v
+                          f"rules={{{rule!r}: {{{p.name!r}: {example}}}}}" +
+                          (f" (a {p.type} lies within -2**{_BITS[p.type]} .. 2**{_BITS[p.type]} - 1)"
+                           if too_big else ""))
+    return checked

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.arguments import int64
 from pipeline.errors import ConfigError
 from schemas import STALE_BOUNDS
 
@@ -22,7 +23,8 @@ DEFAULT_KEY = "*"
 """The mapping key of the bound for every dataset the mapping does not name."""
 
 _USE = ("use a positive int, None to disable the staleness bound, or a mapping of dataset names "
-        f"to positive ints with a {DEFAULT_KEY!r} default, e.g. {{'math': 4, {DEFAULT_KEY!r}: 8}}")
+        f"to positive ints with a {DEFAULT_KEY!r} default, e.g. {{'math': 4, {DEFAULT_KEY!r}: 8}} "
+        "(a bound is an int64: at most 2**63 - 1)")
 
 
 class ThresholdError(ConfigError):
@@ -33,8 +35,11 @@ def _bad(detail: str) -> ThresholdError:
     return ThresholdError(f"Invalid max off policy threshold: {detail}")
 
 
-def _positive(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value > 0
+def _positive(value: Any) -> int | None:
+    """``value`` as a python int when it is a bound: a positive int that fits an int64 (the
+    `stale` rule's BIGINT parameters; a numpy integer too, bool refused), else None."""
+    bound = int64(value)
+    return bound if bound is not None and bound > 0 else None
 
 
 @dataclass(frozen=True)
@@ -75,25 +80,30 @@ def parse(value: Any) -> StaleBounds:
         return StaleBounds()
     if isinstance(value, Mapping):
         return _mapping(value)
-    if not _positive(value):
+    bound = _positive(value)
+    if bound is None:
         raise _bad(f"max_off_policy_threshold={value!r}; {_USE}")
-    return StaleBounds(value)
+    return StaleBounds(bound)
 
 
 def _mapping(value: Mapping) -> StaleBounds:
+    bounds: dict[str, int] = {}
     for key, bound in value.items():
         if not isinstance(key, str) or not key:
             raise _bad(f"max_off_policy_threshold has the key {key!r}; keys are dataset names "
                        f"(non-empty str, as groups register them) or {DEFAULT_KEY!r} for the rest")
-        if not _positive(bound):
+        checked = _positive(bound)
+        if checked is None:
             raise _bad(f"max_off_policy_threshold[{key!r}]={bound!r}; each bound is a positive "
-                       "int (the largest group span a group of that dataset may be trained at)")
-    if DEFAULT_KEY not in value:
+                       "int of at most 2**63 - 1 (the largest group span a group of that dataset "
+                       "may be trained at)")
+        bounds[str(key)] = checked
+    if DEFAULT_KEY not in bounds:
         raise _bad(f"max_off_policy_threshold={dict(value)!r} has no {DEFAULT_KEY!r} entry; give "
                    "the bound of every dataset not named (and of groups registered without a "
                    f"dataset), e.g. {({**value, DEFAULT_KEY: 8})!r}")
-    named = tuple(sorted((k, v) for k, v in value.items() if k != DEFAULT_KEY))
-    return StaleBounds(value[DEFAULT_KEY], named)
+    named = tuple(sorted((k, v) for k, v in bounds.items() if k != DEFAULT_KEY))
+    return StaleBounds(bounds[DEFAULT_KEY], named)
 
 
 def recorded(threshold: Any) -> pa.Table:

@@ -151,11 +151,21 @@ class EvictionMetrics:
     def add(self, ev: Any) -> None:
         """Add one poll's `decide.Eviction`: every reason that fired counts the group once."""
         for i, reason in ev.rows():
-            self.counts[reason] = self.counts.get(reason, 0) + 1
-            self.spans.setdefault(reason, []).append(ev.group_spans[i])
-            if reason in ev.values:
-                v = ev.values[reason][i]
-                self.reward_counts[v] = self.reward_counts.get(v, 0) + 1
+            self._count(reason, ev.group_spans[i], reason in ev.values,
+                        ev.values[reason][i] if reason in ev.values else None)
+
+    def add_rows(self, rows: list[tuple[str, int | None, float | None]]) -> None:
+        """Add evictions read back from the decision log, (reason, group span, value) each (a
+        restored buffer's evictions that no batch reported yet)."""
+        for reason, span, value in rows:
+            rule = rules.registry().get(reason)
+            self._count(reason, span, bool(rule is not None and rule.value), value)
+
+    def _count(self, reason: str, span: int | None, valued: bool, value: float | None) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        self.spans.setdefault(reason, []).append(span)
+        if valued:
+            self.reward_counts[value] = self.reward_counts.get(value, 0) + 1
 
     def merge(self, other: EvictionMetrics) -> None:
         """Add another call's evictions (those of a call that raised before it reported them)."""
@@ -284,27 +294,102 @@ class StepAggregator:
     def add(self, metrics: Any, weights: dict[str, float] | None = None,
             reward_counts: dict[float, int] | None = None) -> None:
         """Add one call's metrics: a `Batch` (its metrics, weights and reward counts), or a
-        metric dict with its ``weights`` and ``reward_counts``."""
+        metric dict with its ``weights`` and ``reward_counts``.
+
+        All-or-nothing: every key, value, weight and count is checked before any is added, so a
+        call that raises adds nothing and its retry counts each metric once. A value is a finite
+        real number (a numpy scalar too; a whole number for a count); ``weights`` map weight
+        names to numbers >= 0; ``reward_counts`` map reward values to counts (ints >= 0). A
+        wrong value is a ConfigError naming the key; an undeclared key or a mean without its
+        weight an UnknownMetricError."""
         if hasattr(metrics, "metric_weights"):   # a Batch
-            weights = {**metrics.metric_weights, **(weights or {})}
+            weights = {**metrics.metric_weights, **self._mapping("weights", weights)}
             reward_counts = reward_counts or metrics.filtered_reward_counts
             metrics = metrics.metrics
-        weights = weights or {}
-        for k, v in metrics.items():
-            decl = declared_metric(k)
-            w = 1.0
-            if decl.reduction == "mean":
-                if decl.weight in metrics:
-                    w = float(metrics[decl.weight])
-                elif decl.weight in weights:
-                    w = float(weights[decl.weight])
-                else:
-                    raise UnknownMetricError(
-                        f"metric {k!r} is a mean weighted by {decl.weight!r}: pass the batch "
-                        f"(aggregator.add(batch)) or weights={{{decl.weight!r}: ...}}")
-            self._vals.setdefault(k, []).append((float(v), w))
-        for value, count in (reward_counts or {}).items():
-            self.reward_counts[value] = self.reward_counts.get(value, 0) + count
+        if metrics is None:
+            raise self._bad("metrics=None: pass a Batch or a metric dict {key: value}")
+        metrics = self._mapping("metrics", metrics)
+        weights = {k: self._number(f"weights[{k!r}]", w, minimum=0.0)
+                   for k, w in self._mapping("weights", weights).items()}
+        added = [(k, self._value(k, v), self._weight(k, metrics, weights))
+                 for k, v in metrics.items()]
+        counts = [(self._reward(value), self._count(f"reward_counts[{value!r}]", n))
+                  for value, n in self._mapping("reward_counts", reward_counts).items()]
+        for k, v, w in added:           # all checked: nothing below raises
+            self._vals.setdefault(k, []).append((v, w))
+        for value, n in counts:
+            self.reward_counts[value] = self.reward_counts.get(value, 0) + n
+
+    # --- add's checks: each names the argument, the key and what to pass ------------------------
+    @staticmethod
+    def _bad(message: str) -> Exception:
+        from pipeline.errors import ConfigError
+        return ConfigError(f"StepAggregator.add: {message}")
+
+    @classmethod
+    def _mapping(cls, name: str, value: Any) -> Any:
+        """``value`` when it is a mapping; None is an empty one."""
+        from collections.abc import Mapping
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise cls._bad(f"{name}={value!r} must be a dict (a Batch's metrics, or "
+                           f"{{key: value}}), not {type(value).__name__}")
+        return value
+
+    @classmethod
+    def _number(cls, name: str, value: Any, minimum: float | None = None) -> float:
+        """A finite real number (a numpy scalar too; bool, str and None refused), as a float."""
+        import math
+
+        from pipeline.arguments import real
+        x = real(value)
+        if x is None or not math.isfinite(x) or (minimum is not None and x < minimum):
+            at_least = "" if minimum is None else f" >= {minimum:g}"
+            raise cls._bad(f"{name}={value!r} must be a finite number{at_least} (an int or "
+                           "a float)")
+        return x
+
+    @classmethod
+    def _count(cls, name: str, value: Any) -> int:
+        from pipeline.arguments import count_arg
+        return count_arg(name, value, "(how many groups had that reward)", minimum=0,
+                         where="StepAggregator.add")
+
+    @classmethod
+    def _reward(cls, value: Any) -> float | None:
+        """A reward value of ``reward_counts`` (a number, or None for a group without one)."""
+        from pipeline.arguments import real
+        x = None if value is None else real(value)
+        if value is not None and (x is None or x != x):
+            raise cls._bad(f"reward_counts has the key {value!r}: each key is a reward value, a "
+                           "number (or None), with the count of groups that had it")
+        return x
+
+    @classmethod
+    def _value(cls, key: str, value: Any) -> float:
+        """A metric's value, checked against its declaration (a count is a whole number)."""
+        decl = declared_metric(key)
+        x = cls._number(f"metrics[{key!r}]", value)
+        if decl.type is int and not x.is_integer():
+            raise cls._bad(f"metrics[{key!r}]={value!r} must be a whole number: {key} is "
+                           "declared a count (an int)")
+        return x
+
+    @classmethod
+    def _weight(cls, key: str, metrics: Any, weights: dict[str, float]) -> float:
+        """The weight merging ``key``'s value: 1 unless it is a mean, whose weight comes from
+        its count key among the metrics or from ``weights``."""
+        decl = declared_metric(key)
+        if decl.reduction != "mean":
+            return 1.0
+        if decl.weight in metrics:
+            return cls._number(f"metrics[{decl.weight!r}]", metrics[decl.weight], minimum=0.0)
+        if decl.weight in weights:
+            return weights[decl.weight]
+        raise UnknownMetricError(
+            f"metric {key!r} is a mean weighted by {decl.weight!r}: pass the batch "
+            f"(aggregator.add(batch)) or weights={{{decl.weight!r}: ...}}")
 
     def result(self) -> dict[str, float]:
         out: dict[str, float] = {}

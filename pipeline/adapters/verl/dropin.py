@@ -26,6 +26,7 @@ from pipeline.adapters.verl import options as vo
 from pipeline.adapters.verl.background import BackgroundMirror, check_max_lag, usable
 from pipeline.adapters.verl.keys import batch_meta
 from pipeline.adapters.verl.mirror import PartitionMirror
+from pipeline.arguments import flag_arg
 from pipeline.buffer import ReplayBuffer
 from pipeline.decide import typed
 from pipeline.errors import EmptyBatchError
@@ -124,7 +125,9 @@ class VerlBuffer:
         self.sampler_kwargs = sampler_kwargs
         for k in (*vo.VERL_DEFAULTS, *vo.EXTRA_DEFAULTS):
             setattr(self, k, opts[k])
-        self.core = ReplayBuffer(config, lake=opts["lake_dir"], fsync=bool(opts["fsync"]))
+        self.reuse_siblings = flag_arg("reuse_siblings", vo.flag(opts, "reuse_siblings"),
+                                       "ReplayBuffer")
+        self.core = ReplayBuffer(config, lake=opts["lake_dir"], fsync=vo.flag(opts, "fsync"))
         self.core.add_listener(self._on_decision)
         self.last_batch = None          # the core's Batch of the last sample (Arrow, provenance)
         self._mirrors: dict[str, PartitionMirror] = {}
@@ -149,7 +152,7 @@ class VerlBuffer:
             mode = vo.mirror_mode(self.mirror_fields, self.lake_dir, self.core.config)
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric,
-                reuse=bool(self.reuse_siblings), dataset_field=self.dataset_field)
+                reuse=self.reuse_siblings, dataset_field=self.dataset_field)
             if self.mirror_max_lag is not None and self._background is None:
                 self._background = BackgroundMirror(self, self._lock, self.mirror_max_lag)
         return m

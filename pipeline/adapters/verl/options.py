@@ -98,6 +98,14 @@ def check_dataset_field(value: Any) -> str | None:
                       "each prompt's dataset (e.g. 'data_source', which verl writes), or None")
 
 
+def flag(opts: dict[str, Any], name: str) -> Any:
+    """A yes/no option as the core takes it: unset (None, as a YAML null reads) is False; any
+    other value goes to the core as given, which refuses what is not a bool (``"no"`` would be
+    true under ``bool()``), naming the option."""
+    v = opts[name]
+    return False if v is None else v
+
+
 def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any) -> BufferConfig:
     """The core's `sync_config` / `async_config`; threshold and strategy errors become verl's
     exception type too (ValueError and AssertionError, with verl's phrases)."""
@@ -119,7 +127,7 @@ def core_config(preset: str, opts: dict[str, Any], threshold: Any, strategy: Any
                     filter_groups_metric=opts["filter_groups_metric"], refill_fn=opts["refill_fn"],
                     train_batch_size=opts["train_batch_size"], gen_batch_size=opts["gen_batch_size"],
                     max_inflight_gen_batches=opts["max_inflight_gen_batches"],
-                    sync_refill_failed_groups=bool(opts["sync_refill_failed_groups"]),
+                    sync_refill_failed_groups=flag(opts, "sync_refill_failed_groups"),
                     max_num_gen_batches=opts["max_num_gen_batches"],
                     max_response_length=opts["max_response_length"],
                     rules=None if opts["rules"] is None else plain(opts["rules"], "rules"),

@@ -92,3 +92,15 @@ def test_a_prompt_without_the_field_gets_the_default_bound_and_a_warning(tq, rol
 def test_a_bad_dataset_field_is_refused(bad):
     with pytest.raises(ConfigError, match=r"dataset_field=.*give the name of the prompt field"):
         make(dataset_field=bad)
+
+
+@pytest.mark.parametrize("name", ["fsync", "reuse_siblings", "sync_refill_failed_groups"])
+@pytest.mark.parametrize("bad", ["no", 0, "false"])
+def test_a_yes_no_option_that_is_not_a_bool_is_refused(name, bad):
+    """`bool("no")` is True: a YAML string or a number was read as its truth value (fsync on,
+    sibling reuse on); the option is refused by name instead. Unset (None) stays off."""
+    with pytest.raises(ConfigError, match=rf"{name}={bad!r} must be True or False"):
+        ReplayBufferAsync("colocate_async", {}, 8, "drop", {name: bad}, refill_fn=lambda n: n)
+    buf = ReplayBufferAsync("colocate_async", {}, 8, "drop", {name: None}, refill_fn=lambda n: n)
+    assert getattr(buf, name) in (None, False)
+    buf.close()

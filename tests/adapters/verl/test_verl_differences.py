@@ -257,13 +257,27 @@ def test_constructor_errors_match_verl(tq, label, kind, kw, exc, phrase):
 
 
 @pytest.mark.parametrize("kw", [dict(max_off_policy_threshold=True),
-                                dict(filter_groups_metric="acc", refill_fn=print)],
-                         ids=["bool threshold", "sync DAPO without batch sizes"])
+                                dict(filter_groups_metric="acc", refill_fn=print),
+                                dict(max_inflight_gen_batches=0),
+                                dict(train_batch_size=-1, gen_batch_size=0)],
+                         ids=["bool threshold", "sync DAPO without batch sizes",
+                              "sync max_inflight 0", "sync batch sizes <= 0"])
 def test_constructor_rejects_what_verl_accepts_and_crashes_on_later(tq, kw):
     verl_cls, ours_cls = _classes("sync")
     verl_cls(**{**BASE, **kw})
     with pytest.raises(ConfigError):
         ours_cls(**{**BASE, **kw})
+
+
+def test_a_numpy_integer_threshold_is_taken_as_its_value(tq):
+    """verl asserts a Python int; a threshold read from a numpy array or a config that produced
+    one is the same number to replaylake."""
+    import numpy as np
+    verl_cls, ours_cls = _classes("async")
+    with pytest.raises(AssertionError):
+        verl_cls(**{**BASE, "max_off_policy_threshold": np.int64(3)})
+    buf = ours_cls(**{**BASE, "max_off_policy_threshold": np.int64(3)})
+    assert buf.core.config.bound() == 3 and type(buf.core.config.bound()) is int
 
 
 def test_a_depth_query_clears_nothing_even_with_an_orphan_present(tq):
