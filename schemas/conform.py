@@ -3,20 +3,35 @@
 Accepted inputs: a pyarrow Table or RecordBatch, a polars DataFrame, a list of dicts, or a dict of
 columns. Columns are matched by name; unknown columns are problems (a typo must not be silently
 dropped). Lossless casts are applied (int64 -> int32 when every value fits, large_string -> string,
-a struct of floats -> map, int -> float); anything else is a problem naming the column and rows.
+a struct of floats -> map, int -> float, a list_view -> list); anything else is a problem naming the
+column and rows, including what pyarrow alone would take with a loss (schemas/conform_exact.py: a
+bool as a number, a float as an integer, a number beyond float32's range, a map key twice).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.conform_exact import (
+    hidden_bools,
+    is_list_view,
+    list_view_as_list,
+    odd_message,
+    odd_rows,
+    odd_types,
+    overflow_rows,
+    repeated_keys,
+    struct_duplicate_fields,
+)
+from schemas.conform_exact import value_kind as _kind
 from schemas.conform_fast import already_conformed, plain_python
 
 MAX_ROWS_SHOWN = 5
+MAX_KEYS_SHOWN = 5      # repeated map keys named one by one, per column
 
 
 @dataclass(frozen=True)
@@ -46,7 +61,7 @@ def rows_where(mask: pa.Array | pa.ChunkedArray) -> tuple[int, ...]:
 
 
 def _to_columns(data: Any) -> tuple[dict[str, Any], int]:
-    """Columns by name (pyarrow arrays, or python lists pyarrow could not type alone) and row count."""
+    """Columns by name (pyarrow arrays, or the python values of python input) and row count."""
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if type(data).__module__.startswith("polars"):
@@ -61,7 +76,7 @@ def _to_columns(data: Any) -> tuple[dict[str, Any], int]:
                 f"a dict is read as columns (each key maps to a list of values), but "
                 f"{scalar[0]!r} holds the single value {data[scalar[0]]!r}: to send one row, wrap "
                 "it in a list ([row])")
-        cols = {k: _column_from_values(list(v)) for k, v in data.items()}
+        cols = {k: _Python(v) for k, v in data.items()}
         lengths = {len(v) for v in cols.values()}
         if len(lengths) > 1:
             raise TypeError(f"columns have different lengths: {sorted(lengths)}")
@@ -72,32 +87,42 @@ def _to_columns(data: Any) -> tuple[dict[str, Any], int]:
         names: dict[str, None] = {}
         for r in data:
             names.update(dict.fromkeys(r))
-        return {k: _column_from_values([r.get(k) for r in data]) for k in names}, len(data)
+        return {k: _Python([r.get(k) for r in data]) for k in names}, len(data)
     raise TypeError(
         f"cannot ingest {type(data).__name__}: pass a pyarrow Table/RecordBatch, a polars "
         "DataFrame, a list of dicts or a dict of columns")
 
 
-def _python_values(data: Any, name: str) -> Callable[[], list] | None:
-    """For python input (dict of columns, list of dicts): the column's original values, lazily."""
-    if isinstance(data, Mapping):
-        return lambda: list(data[name])
-    if isinstance(data, (list, tuple)):
-        return lambda: [r.get(name) for r in data]
-    return None
+class _Python(list):
+    """A column's python values (a dict of columns, a list of dicts), typed per field later."""
 
 
-class _Unconvertible(list):
-    """Python values pyarrow could not infer one type for; typed per field later."""
-
-
-def _column_from_values(values: list) -> pa.Array | _Unconvertible:
-    if any(isinstance(v, Mapping) for v in values):
-        return _Unconvertible(values)  # dicts: infer against the target type (map), not a struct
-    try:
-        return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        return _Unconvertible(values)
+def _from_python(name: str, values: list, target: pa.DataType,
+                 problems: list[Problem]) -> pa.Array | None:
+    """A column of python values as ``target``: refused where a value's own kind is one the
+    column must not take (a bool as a number, a float as an integer: pyarrow would convert them
+    silently), else inferred and cast losslessly (dicts: typed against the target, a map)."""
+    types = set(map(type, values))
+    odd = odd_types(values, target, types=types)
+    if odd:
+        rows = odd_rows(values, target)
+        problems.append(Problem(name, rows, odd_message(odd, target)))
+        skip = set(rows)          # and what else the other rows hold: every problem at once
+        values = [None if i in skip else v for i, v in enumerate(values)]
+    if any(issubclass(t, Mapping) for t in types):
+        col = _typed_from_python(name, values, target, problems)  # a map, not a struct
+    else:
+        try:
+            col = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            col = _typed_from_python(name, values, target, problems)
+        else:
+            col = _cast(name, col, target, problems, values)
+    if col is not None and not odd:
+        odd, rows = hidden_bools(values, col)
+        if odd:
+            problems.append(Problem(name, rows, odd_message(odd, target)))
+    return None if odd else col
 
 
 def _typed_from_python(name: str, values: list, target: pa.DataType,
@@ -116,7 +141,7 @@ def _typed_from_python(name: str, values: list, target: pa.DataType,
 
 
 def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
-          problems: list[Problem], values: Callable[[], list] | None = None
+          problems: list[Problem], values: list | None = None
           ) -> pa.ChunkedArray | pa.Array | None:
     if col.type == target:
         return col
@@ -124,6 +149,8 @@ def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
         col = col.dictionary_decode()
         if col.type == target:
             return col
+    if is_list_view(col.type):             # Arrow's own cast would build an invalid list
+        col = list_view_as_list(col)
     src = col.type
     if pa.types.is_null(src):
         return pa.nulls(len(col), target)
@@ -135,11 +162,11 @@ def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
                                           f"values; expected {target}"))
         return None
     if not _castable(src, target):
-        rows = _mistyped_rows(values(), target) if values is not None else ()
+        rows = _mistyped_rows(values, target) if values is not None else ()
         problems.append(Problem(name, rows, f"has type {src}, expected {target}"))
         return None
     try:
-        return pc.cast(col, target, safe=True)
+        out = pc.cast(col, target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         bad = []
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -150,27 +177,13 @@ def _cast(name: str, col: pa.ChunkedArray | pa.Array, target: pa.DataType,
                 bad.append(i)
         problems.append(Problem(name, tuple(bad), f"cannot be cast losslessly to {target} ({exc})"))
         return None
-
-
-def _kind(t: pa.DataType) -> str:
-    if pa.types.is_integer(t):
-        return "int"
-    if pa.types.is_floating(t):
-        return "float"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return "str"
-    if pa.types.is_boolean(t):
-        return "bool"
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) \
-            or pa.types.is_fixed_size_list(t):
-        return "list"
-    if pa.types.is_struct(t):
-        return "struct"
-    if pa.types.is_map(t):
-        return "map"
-    if pa.types.is_timestamp(t):
-        return "ts"
-    return str(t)
+    inf = overflow_rows(col, out)
+    if inf:
+        problems.append(Problem(name, inf, f"a number beyond float32's range (about +-3.4e38) "
+                                           f"would become infinite in {target}: send values "
+                                           "within it"))
+        return None
+    return out
 
 
 def _mistyped_rows(values: list, target: pa.DataType) -> tuple[int, ...]:
@@ -218,6 +231,12 @@ def _struct_to_map(name: str, col, target: pa.DataType, problems: list[Problem])
     if not all(_kind(f.type) in ("int", "float") for f in arr.type):
         problems.append(Problem(name, (), f"struct fields must be numbers to become {target}"))
         return None
+    twice = struct_duplicate_fields(arr.type)
+    if twice:
+        problems.append(Problem(name, rows_where(arr.is_valid()), (
+            f"struct field(s) {', '.join(map(repr, twice))} appear more than once: a {target} "
+            "holds each key once; send one field per key")))
+        return None
     rows = []
     for v in arr.to_pylist():
         rows.append(None if v is None else [(k, None if x is None else float(x))
@@ -238,7 +257,8 @@ def conform(data: Any, target: pa.Schema,
     if fast is None:
         fast = plain_python(data, target, defaults)
     if fast is not None:
-        return fast, []
+        problems = _repeated_key_problems(target, fast.columns)
+        return (None, problems) if problems else (fast, [])
     defaults = dict(defaults or {})
     problems: list[Problem] = []
     try:
@@ -256,12 +276,12 @@ def conform(data: Any, target: pa.Schema,
         col = given.get(f.name)
         if col is None:
             columns.append(None)
-        elif isinstance(col, _Unconvertible):
-            columns.append(_typed_from_python(f.name, list(col), f.type, problems))
+        elif isinstance(col, _Python):
+            columns.append(_from_python(f.name, col, f.type, problems))
         else:
             if isinstance(col, pa.ChunkedArray):
                 col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-            columns.append(_cast(f.name, col, f.type, problems, _python_values(data, f.name)))
+            columns.append(_cast(f.name, col, f.type, problems))
     for i, f in enumerate(target):
         if f.name in given:
             continue
@@ -279,7 +299,44 @@ def conform(data: Any, target: pa.Schema,
             col = columns[i] = pc.fill_null(col, pa.scalar(defaults[f.name], f.type))
         if not f.nullable and col.null_count:
             problems.append(Problem(f.name, rows_where(pc.is_null(col)), "must not be null"))
+    problems += _repeated_key_problems(target, columns)
     if problems:
         return None, problems
     arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
     return pa.Table.from_arrays(arrays, schema=target), []
+
+
+def _repeated_key_problems(target: pa.Schema, columns: list) -> list[Problem]:
+    """A map holding a key twice in one row, in any map column: one problem per key (DuckDB
+    cannot read such a map, a lookup sees one of its values, and a retry with the pairs in
+    another order would differ). Costs the list lengths of each map column that is not all null,
+    and when some row has two keys or more a dictionary encoding of the keys and a few numpy
+    passes (~0.6 ms for 10,000 rows of 3 keys)."""
+    out = []
+    for i in _map_columns(target):
+        f, col = target.field(i), columns[i]
+        if isinstance(col, pa.ChunkedArray):
+            col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        twice = list(repeated_keys(col).items())
+        for key, rows in twice[:MAX_KEYS_SHOWN]:
+            out.append(Problem(f.name, rows, f"key {key!r} appears more than once in the map: a "
+                                             "map holds each key once; send one value per key"))
+        if len(twice) > MAX_KEYS_SHOWN:
+            rest = sorted({r for _, rows in twice[MAX_KEYS_SHOWN:] for r in rows})
+            out.append(Problem(f.name, tuple(rest), f"{len(twice) - MAX_KEYS_SHOWN} more key(s) "
+                                                    "appear more than once in a map"))
+    return out
+
+
+_MAPS: dict[int, tuple[pa.Schema, tuple[int, ...]]] = {}
+
+
+def _map_columns(target: pa.Schema) -> tuple[int, ...]:
+    """The positions of a schema's map columns (kept per schema: a put asks every time)."""
+    known = _MAPS.get(id(target))
+    if known is None or known[0] is not target:
+        if len(_MAPS) > 64:
+            _MAPS.clear()
+        known = _MAPS[id(target)] = (target, tuple(
+            i for i, t in enumerate(target.types) if pa.types.is_map(t)))
+    return known[1]
