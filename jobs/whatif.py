@@ -107,7 +107,7 @@ def main(
     metric_new = given.get("filter_groups_metric", base["filter_groups_metric"])
     before, after = figures(lake, base["filter_groups_metric"]), figures(result.lake, metric_new)
     same = sum(a == b for a, b in zip(rec.batches, result.batches))
-    typer.echo(f"replayed {len(rec.batches)} sample calls in {took:.1f} s")
+    typer.echo(_replayed(len(rec.batches), len(rec.no_batch), took))
     for line in table(before, after):
         typer.echo(line)
     typer.echo(textwrap.fill(
@@ -115,7 +115,8 @@ def main(
         f"{step_ranges(result.unfilled)}; refills the record could not serve: "
         f"{result.refill_shortfall}", 80, subsequent_indent="  "))
     chosen = {**base, **given}
-    notes = approximations(after, result, len(rec.batches), same, chosen)
+    notes = approximations(after, result, len(rec.batches), same, chosen,
+                           recorded_evicted=before["evicted"])
     if notes:
         typer.echo("what the replay approximates:")
         for note in notes:
@@ -147,6 +148,12 @@ def _compare(lake: Path, policies: list[str], out: Path | None, single: list[str
         typer.echo("wrote:")
         for path in paths:
             typer.echo(f"  {path}")
+
+
+def _replayed(calls: int, no_batch: int, took: float) -> str:
+    """The first line: how many recorded calls were replayed, and how long it took."""
+    also = f" and {no_batch} that handed out no batch" if no_batch else ""
+    return f"replayed {calls} sample calls{also} in {took:.1f} s"
 
 
 def _threshold(text: str) -> int | None:

@@ -80,17 +80,17 @@ holder = {}
 with record.Record(lake, window_seqs=int(sys.argv[2])) as r:
     r.check()
     calls, released = r.calls()
-    buf = ReplayBuffer.async_(refill_fn=lambda n: holder["feed"].refill(n), poll_interval=0.001,
+    buf = ReplayBuffer.async_(refill_fn=lambda n: holder["polls"].refill(n), poll_interval=0.001,
                               **settings)
     with buf:
-        feed = holder["feed"] = Feed(buf, r, calls, released)
+        feed = Feed(buf, r, calls, released)
         got = Outcome()
-        _replay_calls(buf, feed, calls, got)
+        _replay_calls(buf, feed, calls, got, holder)
         feed.advance(None)
 print(json.dumps({"arrow_peak": pa.default_memory_pool().max_memory(),
                   "py_peak": tracemalloc.get_traced_memory()[1],
                   "batches": [sorted(b) for b in got.batches],
-                  "recorded": [sorted(c.uids) for c in calls]}))
+                  "recorded": [sorted(c.uids) for c in calls if c.selected]}))
 """
 
 

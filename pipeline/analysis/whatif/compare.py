@@ -188,7 +188,8 @@ def compare(lake: str | Path, texts: list[str], out: str | Path | None = None,
         row = _row(p.label, p.settings, result.lake, chosen["filter_groups_metric"], admit,
                    identical=same)
         row.took_s = took
-        row.notes = _notes(row, result, len(rec.batches), chosen, admit)
+        row.notes = _notes(row, result, len(rec.batches), chosen, admit,
+                           rows[0].figures["evicted"])
         rows.append(row)
     return Comparison(lake=lake, calls=len(rec.batches), rows=rows)
 
@@ -216,9 +217,10 @@ def _row(label: str, settings: dict[str, Any], lake: Path, metric: str | None, a
                identical=identical, lake=lake)
 
 
-def _notes(row: Row, result: Outcome, calls: int, chosen: dict[str, Any], admit: bool
-           ) -> list[str]:
-    notes = approximations(row.figures, result, calls, row.identical, chosen, unfilled=True)
+def _notes(row: Row, result: Outcome, calls: int, chosen: dict[str, Any], admit: bool,
+           recorded_evicted: int) -> list[str]:
+    notes = approximations(row.figures, result, calls, row.identical, chosen, unfilled=True,
+                           recorded_evicted=recorded_evicted)
     if not admit:
         return notes
     f = row.figures

@@ -20,6 +20,7 @@ from pipeline.analysis.whatif.record import Call, Record, stand_in
 from pipeline.errors import ReplayLakeError
 
 _EVENT, _TRAJ, _RELEASE = 0, 1, 2   # what a row to feed is (`_Rows.kind`)
+ALL = 2**62                          # a seq past every row of any lake
 
 
 class _Rows:
@@ -92,15 +93,23 @@ class Feed:
                  released: dict[tuple[str, int], int]):
         self.buf = buf
         # a recorded release, at the seq of its first row; `ref` indexes `releases`
+        self.released = released
         self.releases = sorted(released, key=released.get)
         self.rel_seq = np.asarray([released[k] for k in self.releases], dtype=np.int64)
-        self.pool = _refill_pool(record)
+        # the recorded refill groups in order, each with the step its recorded refill was
+        # asked at; `asked_later` / `asked_earlier`: those the replay asked for at a later /
+        # an earlier step (they keep the recorded dispatch step and weight versions)
+        self.pool, self.pool_step = _refill_pool(record)
+        self.asked_later = self.asked_earlier = 0
         self.refill_groups = set(self.pool)
         self._refill_keys = pa.array(sorted(self.refill_groups), pa.string())
         self.held: dict[str, list[tuple[int, str, pa.Table]]] = {}
         self.drawn: set[str] = set()
         self.shortfall = 0
         self.end: int | None = None     # feed no row with seq >= end (a window of the record)
+        # every row with a lower seq is fed (or held for its refill); known without reading
+        # the next window, which `_current` would read while the caller holds a batch
+        self.reached = 0
         self._windows: Iterator[tuple[pa.Table, pa.Table]] = record.windows()
         self._rel_pos = 0
         self.rows: _Rows | None = None
@@ -132,20 +141,28 @@ class Feed:
             self.rows, self.pos = _Rows(*got, self.rel_seq[rel], rel), 0
         return self.rows
 
-    def next_seq(self) -> int:
-        """The seq of the next row the feed has not applied (-1 before the first)."""
-        rows = self._current()
-        return int(rows.seq[self.pos]) - 1 if rows is not None else 2**62
+    def handed_out(self, recorded: tuple[str, int], batch_id: int) -> None:
+        """The replay's batch ``batch_id`` stands for the recorded batch ``recorded`` (partition,
+        batch id): released when the feed reaches the recorded release, or at once where the
+        feed is past it already (a replayed call that polled longer than the recorded one)."""
+        seq = self.released.get(recorded)
+        if seq is not None and seq < self.reached:
+            self.buf.release(batch_id)
+        else:
+            self.batch_of[recorded] = batch_id
 
-    def refill(self, n: int) -> None:
-        """The replay's refill_fn: hand out the next n recorded refill groups (what the feed
-        held back of them is applied in seq order, in as few calls as `_apply_all` can)."""
+    def refill(self, n: int, step: int) -> None:
+        """The replay's refill, asked at ``step``: hand out the next n recorded refill groups
+        (what the feed held back of them is applied in seq order, in as few calls as
+        `_apply_all` can)."""
         due: list[tuple[int, str, pa.Table]] = []
-        for key in self.pool[:n]:
+        for key, asked in zip(self.pool[:n], self.pool_step[:n]):
             self.drawn.add(key)
             due += self.held.pop(key, [])
+            self.asked_later += asked < step
+            self.asked_earlier += asked > step
         self.shortfall += max(n - len(self.pool), 0)
-        del self.pool[:n]
+        del self.pool[:n], self.pool_step[:n]
         if due:
             due.sort(key=lambda r: r[0])
             rows = _Rows(*(pa.concat_tables([self._empty[name]] + [r[2] for r in due if r[1] == name])
@@ -157,6 +174,7 @@ class Feed:
         """Feed every row with seq < until (None: all). Returns whether anything was left."""
         if self.end is not None:         # a window of the record: nothing generated after it
             until = self.end if until is None else min(until, self.end)
+        self.reached = max(self.reached, ALL if until is None else until)
         fed = False
         while (rows := self._current()) is not None:
             stop = len(rows.seq) if until is None else int(np.searchsorted(rows.seq, until))
@@ -231,17 +249,19 @@ class Feed:
                         pass   # a status for a group this replay evicted already (what-if)
 
 
-def _refill_pool(record: Record) -> list[str]:
+def _refill_pool(record: Record) -> tuple[list[str], list[int]]:
     """The groups the recorded refills registered, in order: the `count` registrations that
-    follow each served refill decision."""
+    follow each served refill decision; and for each the step its refill was asked at."""
     pool: list[str] = []
+    steps: list[int] = []
     j = 0
-    for seq, count in record.refills():
+    for seq, count, step in record.refills():
         j = max(j, int(np.searchsorted(record.registered_seq, seq)))
         take = record.registered_key[j:j + count].to_pylist()
         pool += take
+        steps += [step] * len(take)
         j += len(take)
-    return pool
+    return pool, steps
 
 
 def _last(t: pa.Table) -> int:

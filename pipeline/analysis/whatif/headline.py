@@ -9,19 +9,29 @@ figure real, and the table says so in the cell itself rather than in a footnote 
   rollouts the recorded run generated later. Their staleness reads below zero, which no live
   run can train at. Where a lake has such rows, each staleness cell shows the floor instead
   (those rows counted at staleness 0, the least a live run could have trained them at) as
-  ``>= x``.
+  ``>= x``, or ``-`` where there is nothing to floor (the per-token figure of a lake whose
+  rows report no version spans).
 * Every approximation the replay made for the settings asked for is one line under the table
   (`approximations`): recorded arrival times, rows that `wait` trained above the bound because
   the recorded rollout side ran ahead, rows that `mask` trained with their loss off, refills
-  the record could not serve, (in a comparison) the sample calls whose batch never filled, and
-  (last) the rows from the future behind the floors.
+  the record could not serve or asked for at another step, recorded calls that handed out no
+  batch, (in a comparison) the sample calls whose batch never filled, the calls that filled
+  only by polling past the recorded call, and (last) the rows from the future behind the
+  floors.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pipeline.analysis.whatif.outcome import Outcome, future_summary, unfilled_summary
+from pipeline.analysis.whatif.outcome import (
+    Outcome,
+    future_summary,
+    no_batch_summary,
+    refill_timing_summary,
+    unfilled_summary,
+    waited_summary,
+)
 
 ROWS = ("batches", "trained_rows", "evicted", "staleness_mean", "staleness_max",
         "token_staleness_exact_mean", "over_bound_rows", "future_rows")
@@ -47,7 +57,8 @@ def cell(figs: dict[str, Any], key: str) -> str:
     """One cell of the table: the figure, or its floor marked ``>=`` where rows from the future
     make the figure itself impossible."""
     if key in FLOORS and figs["future_rows"]:
-        return ">= " + _fmt(figs[FLOORS[key]])
+        floor = figs[FLOORS[key]]
+        return "-" if floor is None else ">= " + _fmt(floor)
     return _fmt(figs[key])
 
 
@@ -62,11 +73,14 @@ def table(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 
 def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identical: int,
-                   chosen: dict[str, Any], unfilled: bool = False) -> list[str]:
+                   chosen: dict[str, Any], unfilled: bool = False,
+                   recorded_evicted: int | None = None) -> list[str]:
     """What the replay approximated for these settings, one sentence each (none when it
-    reproduced every recorded batch). ``unfilled``: name the sample calls whose batch never
+    reproduced every recorded batch and, where ``recorded_evicted`` gives the recorded run's
+    evictions, as many evictions). ``unfilled``: name the sample calls whose batch never
     filled too (the single-policy line names them itself)."""
-    if identical == calls and not outcome.refill_shortfall:
+    same_evictions = recorded_evicted is None or recorded_evicted == after["evicted"]
+    if identical == calls and not outcome.refill_shortfall and same_evictions:
         return []
     out = ["arrivals: every rollout keeps its recorded arrival order and weight version; a "
            "replay cannot re-time generation (a live run with these settings would also have "
@@ -95,8 +109,9 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
                    "groups were registered, groups the trainer or another producer registered "
                    "meanwhile may be among them (check with the decision_log query)")
     short = unfilled_summary(outcome, calls) if unfilled else None
-    future = future_summary(outcome, calls)
-    return out + [x for x in (short, future) if x is not None]
+    more = (refill_timing_summary(outcome), no_batch_summary(outcome), short,
+            waited_summary(outcome, calls), future_summary(outcome, calls))
+    return out + [x for x in more if x is not None]
 
 
 def _fmt(v: object) -> str:

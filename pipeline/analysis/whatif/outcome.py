@@ -28,8 +28,12 @@ class Outcome:
 
     batches: list[list[str]] = field(default_factory=list)      # uids per sample call, in order
     unfilled: list[int] = field(default_factory=list)           # steps whose batch never filled
+    no_batch: list[int] = field(default_factory=list)    # steps of calls that handed out none
     refill_shortfall: int = 0
     refill_undrawn: int = 0      # recorded refill groups the replay never asked for
+    refill_later: int = 0        # ... it asked for at a later step than the recorded run did
+    refill_earlier: int = 0      # ... at an earlier step
+    waited: list[int] = field(default_factory=list)   # steps of calls that polled past the record
     lake: Path | None = None
     future_rows: dict[int, int] = field(default_factory=dict)   # step -> rows newer than it
 
@@ -101,3 +105,45 @@ def future_summary(outcome: Outcome, calls: int) -> str | None:
             "weights, so their staleness reads lower (below zero) than a real run would have "
             "had. The staleness cells marked '>=' count those rows at staleness 0, the least a "
             "live run could have trained them at")
+
+
+def waited_summary(outcome: Outcome, calls: int) -> str | None:
+    """One sentence on the sample calls that filled only after more polls than the recorded
+    call had, None when none did."""
+    if not outcome.waited:
+        return None
+    n = len(outcome.waited)
+    return (f"waited: {n} of {calls} sample calls (step{'s' if n > 1 else ''} "
+            f"{step_ranges(outcome.waited)}) needed more polls than the recorded call had: "
+            "they waited for later recorded rollouts until they filled. The record keeps no "
+            "timeout, so a live trainer whose sample times out and moves on would train fewer "
+            "batches and evict those groups at later steps")
+
+
+def refill_timing_summary(outcome: Outcome) -> str | None:
+    """One sentence on the refill groups the replay asked for at another step than the
+    recorded run did, None when it asked for each at the recorded step."""
+    later, earlier = outcome.refill_later, outcome.refill_earlier
+    if not later and not earlier:
+        return None
+    when = " and ".join(x for x in (f"{later:,} at a later step" if later else "",
+                                    f"{earlier:,} at an earlier step" if earlier else "") if x)
+    return (f"refill timing: the replay asked for recorded refill groups at other steps than "
+            f"the recorded run did ({when}). Each "
+            "keeps the dispatch step and weight versions its recorded refill gave it, so it "
+            "reads older (asked later) or newer (asked earlier) than a live run's refill at "
+            "that step would, and goes stale sooner (or later) than it would live")
+
+
+def no_batch_summary(outcome: Outcome) -> str | None:
+    """One sentence on the recorded calls that handed out no batch, None when there were none."""
+    if not outcome.no_batch:
+        return None
+    n = len(outcome.no_batch)
+    return (f"calls without a batch: {n} recorded call(s) (step{'s' if n > 1 else ''} "
+            f"{step_ranges(outcome.no_batch)}) handed out no batch (a sample that timed out, "
+            "was interrupted or whose refill_fn raised, or a wait_for_sampleable); the replay "
+            "repeats their polls, evictions and refills up to their last recorded poll and "
+            "hands out no batch for them either, at the batch size of the partition's nearest "
+            "call that handed one out (the record keeps no other); with these settings a live "
+            "call might have filled")

@@ -13,8 +13,10 @@ a table whole:
 * `Record.check` streams `group_events` and the keys of every table's rows once: a re-issued group
   (not replayable) or an orphan row (refused as `read_lake` refuses it) stops the replay before it
   starts. What it keeps: each registration's key and seq (the refill pool is drawn from them).
-* `Record.calls` streams the `decisions` that name a sample call or a release: per call its step,
-  partition, poll points, selected groups and batch id; per recorded batch the seq of its release.
+* `Record.calls` streams the `decisions` that name a call or a release: per call its step,
+  partition, poll points, selected groups and batch id (none for a call that handed out no
+  batch) and the polls whose refill_fn raised (with the exception's type); per recorded batch
+  the seq of its release.
 * `Record.windows` yields the group events and trajectory metadata of one window of `WINDOW_SEQS`
   consecutive seqs at a time, in seq order (`_by_seq`), read with the window as the scan's filter.
 
@@ -59,13 +61,16 @@ _CALL_COLUMNS = ["call_id", "step", "partition", "poll", "seq", "kind", "uid", "
 
 @dataclass
 class Call:
-    """One recorded sample call that handed out a batch."""
+    """One recorded call that decided something: a sample that handed out a batch, or a call
+    that handed out none (a sample that timed out, was interrupted, was killed with its process
+    or whose refill_fn raised; or a wait_for_sampleable)."""
 
     call_id: int
     step: int
     partition: str
     points: dict[int, int] = field(default_factory=dict)    # poll -> its first seq
     selected: dict[int, tuple[str, int]] = field(default_factory=dict)  # seq -> (uid, batch)
+    failed: dict[int, str] = field(default_factory=dict)   # poll -> what its refill_fn raised
     last_seq: int = -1
 
     @property
@@ -76,6 +81,11 @@ class Call:
     @property
     def batch_id(self) -> int:
         return self.selected[min(self.selected)][1]
+
+    @property
+    def last_point(self) -> int:
+        """The first seq of the call's last deciding poll: the last poll saw every row before it."""
+        return max(self.points.values())
 
 
 class Record:
@@ -134,8 +144,10 @@ class Record:
         orphans.refuse(self.root, orphans.summary(found))
 
     def calls(self) -> tuple[list[Call], dict[tuple[str, int], int]]:
-        """The recorded sample calls that handed out a batch, in call order, and the seq of each
-        recorded batch's release ((partition, batch id) -> its first release row)."""
+        """The recorded calls that decided something, in call order (those that handed out no
+        batch included: their evictions and refills are part of the run), and the seq of each
+        recorded batch's release ((partition, batch id) -> its first release row). A call that
+        decided nothing wrote no row and is not among them."""
         calls: dict[int, Call] = {}
         released: dict[tuple[str, int], int] = {}
         keep = (ds.field("call_id") >= 0) | (ds.field("kind") == "release")
@@ -152,20 +164,32 @@ class Record:
                 c.last_seq = max(c.last_seq, r["seq"])
                 if r["kind"] == "select":
                     c.selected[r["seq"]] = (r["uid"], r["batch_id"])
-        return [c for _, c in sorted(calls.items()) if c.selected], released
+        for (call_id, poll), reason in self._failed_refills().items():
+            if call_id in calls:        # its call wrote the refill row it belongs to
+                calls[call_id].failed[poll] = reason
+        return [c for _, c in sorted(calls.items())], released
 
-    def refills(self) -> list[tuple[int, int]]:
-        """(seq, count) of every refill the recorded run's refill_fn served, in seq order."""
+    def _failed_refills(self) -> dict[tuple[int, int], str]:
+        """(call id, poll) -> the type of the exception its refill_fn raised, for every
+        `refill_failed` row (a few rows: read on their own, not with every call's rows)."""
+        keep = (ds.field("kind") == "refill_failed") & (ds.field("call_id") >= 0)
+        return {(r["call_id"], r["poll"]): r["reason"]
+                for b in self._batches("decisions", ["call_id", "poll", "reason"], keep)
+                for r in b.to_pylist()}
+
+    def refills(self) -> list[tuple[int, int, int]]:
+        """(seq, count, step) of every refill the recorded run's refill_fn served, in seq order
+        (step: the trainer step of the call that asked)."""
         rows = []
         keep = ds.field("kind").isin(["refill", "refill_failed"])
         for b in self._batches("decisions", ["partition", "call_id", "poll", "kind", "seq",
-                                             "count"], keep):
+                                             "count", "step"], keep):
             rows += b.to_pylist()
         failed = {(r["partition"], r["call_id"], r["poll"]) for r in rows
                   if r["kind"] == "refill_failed"}
-        served = {r["seq"]: r["count"] for r in rows if r["kind"] == "refill"
+        served = {r["seq"]: (r["count"], r["step"]) for r in rows if r["kind"] == "refill"
                   and (r["partition"], r["call_id"], r["poll"]) not in failed}
-        return sorted(served.items())
+        return [(seq, count, step) for seq, (count, step) in sorted(served.items())]
 
     def windows(self, first: int = 0) -> Iterator[tuple[pa.Table, pa.Table]]:
         """(group events, trajectory metadata) of each window of ``window_seqs`` seqs

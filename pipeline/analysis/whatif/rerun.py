@@ -5,12 +5,26 @@ How the replay follows the recorded run:
 
 * Time is the lake's `seq`. Every row of `group_events` and `trajectories` is fed back through
   the public API (`register`, `update_status`, `put`) in seq order; a recorded `release` is
-  replayed as `release` of the batch the replay handed out for that call.
-* Each recorded sample call (`call_id`, its step, partition and number of selected groups) becomes
-  one `sample(step, partition, batch_size)`. Before each poll (`before_poll`) the feed advances to
-  the next recorded decision point (the first seq of a recorded poll that decided something), so
-  a poll sees exactly what the recorded poll saw. When the recorded points run out the feed moves
-  on into later recorded data, as a slower trainer would have waited for it.
+  replayed as `release` of the batch the replay handed out for that call (at once, where the
+  replayed call polled past the recorded release).
+* Each recorded sample call that handed out a batch (`call_id`, its step, partition and number
+  of selected groups) becomes one `sample(step, partition, batch_size)`. Its polls follow the
+  recorded call's own decision points (the first seq of each of its polls that decided
+  something): before its k-th poll (`before_poll`) the feed advances to the recorded call's
+  k-th point, so the poll sees exactly what the recorded poll saw. A call that needs more polls
+  than the recorded one had waits as a slower trainer would: a poll right after a refill sees
+  the refill's groups, and otherwise the feed moves on to the next recorded decision point (of
+  any later call) that brings something new, then to the end of the record. When a call ends
+  the feed advances to the recorded call's last point, so the next call starts from what its
+  recorded counterpart started from, however many polls the replay took (`_Polls`).
+* A recorded call that evicted or refilled and handed out no batch (a sample that timed out,
+  was interrupted, was killed with its process or whose refill_fn raised; or a
+  `wait_for_sampleable`) becomes one `wait_for_sampleable` over the same points: it evicts and
+  refills as the recorded call did and takes no batch, and ends after its last recorded poll
+  (at a poll whose recorded refill_fn raised, the replay's raises an exception of the same
+  name). The record keeps no batch size for it: it takes that of its partition's next call
+  that handed out a batch, else the last one before. A call that decided nothing wrote no row
+  and is not replayed.
 * Groups that a refill registered in the recorded run (the `count` registrations that follow each
   refill decision) form a pool: the replay's `refill_fn(n)` hands out the next `n` of them, and
   their events are fed from then on. A refill group the replay never asks for never appears; a
@@ -29,6 +43,9 @@ other settings evict more, the feed reaches rollouts the recorded run generated 
 weights, and a sample call can train rows whose newest version is not older than its step. The
 live buffer warns about such rows on every call; the replay counts them per step instead
 (`Outcome.future_rows`, see pipeline.analysis.whatif.outcome) and leaves the summary to its caller.
+Refill groups likewise keep the dispatch step and versions of the recorded refill that made
+them, whatever step the replay asks for them at (`Outcome.refill_later` / `refill_earlier`
+count those asked for at another step).
 
 Memory: the feed streams the recorded metadata one seq window at a time (`record.Record`: no
 token payload, no table held whole; each put gets a stand-in payload of the recorded lengths,
@@ -37,12 +54,13 @@ an integer (`feed.Feed`), and puts every run of consecutive trajectory rows in o
 row by row: each call costs the buffer, its journal and the replay's lake a record batch). The
 replay buffer holds only what its own decisions keep: each replayed batch is released where the
 recorded run released its batch. The replay's lake writes its batches compressed (the stand-in
-zeros take no room). The recorded batches of the replay are read back from its decision log
-alone, not its payload.
+zeros take no room). Each replayed batch is noted by its groups alone (`Batch.uids`, in the
+order the decision log lists them), never its payload.
 """
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -50,7 +68,7 @@ from typing import Any
 
 from pipeline.analysis.whatif.feed import Feed
 from pipeline.analysis.whatif.outcome import Outcome, future_rows, future_warnings_held
-from pipeline.analysis.whatif.record import Record
+from pipeline.analysis.whatif.record import Call, Record
 from pipeline.errors import (
     ConfigError,
     EmptyBatchError,
@@ -66,6 +84,14 @@ IDLE_POLLS = 3             # polls in a row with nothing left to feed: the batch
 
 class _Unfillable(Exception):
     """The recorded run has nothing more to feed and the replay's batch is still short."""
+
+
+class _Ended(Exception):
+    """A replayed call that handed out no batch in the record has had its recorded polls."""
+
+
+class _RefillFailed(Exception):
+    """The recorded refill_fn raised at this poll; the replay's raises as it did."""
 
 
 def recorded_settings(lake: Path) -> dict[str, Any]:
@@ -143,89 +169,199 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
     if max_calls is not None and max_calls < 1:
         raise ConfigError(f"max_calls={max_calls}: give a number of sample calls >= 1")
     out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
-    holder: dict[str, Feed] = {}
+    holder: dict[str, Any] = {}
     make = ReplayBuffer.async_ if preset == "async" else ReplayBuffer.sync
     # a run recorded without refill_fn is replayed without one (unless the settings need it): a
     # refill the record cannot serve would end the poll, and the next one sees later rows, which
     # changes the batch of any order that does not rank new groups last
-    refill_fn = (lambda n: holder["feed"].refill(n)) if _refills(lake, kwargs) else None
+    refill_fn = (lambda n: holder["polls"].refill(n)) if _refills(lake, kwargs) else None
     result = Outcome(lake=out / "lake")
     with Record(lake) as record:
         record.check()
         calls, released = record.calls()
         if max_calls is not None:
-            calls = calls[:max_calls]
+            calls = _window(calls, max_calls)
         buf = make(lake=out / "lake", refill_fn=refill_fn, poll_interval=0.001, **kwargs)
         # the stand-in payload is zeros: compressed, the replay's lake takes the room of its
         # metadata, not of the recorded run's tokens (a 50 GB record's would be as large)
         buf.lake.compression = "zstd"
         with buf, future_warnings_held():
-            feed = holder["feed"] = Feed(buf, record, calls, released)
+            feed = Feed(buf, record, calls, released)
             if max_calls is not None:
                 # the record up to the end of the window's last call: every policy gets the
                 # rollouts the recorded run had generated by then, and none from later
                 feed.end = calls[-1].last_seq + 1 if calls else 0
-            _replay_calls(buf, feed, calls, result)
+            _replay_calls(buf, feed, calls, result, holder)
             if max_calls is None:          # the rest of the record: what was left at the end
                 feed.advance(None)
             result.refill_shortfall = feed.shortfall
             result.refill_undrawn = len(feed.pool)
-    # the batches as the replay's own decision log orders them (as `recorded` reads a lake)
-    result.batches = recorded(result.lake).batches
+            result.refill_later, result.refill_earlier = feed.asked_later, feed.asked_earlier
     return result
 
 
-def _replay_calls(buf: Any, feed: Feed, calls: list, result: Outcome) -> None:
-    """Each recorded sample call repeated at its step with its batch size, the feed advanced
-    to the next recorded decision point before each poll."""
+def _window(calls: list[Call], max_calls: int) -> list[Call]:
+    """The recorded calls up to the ``max_calls``-th that handed out a batch."""
+    seen = 0
+    for i, c in enumerate(calls):
+        seen += bool(c.selected)
+        if seen == max_calls:
+            return calls[:i + 1]
+    return calls
+
+
+def _replay_calls(buf: Any, feed: Feed, calls: list[Call], result: Outcome,
+                  holder: dict[str, Any]) -> None:
+    """Each recorded call repeated at its step, the feed stepped before each poll as `_Polls`
+    says (``holder["polls"]``: the call's, whose `refill` is the replay's refill_fn), and
+    advanced past everything the recorded call saw once it ends. ``result.batches`` gets the
+    replay's batch of each recorded call that handed one out ([] where it never filled)."""
     import pyarrow as pa
     pool = pa.default_memory_pool()
     points = sorted(s for c in calls for s in c.points.values())
-    for c in calls:
-        # the recorded points after the feed's position (sorted: one bisection per call)
-        ahead = points[bisect.bisect_right(points, feed.next_seq()):]
+    sizes = _batch_sizes(calls)
+    for i, c in enumerate(calls):
+        polls = holder["polls"] = _Polls(feed, c, points)
         # the first poll's feed step is taken before the call, so that the call finds its
         # partition's groups registered as the recorded call did (a validation partition
         # otherwise looks unknown to the buffer's typo check when the call starts)
-        first = [feed.advance(ahead.pop(0) if ahead else None)]
-        idle, idle_drawn = [0], [len(feed.drawn)]
-
-        def before_poll(ahead: list[int] = ahead, idle: list[int] = idle,
-                        idle_drawn: list[int] = idle_drawn, first: list = first) -> None:
-            # the replay is synchronous: a poll with nothing new to feed (and no refill
-            # drawn since the last one) sees exactly the state the last poll saw
-            drawn = len(feed.drawn)
-            if first:
-                fed = first.pop()
-            else:
-                fed = feed.advance(ahead.pop(0) if ahead else None)
-            if not fed and not ahead:
-                fed = feed.advance(None)
-            idle[0] = 0 if fed or drawn != idle_drawn[0] else idle[0] + 1
-            idle_drawn[0] = len(feed.drawn)
-            if idle[0] >= IDLE_POLLS:
-                raise _Unfillable
-        try:
-            b = buf.sample(c.step, c.partition, len(c.selected),
-                           timeout=SAMPLE_TIMEOUT_S, before_poll=before_poll)
-        except MissingMetricError as exc:     # the settings, not the replay: say so at once
-            raise ConfigError(
-                f"what-if at step {c.step}: {exc.args[0].split('; add it to')[0]}; a what-if "
-                "filters by the scalar reward or by a reward_info metric the recorded run "
-                "reported: choose one of those") from exc
-        except (SampleTimeout, EmptyBatchError, RefillLimitError, _Unfillable):
-            result.unfilled.append(c.step)
-            result.batches.append([])
-            continue
-        feed.batch_of[(c.partition, c.batch_id)] = b.batch_id
-        result.batches.append(list(dict.fromkeys(b.table["uid"].to_pylist())))
-        future = future_rows(b.table)
-        if future:
-            result.future_rows[c.step] = result.future_rows.get(c.step, 0) + future
+        polls.start()
+        if c.selected:
+            result.batches.append(_sample(buf, feed, c, polls, result))
+            if polls.waited and result.batches[-1]:
+                result.waited.append(c.step)
+        else:
+            _no_batch(buf, c, polls, sizes[i])
+            result.no_batch.append(c.step)
+        feed.advance(c.last_point)
         # a batch holds its stand-in payload (the buffer copies it out of the groups' chunks):
-        # dropped here, not while the next call builds its own, and its memory handed back
-        del b
+        # dropped by now, not while the next call builds its own, and its memory handed back
         pool.release_unused()
+
+
+class _Polls:
+    """How far the feed goes before each poll of one replayed call (`before_poll`).
+
+    The k-th poll sees what the recorded call's k-th deciding poll saw: the feed advances to
+    that poll's first seq (`Call.points`, in poll order). A replayed call that needs more polls
+    than the recorded one had waits as a slower trainer would: a further poll right after a
+    refill sees that refill's groups, any other advances the feed to the next recorded decision
+    point of any call that brings it something new, and past the last one to the end of the
+    record. A call that handed out no batch in the record ends after its recorded polls
+    (`_Ended`), as the recorded call did.
+
+    It also stands in the replay's refill_fn (`refill`): at a poll whose recorded refill_fn
+    raised, the replay's raises too, and the recorded call's end follows."""
+
+    def __init__(self, feed: Feed, call: Call, points: list[int]):
+        self.feed, self.call, self.points = feed, call, points
+        self.own = [(p, call.points[p]) for p in sorted(call.points)]
+        self.poll: int | None = None     # the recorded poll the replay is at; None past them
+        self.waited = False              # polled past the recorded call's polls
+        self.first: bool | None = None   # the first poll's step, taken before the call
+        self.idle, self.drawn = 0, len(feed.drawn)
+
+    def start(self) -> None:
+        self.first = self._step(drawn=False)
+
+    def __call__(self) -> None:
+        drawn = len(self.feed.drawn) != self.drawn    # a refill drawn since the last poll
+        self.drawn = len(self.feed.drawn)
+        fed = self._step(drawn) if self.first is None else self.first
+        self.first = None
+        # the replay is synchronous: a poll with nothing new to feed (and no refill drawn since
+        # the last one) sees exactly the state the last poll saw
+        self.idle = 0 if fed or drawn else self.idle + 1
+        if self.idle >= IDLE_POLLS:
+            raise _Unfillable
+
+    def _step(self, drawn: bool) -> bool:
+        """Feed what the next poll sees; whether it may see something new (a recorded poll
+        always may: the replay's decisions before it differ). Past the recorded polls, a poll
+        right after a refill sees the refill's groups before any later rollout, as a live one
+        would."""
+        if self.own:
+            self.poll, seq = self.own.pop(0)
+            self.feed.advance(seq)
+            return True
+        if not self.call.selected:
+            raise _Ended
+        self.poll = None
+        if drawn:
+            return True
+        self.waited = True
+        first = bisect.bisect_right(self.points, self.feed.reached)
+        for seq in itertools.islice(self.points, first, None):
+            if self.feed.advance(seq):
+                return True
+        return self.feed.advance(None)
+
+    def refill(self, n: int) -> None:
+        """The replay's refill_fn: the feed's refill, or the recorded refill_fn's failure."""
+        if self.poll in self.call.failed:
+            # named as the recorded exception, which the replay's lake records as it did
+            raise type(self.call.failed[self.poll], (_RefillFailed,), {})(
+                f"the recorded refill_fn raised at poll {self.poll} of the call at step "
+                f"{self.call.step}")
+        self.feed.refill(n, self.call.step)
+
+
+def _sample(buf: Any, feed: Feed, c: Call, polls: _Polls, result: Outcome) -> list[str]:
+    """A recorded call that handed out a batch, repeated with its batch size: the groups of
+    the replay's batch in the order they were selected (as the decision log lists them), none
+    (its step counted unfilled) where it never filled."""
+    try:
+        b = buf.sample(c.step, c.partition, len(c.selected), timeout=SAMPLE_TIMEOUT_S,
+                       before_poll=polls)
+    except MissingMetricError as exc:     # the settings, not the replay: say so at once
+        raise _metric_error(c, exc) from exc
+    except (SampleTimeout, EmptyBatchError, RefillLimitError, _Unfillable, _RefillFailed):
+        result.unfilled.append(c.step)
+        return []
+    feed.handed_out((c.partition, c.batch_id), b.batch_id)
+    future = future_rows(b.table)
+    if future:
+        result.future_rows[c.step] = result.future_rows.get(c.step, 0) + future
+    return list(b.uids)
+
+
+def _no_batch(buf: Any, c: Call, polls: _Polls, size: int) -> None:
+    """A recorded call that handed out no batch, repeated as `wait_for_sampleable` (evictions
+    and refills as a sample's, no batch taken) up to its last recorded poll."""
+    try:
+        buf.wait_for_sampleable(c.step, c.partition, size, timeout=SAMPLE_TIMEOUT_S,
+                                before_poll=polls)
+    except MissingMetricError as exc:
+        raise _metric_error(c, exc) from exc
+    except (_Ended, _RefillFailed, SampleTimeout, EmptyBatchError, RefillLimitError):
+        pass
+
+
+def _metric_error(c: Call, exc: MissingMetricError) -> ConfigError:
+    return ConfigError(
+        f"what-if at step {c.step}: {exc.args[0].split('; add it to')[0]}; a what-if "
+        "filters by the scalar reward or by a reward_info metric the recorded run "
+        "reported: choose one of those")
+
+
+def _batch_sizes(calls: list[Call]) -> list[int]:
+    """The batch size each call is replayed with. The record keeps it only for a call that
+    handed out a batch (its selected groups); one that handed out none takes that of its
+    partition's next call that did (a retry, typically), else of the last one before, else 1."""
+    before, after = _sizes_seen(calls), _sizes_seen(calls[::-1])[::-1]
+    return [len(c.selected) or a or b or 1 for c, a, b in zip(calls, after, before)]
+
+
+def _sizes_seen(calls: list[Call]) -> list[int]:
+    """For each call, the batch size of the last call before it in ``calls`` that handed out a
+    batch in its partition (0: none did)."""
+    last: dict[str, int] = {}
+    out = []
+    for c in calls:
+        out.append(last.get(c.partition, 0))
+        if c.selected:
+            last[c.partition] = len(c.selected)
+    return out
 
 
 def _refills(lake: Path, settings: dict[str, Any]) -> bool:
@@ -241,4 +377,5 @@ def recorded(lake: str | os.PathLike) -> Outcome:
     """What the recorded run handed out, in the same shape as a replay's outcome."""
     with Record(Path(lake)) as record:
         calls, _ = record.calls()
-    return Outcome(batches=[c.uids for c in calls], lake=Path(lake))
+    return Outcome(batches=[c.uids for c in calls if c.selected], lake=Path(lake),
+                   no_batch=[c.step for c in calls if not c.selected])
