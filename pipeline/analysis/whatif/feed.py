@@ -1,5 +1,6 @@
 """The replay's feed: the recorded rows into the replay buffer, in seq order, one window of the
-record at a time, holding back refill groups until the replay's refill asks for them.
+record at a time, holding back refill groups until the replay's refill of their partition asks
+for them.
 
 The rows come from `Record.windows` (group events and trajectory metadata of one seq window) and
 the recorded releases (one seq per recorded batch, from `Record.calls`). Within a window every
@@ -96,12 +97,13 @@ class Feed:
         self.released = released
         self.releases = sorted(released, key=released.get)
         self.rel_seq = np.asarray([released[k] for k in self.releases], dtype=np.int64)
-        # the recorded refill groups in order, each with the step its recorded refill was
-        # asked at; `asked_later` / `asked_earlier`: those the replay asked for at a later /
-        # an earlier step (they keep the recorded dispatch step and weight versions)
-        self.pool, self.pool_step = _refill_pool(record)
+        # per partition, its recorded refill groups in order (`_Pool`); `late`: how many of
+        # them were registered only after a later decision than their refill's
+        # (`_refill_pools`); `asked_later` / `asked_earlier`: those the replay asked for at a
+        # later / an earlier step (they keep the recorded dispatch step and weight versions)
+        self.pools, self.late = _refill_pools(record, calls)
         self.asked_later = self.asked_earlier = 0
-        self.refill_groups = set(self.pool)
+        self.refill_groups = {k for pool in self.pools.values() for k in pool.keys}
         self._refill_keys = pa.array(sorted(self.refill_groups), pa.string())
         self.held: dict[str, list[tuple[int, str, pa.Table]]] = {}
         self.drawn: set[str] = set()
@@ -151,18 +153,23 @@ class Feed:
         else:
             self.batch_of[recorded] = batch_id
 
-    def refill(self, n: int, step: int) -> None:
-        """The replay's refill, asked at ``step``: hand out the next n recorded refill groups
-        (what the feed held back of them is applied in seq order, in as few calls as
-        `_apply_all` can)."""
+    @property
+    def undrawn(self) -> int:
+        """The recorded refill groups the replay has not asked for (yet)."""
+        return sum(len(pool.keys) for pool in self.pools.values())
+
+    def refill(self, n: int, step: int, partition: str) -> None:
+        """The replay's refill of ``partition``, asked at ``step``: hand out the next n recorded
+        refill groups of that partition (what the feed held back of them is applied in seq
+        order, in as few calls as `_apply_all` can)."""
         due: list[tuple[int, str, pa.Table]] = []
-        for key, asked in zip(self.pool[:n], self.pool_step[:n]):
+        taken = self.pools[partition].take(n) if partition in self.pools else []
+        for key, asked in taken:
             self.drawn.add(key)
             due += self.held.pop(key, [])
             self.asked_later += asked < step
             self.asked_earlier += asked > step
-        self.shortfall += max(n - len(self.pool), 0)
-        del self.pool[:n], self.pool_step[:n]
+        self.shortfall += n - len(taken)
         if due:
             due.sort(key=lambda r: r[0])
             rows = _Rows(*(pa.concat_tables([self._empty[name]] + [r[2] for r in due if r[1] == name])
@@ -249,19 +256,67 @@ class Feed:
                         pass   # a status for a group this replay evicted already (what-if)
 
 
-def _refill_pool(record: Record) -> tuple[list[str], list[int]]:
-    """The groups the recorded refills registered, in order: the `count` registrations that
-    follow each served refill decision; and for each the step its refill was asked at."""
-    pool: list[str] = []
-    steps: list[int] = []
-    j = 0
-    for seq, count, step in record.refills():
-        j = max(j, int(np.searchsorted(record.registered_seq, seq)))
-        take = record.registered_key[j:j + count].to_pylist()
-        pool += take
-        steps += [step] * len(take)
-        j += len(take)
-    return pool, steps
+class _Pool:
+    """One partition's recorded refill groups in the order they were registered, each with the
+    step its refill was asked at."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.steps: list[int] = []
+
+    def add(self, keys: list[str], step: int) -> None:
+        self.keys += keys
+        self.steps += [step] * len(keys)
+
+    def take(self, n: int) -> list[tuple[str, int]]:
+        """The next n groups (fewer where the pool runs out), each with its refill's step."""
+        got = list(zip(self.keys[:n], self.steps[:n]))
+        del self.keys[:n], self.steps[:n]
+        return got
+
+
+def _refill_pools(record: Record, calls: list[Call]) -> tuple[dict[str, _Pool], int]:
+    """Per partition, the groups its recorded refills registered: the `count` registrations of
+    that partition that follow each served refill decision of it. The buffer asks refill_fn
+    for the partition that polled, and refill_fn registers its groups there, so another
+    partition's registrations are never taken for them.
+
+    Also how many of them were registered only after the recorded decision point that followed
+    their refill decision (a refill_fn that returned before registering; one that registers
+    before it returns is done before its call polls again). Their attribution is a guess: the
+    trainer or another producer may have registered groups of the partition meanwhile."""
+    pools: dict[str, _Pool] = {}
+    regs = _registrations(record)
+    points = np.sort(np.fromiter((s for c in calls for s in c.points.values()), np.int64))
+    cursor: dict[str, int] = {}
+    late = 0
+    none = (np.zeros(0, np.int64),) * 2
+    for seq, count, step, part in record.refills():
+        idx, seqs = regs.get(part, none)
+        j = max(cursor.get(part, 0), int(np.searchsorted(seqs, seq)))
+        took = idx[j:j + count]
+        cursor[part] = j + len(took)
+        keys = record.registered_key.take(pa.array(took, pa.int64())).to_pylist()
+        pools.setdefault(part, _Pool()).add(keys, step)
+        late += _registered_late(seqs[j:j + count], seq, points)
+    return pools, late
+
+
+def _registrations(record: Record) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per partition, the positions of its registrations among the record's (`Record.check`)
+    and their seqs, in seq order."""
+    codes = pc.dictionary_encode(record.registered_partition)
+    index = np.asarray(codes.indices, dtype=np.int64)
+    mine = {name: np.flatnonzero(index == i)
+            for i, name in enumerate(codes.dictionary.to_pylist())}
+    return {name: (idx, record.registered_seq[idx]) for name, idx in mine.items()}
+
+
+def _registered_late(seqs: np.ndarray, asked: int, points: np.ndarray) -> int:
+    """How many of a refill's registrations (at ``seqs``) come after the first recorded decision
+    point after its refill decision (at ``asked``); none where no decision followed it."""
+    nxt = int(np.searchsorted(points, asked, side="right"))
+    return int(np.count_nonzero(seqs > points[nxt])) if nxt < len(points) else 0
 
 
 def _last(t: pa.Table) -> int:

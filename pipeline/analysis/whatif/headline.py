@@ -102,16 +102,27 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
                    "for were never generated in the recorded run, so its batches trained other "
                    "groups or stayed short")
     if outcome.refill_undrawn:
-        out.append(f"refills: {outcome.refill_undrawn:,} group(s) the recorded refills "
-                   "registered were never asked for by the replay, so they are not in it. The "
-                   "replay takes the registrations right after each recorded refill decision "
-                   "for that refill's groups: where the recorded refill_fn returned before its "
-                   "groups were registered, groups the trainer or another producer registered "
-                   "meanwhile may be among them (check with the decision_log query)")
+        out.append(_undrawn_summary(outcome))
     short = unfilled_summary(outcome, calls) if unfilled else None
     more = (refill_timing_summary(outcome), no_batch_summary(outcome), short,
             waited_summary(outcome, calls), future_summary(outcome, calls))
     return out + [x for x in more if x is not None]
+
+
+def _undrawn_summary(outcome: Outcome) -> str:
+    """The recorded refill groups the replay never asked for; and, only where some recorded
+    refill_fn registered its groups after the run had moved on, that the attribution of those
+    groups is a guess."""
+    line = (f"refills: {outcome.refill_undrawn:,} group(s) the recorded refills registered "
+            "were never asked for by the replay, so they are not in it")
+    if not outcome.refill_late:
+        return line
+    return (f"{line}. The replay takes the registrations of the asking partition right after "
+            f"each recorded refill decision for that refill's groups, and {outcome.refill_late:,} "
+            "of them were registered only after the run's next decision (the recorded "
+            "refill_fn returned before registering them): groups the trainer or another "
+            "producer registered meanwhile may be among them (check with the decision_log "
+            "query)")
 
 
 def _fmt(v: object) -> str:

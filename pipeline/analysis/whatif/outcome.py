@@ -31,6 +31,7 @@ class Outcome:
     no_batch: list[int] = field(default_factory=list)    # steps of calls that handed out none
     refill_shortfall: int = 0
     refill_undrawn: int = 0      # recorded refill groups the replay never asked for
+    refill_late: int = 0         # recorded refill groups registered after the next decision
     refill_later: int = 0        # ... it asked for at a later step than the recorded run did
     refill_earlier: int = 0      # ... at an earlier step
     waited: list[int] = field(default_factory=list)   # steps of calls that polled past the record

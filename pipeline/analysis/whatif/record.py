@@ -12,7 +12,8 @@ a table whole:
 
 * `Record.check` streams `group_events` and the keys of every table's rows once: a re-issued group
   (not replayable) or an orphan row (refused as `read_lake` refuses it) stops the replay before it
-  starts. What it keeps: each registration's key and seq (the refill pool is drawn from them).
+  starts. What it keeps: each registration's key, partition and seq (the refill pools are drawn
+  from them).
 * `Record.calls` streams the `decisions` that name a call or a release: per call its step,
   partition, poll points, selected groups and batch id (none for a call that handed out no
   batch) and the polls whose refill_fn raised (with the exception's type); per recorded batch
@@ -98,6 +99,7 @@ class Record:
         self.scan = scan_lake(self.root)
         self.registered_seq = np.zeros(0, dtype=np.int64)   # every registration, in seq order
         self.registered_key = pa.array([], pa.string())
+        self.registered_partition = pa.array([], pa.string())
         self.last_seq = -1
 
     def close(self) -> None:
@@ -115,7 +117,7 @@ class Record:
     def check(self) -> None:
         """Refuse a lake a replay cannot follow: re-issued groups, orphan rows (module doc)."""
         from pipeline.lake import orphans
-        seqs, keys = [], []
+        seqs, keys, parts = [], [], []
         for b in self._batches("group_events", ["partition", "uid", "event", "seq"]):
             if pc.any(pc.equal(b["event"], "reissued")).as_py():
                 raise LakeError("the lake holds re-issued groups (a restore); a what-if replay "
@@ -123,11 +125,14 @@ class Record:
             reg = b.filter(pc.equal(b["event"], "registered"))
             seqs.append(reg["seq"].to_numpy())
             keys.append(orphans.key(reg))
+            parts.append(reg["partition"])
             self.last_seq = max(self.last_seq, _max_seq(b))
         seq = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int64)
         key = pa.concat_arrays(keys) if keys else pa.array([], pa.string())
+        part = pa.concat_arrays(parts) if parts else pa.array([], pa.string())
         seq, first = np.unique(seq, return_index=True)     # sorted; a compacted copy once
         self.registered_seq, self.registered_key = seq, key.take(pa.array(first))
+        self.registered_partition = part.take(pa.array(first))
         registered = pc.unique(self.registered_key)
         found = {}
         for name, cols in (("group_events", ["event"]), ("trajectories", []),
@@ -177,9 +182,9 @@ class Record:
                 for b in self._batches("decisions", ["call_id", "poll", "reason"], keep)
                 for r in b.to_pylist()}
 
-    def refills(self) -> list[tuple[int, int, int]]:
-        """(seq, count, step) of every refill the recorded run's refill_fn served, in seq order
-        (step: the trainer step of the call that asked)."""
+    def refills(self) -> list[tuple[int, int, int, str]]:
+        """(seq, count, step, partition) of every refill the recorded run's refill_fn served, in
+        seq order (step and partition: those of the call that asked)."""
         rows = []
         keep = ds.field("kind").isin(["refill", "refill_failed"])
         for b in self._batches("decisions", ["partition", "call_id", "poll", "kind", "seq",
@@ -187,9 +192,9 @@ class Record:
             rows += b.to_pylist()
         failed = {(r["partition"], r["call_id"], r["poll"]) for r in rows
                   if r["kind"] == "refill_failed"}
-        served = {r["seq"]: (r["count"], r["step"]) for r in rows if r["kind"] == "refill"
-                  and (r["partition"], r["call_id"], r["poll"]) not in failed}
-        return [(seq, count, step) for seq, (count, step) in sorted(served.items())]
+        served = {r["seq"]: (r["count"], r["step"], r["partition"]) for r in rows
+                  if r["kind"] == "refill" and (r["partition"], r["call_id"], r["poll"]) not in failed}
+        return [(seq, *asked) for seq, asked in sorted(served.items())]
 
     def windows(self, first: int = 0) -> Iterator[tuple[pa.Table, pa.Table]]:
         """(group events, trajectory metadata) of each window of ``window_seqs`` seqs

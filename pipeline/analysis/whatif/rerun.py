@@ -25,18 +25,21 @@ How the replay follows the recorded run:
   name). The record keeps no batch size for it: it takes that of its partition's next call
   that handed out a batch, else the last one before. A call that decided nothing wrote no row
   and is not replayed.
-* Groups that a refill registered in the recorded run (the `count` registrations that follow each
-  refill decision) form a pool: the replay's `refill_fn(n)` hands out the next `n` of them, and
-  their events are fed from then on. A refill group the replay never asks for never appears; a
-  refill the pool cannot serve is counted as `refill_shortfall`. A run recorded without a
+* Groups that a refill registered in the recorded run (the `count` registrations of the asking
+  partition that follow each refill decision) form a pool per partition: the replay's
+  `refill_fn(n)`, called by a poll of one replayed call, hands out the next `n` of that call's
+  partition, and their events are fed from then on. A refill group the replay never asks for
+  never appears; a refill the pool cannot serve is counted as `refill_shortfall`. A run recorded without a
   `refill_fn` is replayed without one (unless the settings filter groups, which needs one).
 
 With the recorded settings this reproduces every recorded batch (tests/analysis/test_whatif.py checks it
 on a scripted run and on a demo lake), which also shows the decision log holds every input the
 decisions depend on. Not replayable: re-issues after a restart (`reissued` events; the public
 API has no call for them) and refills issued by a `refill_fn` that registered groups other than
-right after its refill decision while other producers registered too (the pool attribution
-assumes the `count` registrations that follow the decision belong to it).
+right after its refill decision while other producers registered in the same partition too (the
+pool attribution assumes the `count` registrations of the partition that follow the decision
+belong to it; `Outcome.refill_late` counts the groups registered only after the next recorded
+decision, where that assumption is a guess).
 
 What the replay cannot make real: rollouts keep the weight versions they were recorded with. When
 other settings evict more, the feed reaches rollouts the recorded run generated later, with newer
@@ -195,7 +198,7 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
             if max_calls is None:          # the rest of the record: what was left at the end
                 feed.advance(None)
             result.refill_shortfall = feed.shortfall
-            result.refill_undrawn = len(feed.pool)
+            result.refill_undrawn, result.refill_late = feed.undrawn, feed.late
             result.refill_later, result.refill_earlier = feed.asked_later, feed.asked_earlier
     return result
 
@@ -297,13 +300,14 @@ class _Polls:
         return self.feed.advance(None)
 
     def refill(self, n: int) -> None:
-        """The replay's refill_fn: the feed's refill, or the recorded refill_fn's failure."""
+        """The replay's refill_fn: the feed's refill of the call's partition (the buffer asks on
+        behalf of the partition that polled), or the recorded refill_fn's failure."""
         if self.poll in self.call.failed:
             # named as the recorded exception, which the replay's lake records as it did
             raise type(self.call.failed[self.poll], (_RefillFailed,), {})(
                 f"the recorded refill_fn raised at poll {self.poll} of the call at step "
                 f"{self.call.step}")
-        self.feed.refill(n, self.call.step)
+        self.feed.refill(n, self.call.step, self.call.partition)
 
 
 def _sample(buf: Any, feed: Feed, c: Call, polls: _Polls, result: Outcome) -> list[str]:
