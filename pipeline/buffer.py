@@ -150,6 +150,9 @@ class ReplayBuffer:
         self._state = BufferState(Journal(writer), self.config.aggregated_metric,
                                   self.config.order)
         self._warned: set[str] = set()
+        # (partition, uid, step) this process re-issued: a second reissue/resume at the same
+        # step leaves them be (a restart forgets it: its re-issue is a new one)
+        self._reissued: set[tuple[str, str, int]] = set()
         if lake is not None:
             from pipeline.lake import config as lake_config
             from pipeline.state import restore
@@ -293,7 +296,10 @@ class ReplayBuffer:
         """After a restart: every pending/running group (of ``partition``, or of all) goes back to
         `pending` at the resume step and loses its partial trajectories; returns
         {partition: uids} for the caller to re-dispatch whole (their rollout workers died with
-        the old process). `resume` keeps the completed sessions instead.
+        the old process). `resume` keeps the completed sessions instead. A group this process
+        already re-issued at the same step is not returned again (`reissue("math")` then
+        `reissue()` hands each group out once). Prompts the restored lake's last refill ask
+        never saw registered are owed again: the next `sample` asks refill_fn for them.
 
         Batches the trainer held when the process died are restored as `sampled` (their rows stay
         in memory, `held_batches` lists them). A trainer that resumes from a checkpoint taken
@@ -334,7 +340,10 @@ class ReplayBuffer:
                 if only is not None and pid != only:
                     continue
                 self._state.reowe_lost_ask(pid, global_steps)   # asked, never registered
-                uids = sorted(part.inflight)
+                # a group this process re-issued at this very step already went back to the
+                # rollout side: returned (and its kept rows written) once, not per call
+                uids = [u for u in sorted(part.inflight) if (pid, u, global_steps)
+                        not in self._reissued]
                 if uids:
                     kept = [self._state.stored_rows(pid, u) for u in uids if part.groups[u].keys] \
                         if keep else []
@@ -346,6 +355,7 @@ class ReplayBuffer:
                         self._state.commit("trajectories", pa.concat_tables(kept).drop_columns(
                             ["seq", "ts"]))
                     out[pid] = [(u, _missing(part.groups[u])) for u in uids] if keep else uids
+                    self._reissued.update((pid, u, global_steps) for u in uids)
                 if release_held:
                     for batch_id in sorted(part.batches):
                         self.release(batch_id)
@@ -567,8 +577,10 @@ class ReplayBuffer:
         restart, the batch the trainer held when the process died, to train on it and release
         it (`held_batches` lists their ids)."""
         with self._state.locked():
-            batch_id, _, part = self._held(batch_id, "held_batch")
-            return held_batch(self.config, part, batch_id)
+            batch_id, pid, part = self._held(batch_id, "held_batch")
+            # the partition's own configuration, as `sample` decided with (a validation
+            # partition masks nothing and records no bound)
+            return held_batch(self.config.for_partition(pid), part, batch_id)
 
     def sampleable_uids(self, partition: str | None = None, *,
                         partition_id: str | None = None) -> list[str]:
@@ -616,8 +628,10 @@ class ReplayBuffer:
             return part.counts() if part else dict.fromkeys(_STATUSES, 0)
 
     def partitions(self) -> list[str]:
+        """The partitions that hold or held a group (a partition only named by a call, e.g. a
+        `sample` of a misspelt id that timed out, is not one: a restart would not know it)."""
         with self._state.locked():
-            return [p for p, _ in self._state.partitions()]
+            return [p for p, part in self._state.partitions() if part.groups or part.removed_uids]
 
     @property
     def lake(self) -> LakeWriter | None:

@@ -17,6 +17,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'rules_from_options': 'rule_knobs',
     'switchable_rules': 'rule_knobs',
     'with_sugar': 'rule_knobs',
+    'ask_refill': 'partitions',
     'is_validation': 'partitions',
     'metric_prefix': 'partitions',
 })

@@ -1,10 +1,15 @@
-"""What a partition id means beyond its name: validation or not, and its metric prefix.
+"""What a partition id means beyond its name: validation or not, its metric prefix, and how a
+refill is asked for it.
 
 The one place that knows the rule: a partition whose id is exactly `val` is a validation
 partition (nothing is evicted, filtered or refilled there; failures stay sampleable), and metric
 keys use the prefix `training` only for the partition `train` (`validation` for every other id).
 """
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 VALIDATION = "val"
 TRAINING = "train"
@@ -17,3 +22,22 @@ def is_validation(partition: str) -> bool:
 
 def metric_prefix(partition: str) -> str:
     return "training" if partition == TRAINING else "validation"
+
+
+def ask_refill(refill_fn: Callable[..., Any], n: int, partition: str) -> None:
+    """Ask ``refill_fn`` for ``n`` prompts of ``partition``: ``refill_fn(n, partition=...)`` when
+    it takes a ``partition`` keyword (or ``**kwargs``), so one function can route the prompts of
+    several training partitions; plain ``refill_fn(n)`` otherwise (verl's form)."""
+    if _takes_partition(refill_fn):
+        refill_fn(n, partition=partition)
+    else:
+        refill_fn(n)
+
+
+def _takes_partition(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):       # a builtin without a readable signature
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "partition" and p.kind in
+               (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)) for p in params)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from pipeline import interrupts
-from pipeline.config import BufferConfig, metric_prefix
+from pipeline.config import BufferConfig, ask_refill, metric_prefix
 from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
 from pipeline.decide.batch import Batch
@@ -219,7 +219,7 @@ class _Call:
 
         def ask() -> None:
             try:
-                self.cfg.refill_fn(dispatch)
+                ask_refill(self.cfg.refill_fn, dispatch, self.ctx.partition)
             except BaseException as exc:
                 with self.state.locked():
                     part.refill_asking = False

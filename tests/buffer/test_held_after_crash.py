@@ -45,3 +45,59 @@ def test_the_held_batch_is_restored_and_reissue_releases_it_on_request(tmp_path,
         assert buf.reissue(3, release_held=release_held) == {"train": ["c"]}
         assert buf.counts("train")["sampled"] == (0 if release_held else 1)
         assert buf.sample(3, "train", 1, timeout=5).uids == ["b"]    # a is never handed out again
+
+
+@pytest.mark.parametrize("strategy", ["mask", "drop"])
+def test_a_held_validation_batch_comes_back_as_sample_returned_it(tmp_path, strategy):
+    """A validation partition masks nothing and records no bound: its held batch, rebuilt after
+    a reopen, must too (it was rebuilt with the training settings: under mask every row came
+    back masked, under drop with the training bound and a failing certificate)."""
+    from tests.support.policies import group
+    kw = dict(lake=tmp_path, max_off_policy_threshold=1, max_off_policy_strategy=strategy)
+    buf = ReplayBuffer.async_(**kw)
+    group(buf, "v-old", 0, [0.0, 1.0], partition="val")      # group span 4 at step 3
+    live = buf.sample(3, "val", 1)
+    buf.close()
+    again = ReplayBuffer.async_(**kw)
+    held = again.held_batch(live.batch_id)
+    assert (held.bound, held.strategy) == (live.bound, live.strategy) == (None, None)
+    assert held.table.column("is_stale").to_pylist() == [False, False]
+    assert held.certificate.holds
+    assert held.off_policy_metrics == live.off_policy_metrics
+    again.close()
+
+
+def test_partitions_lists_only_those_that_hold_or_held_a_group(tmp_path):
+    """A partition only named (a sample of a misspelt id that timed out) is not listed: a restart
+    would not know it, and the live and the restored buffer must list the same."""
+    from pipeline import SampleTimeout
+    from tests.support.policies import group
+    buf = ReplayBuffer.async_(lake=tmp_path)
+    group(buf, "a", 1, [0.0, 1.0])
+    with pytest.raises(SampleTimeout):
+        buf.sample(1, "trian", 1, timeout=0.1)
+    assert buf.partitions() == ["train"]
+    buf.release(buf.sample(1, "train", 1))
+    buf.close()
+    again = ReplayBuffer.async_(lake=tmp_path)
+    assert again.partitions() == ["train"]          # its groups all released: it held one
+    again.close()
+
+
+def test_a_second_resume_at_the_same_step_hands_no_group_out_twice(tmp_path):
+    """resume("math") then resume(): math's group was returned (and its kept rows written) by
+    the first call; the second returns only the other partitions (it wrote math's rows again and
+    `resume_figures` counted its sessions twice)."""
+    from tests.support.policies import rows
+    buf = ReplayBuffer.async_(lake=tmp_path)
+    for p in ("train", "math"):
+        buf.register(partition=p, uids=["g"], global_steps=1, n=3)
+        buf.put(rows("g", [0.0, 1.0], partition=p)[:1])
+    assert buf.resume(2, partition="math") == {"math": [("g", [1, 2])]}
+    assert buf.resume(2) == {"train": [("g", [1, 2])]}
+    assert buf.resume(2) == {}
+    buf.close()
+    from pipeline.analysis.views import connect
+    kept = connect(tmp_path).sql("select partition, count(*) from trajectories group by all "
+                                 "order by 1").fetchall()
+    assert kept == [("math", 2), ("train", 2)]    # each session once, and its copy once
