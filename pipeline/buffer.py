@@ -577,10 +577,10 @@ class ReplayBuffer:
         restart, the batch the trainer held when the process died, to train on it and release
         it (`held_batches` lists their ids)."""
         with self._state.locked():
-            batch_id, pid, part = self._held(batch_id, "held_batch")
-            # the partition's own configuration, as `sample` decided with (a validation
-            # partition masks nothing and records no bound)
-            return held_batch(self.config.for_partition(pid), part, batch_id)
+            batch_id, _, part = self._held(batch_id, "held_batch")
+            # as its selection marked it (masked groups, bounds), not as today's configuration
+            # would: a reopen may change the threshold, a validation partition masks nothing
+            return held_batch(part, batch_id)
 
     def sampleable_uids(self, partition: str | None = None, *,
                         partition_id: str | None = None) -> list[str]:

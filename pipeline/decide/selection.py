@@ -33,6 +33,7 @@ from pipeline.errors import EmptyBatchError, InvariantError
 from pipeline.state import BufferState, PartitionState, decision_rows
 
 log = logging.getLogger("replaylake")
+MASK_STRATEGY = "mask"   # the strategy a masking selection records
 
 
 # the `replaylake_event` of that warning's log record, so a caller can tell it by structure (a
@@ -160,21 +161,27 @@ def deliver(state: BufferState, part: PartitionState) -> Batch:
     return batch
 
 
-def held(cfg: BufferConfig, part: PartitionState, batch_id: int) -> Batch:
-    """A batch held across a restart, built again from the rows memory restored: the same
-    groups, rows and provenance the `sample` that chose it returned (its eviction metrics were
-    that call's and are not repeated; the off-policy metrics are the batch's own)."""
+def held(part: PartitionState, batch_id: int) -> Batch:
+    """A held batch (across a restart too), built again from the rows memory restored and what
+    its selection recorded: the same groups, rows and provenance the `sample` that chose it
+    returned, its groups masked and bounded as the selection marked them (never as today's
+    configuration would: a reopen may change the threshold), and its off-policy metrics (its
+    eviction metrics were that call's and are not repeated)."""
     chosen = part.batches[batch_id]
     step = part.batch_step[batch_id]
+    marks, strategy = part.batch_marks.get(batch_id, ({}, None))
     gs = np.array([part.groups[u].dispatch_step for u in chosen], dtype=np.int64)
     payload, owner = part.payload_of(chosen)
     rows = batch_rows(payload, batch_id=batch_id, step=step, group_steps=gs[owner], carry=False)
     status = [part.served_status(u) for u in chosen]
-    stale = set() if cfg.mask is None else cfg.mask.stale(
-        step, {u: (int(g), s) for u, g, s in zip(chosen, gs, status)})
+    stale = {u for u in chosen if marks.get(u, (None, None))[0] == MASKED}
     table = with_provenance(payload, rows, per_row(status, owner, pa.string()),
                             np.array([u in stale for u in chosen], bool)[owner] if stale else None)
     opm, weights = off_policy_metrics(rows, prefix=metric_prefix(part.partition))
-    in_force, strategy = bound_in_force(cfg)
+    if strategy == MASK_STRATEGY:        # the selection masked (or could have): reported as then
+        opm[f"{metric_prefix(part.partition)}/{MASKED_SAMPLES}"] = masked_rows(table)
+    bounds = {u: marks.get(u, (None, None))[1] for u in chosen}
+    known = [b for b in bounds.values() if b is not None]
     return Batch(table, batch_id, step, part.partition, list(chosen), {}, opm, weights,
-                 bound=in_force, strategy=strategy, masked=[u for u in chosen if u in stale])
+                 bound=max(known) if known else None, strategy=strategy,
+                 masked=[u for u in chosen if u in stale], group_bounds=bounds)

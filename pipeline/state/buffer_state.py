@@ -306,6 +306,7 @@ class BufferState:
             elif kind == "select":
                 part.apply_removed(uids, "sampled", batch_id, step)
                 part.restored_evictions.clear()    # reported with this batch's metrics
+                self._batch_marks(part, batch_id, rows.slice(at - len(run), len(run)))
             elif kind == "release":
                 uids = part.apply_released(batch_id)
             else:
@@ -322,6 +323,16 @@ class BufferState:
                 continue   # refills change no group
             if effects is not None:
                 effects.append((kind, p, uids, batch_id))
+
+    @staticmethod
+    def _batch_marks(part: PartitionState, batch_id: int, rows: pa.Table) -> None:
+        """Keep what a selection recorded of each group (its reason: masked or not, and its
+        bound) and the strategy that set the bounds, for `held_batch` to rebuild it as chosen."""
+        uids, reasons, bounds, strategies = (rows.column(c).to_pylist() for c in
+                                             ("uid", "reason", "bound", "strategy"))
+        marks = part.batch_marks.setdefault(batch_id, ({}, None))[0]
+        marks.update(zip(uids, zip(reasons, bounds)))
+        part.batch_marks[batch_id] = (marks, next((x for x in strategies if x is not None), None))
 
     @staticmethod
     def _restored_evictions(part: PartitionState, rows: pa.Table) -> None:

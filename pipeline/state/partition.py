@@ -134,6 +134,9 @@ class PartitionState:
         self.rows = TrajectoryRows()
         self.batches: dict[int, list[str]] = {}  # selected, not yet released
         self.batch_step: dict[int, int] = {}     # batch id -> step it was sampled at
+        # batch id -> what its selection recorded per group: uid -> (reason, bound), and the
+        # strategy (a held batch is rebuilt from these, never from today's configuration)
+        self.batch_marks: dict[int, tuple[dict[str, tuple[str | None, int | None]], str | None]] = {}
         self.selected_at: dict[int, int] = {}    # step -> groups selected at it (released too)
         self._selected_ascending = True          # selected_at's keys came in ascending order
         self.removed_uids: set[str] = set()           # removed uids: never accepted again
@@ -344,6 +347,7 @@ class PartitionState:
 
     def apply_released(self, batch_id: int) -> list[str]:
         self.batch_step.pop(batch_id, None)
+        self.batch_marks.pop(batch_id, None)
         uids = self.batches.pop(batch_id, [])
         groups = self.groups
         self.rows.drop_all([groups.pop(u).rows for u in uids])

@@ -101,3 +101,28 @@ def test_a_second_resume_at_the_same_step_hands_no_group_out_twice(tmp_path):
     kept = connect(tmp_path).sql("select partition, count(*) from trajectories group by all "
                                  "order by 1").fetchall()
     assert kept == [("math", 2), ("train", 2)]    # each session once, and its copy once
+
+
+@pytest.mark.parametrize("threshold, reopened", [(1, 8), ({"math": 1, "*": 5}, {"math": 1, "*": 5})],
+                         ids=["mask, threshold changed on reopen", "per-dataset bounds"])
+def test_a_held_batch_keeps_what_its_selection_recorded(tmp_path, threshold, reopened):
+    """The held batch is rebuilt from its selection's rows (masked groups, each group's bound,
+    the strategy), never from the reopened configuration: a looser threshold unmasked rows the
+    lake records as masked, and per-dataset bounds came back as the loosest for every group."""
+    from tests.support.policies import group
+    strategy = "mask" if isinstance(threshold, int) else "drop"
+    buf = ReplayBuffer.async_(lake=tmp_path, max_off_policy_threshold=threshold,
+                              max_off_policy_strategy=strategy)
+    group(buf, "t1", 1 if strategy == "mask" else 3, [0.0, 1.0], dataset="math")
+    live = buf.sample(3, "train", 1)
+    buf.close()
+    again = ReplayBuffer.async_(lake=tmp_path, max_off_policy_threshold=reopened,
+                                max_off_policy_strategy=strategy,
+                                allow_changes=("max_off_policy_threshold",))
+    held = again.held_batch(live.batch_id)
+    assert (held.bound, held.strategy, held.masked, held.group_bounds) == \
+        (live.bound, live.strategy, live.masked, live.group_bounds)
+    assert held.table.equals(live.table)
+    assert held.off_policy_metrics == live.off_policy_metrics
+    assert held.certificate.holds == live.certificate.holds
+    again.close()

@@ -58,9 +58,25 @@ def auth_env() -> dict[str, str]:
 
 
 def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+    return _free_ports(ip, 1)[0]
+
+
+def _free_ports(ip: str, n: int, avoid: frozenset[int] = frozenset()) -> list[int]:
+    """``n`` distinct free ports of ``ip``, none in ``avoid``: every socket is held open until
+    all are picked (ports picked one at a time, each socket closed before the next, can come
+    back the same, and Ray refuses a node whose components share a port)."""
+    sockets: list[socket.socket] = []
+    try:
+        while len(sockets) < n:
+            s = socket.socket()
+            sockets.append(s)
+            s.bind((ip, 0))
+            if s.getsockname()[1] in avoid:       # keep it bound (so it is not drawn again)
+                n += 1
+        return [s.getsockname()[1] for s in sockets if s.getsockname()[1] not in avoid]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class LocalCluster:
@@ -83,15 +99,18 @@ class LocalCluster:
         return f"{self.head.ip}:{self.port}"
 
     def _args(self, node: NodeSpec) -> list[str]:
-        ports = {opt: _free_port(node.ip) for opt in (
-            "--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-            "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")}
+        options = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+                   "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+                   "--metrics-export-port", "--dashboard-port")
+        # all distinct, and none the head's own port (a clash stops the node before it starts)
+        ports = dict(zip(options, _free_ports(node.ip, len(options), frozenset({self.port}))))
+        dashboard = ports.pop("--dashboard-port")
         args = [RAY, "start", "--block", "--disable-usage-stats", f"--node-ip-address={node.ip}",
                 f"--num-cpus={node.num_cpus}", f"--resources={json.dumps(node.resources)}",
                 f"--temp-dir={self.temp_dir}", *(f"{k}={v}" for k, v in ports.items())]
         if node is self.head:
             return [*args, "--head", f"--port={self.port}", "--include-dashboard=false",
-                    f"--dashboard-port={_free_port(node.ip)}"]
+                    f"--dashboard-port={dashboard}"]
         return [*args, f"--address={self.address}"]
 
     def _launch(self, node: NodeSpec) -> None:

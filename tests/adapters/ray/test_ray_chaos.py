@@ -38,8 +38,14 @@ def _kill_mid_put(ray, client, uids: list[str], log: Path, delay: float) -> None
         time.sleep(0.001)
     time.sleep(delay)
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(ray.exceptions.RayActorError):
+    try:
         ray.get(running, timeout=60)
+    except ray.exceptions.RayActorError:
+        return                          # the kill landed while the producer was putting
+    # on a loaded machine the producer may finish its puts before the kill lands: then every
+    # one of them was acknowledged (the test needs some kill inside a put, over all delays)
+    done = {line.split()[1] for line in _lines(log) if line.startswith("done")}
+    assert done == set(uids), f"the producer returned without putting {sorted(set(uids) - done)}"
 
 
 def _retry(client, uid: str) -> str:
