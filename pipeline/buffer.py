@@ -150,9 +150,6 @@ class ReplayBuffer:
         self._state = BufferState(Journal(writer), self.config.aggregated_metric,
                                   self.config.order)
         self._warned: set[str] = set()
-        # (partition, uid, step) this process re-issued: a second reissue/resume at the same
-        # step leaves them be (a restart forgets it: its re-issue is a new one)
-        self._reissued: set[tuple[str, str, int]] = set()
         if lake is not None:
             from pipeline.lake import config as lake_config
             from pipeline.state import restore
@@ -296,10 +293,9 @@ class ReplayBuffer:
         """After a restart: every pending/running group (of ``partition``, or of all) goes back to
         `pending` at the resume step and loses its partial trajectories; returns
         {partition: uids} for the caller to re-dispatch whole (their rollout workers died with
-        the old process). `resume` keeps the completed sessions instead. A group this process
-        already re-issued at the same step is not returned again (`reissue("math")` then
-        `reissue()` hands each group out once). Prompts the restored lake's last refill ask
-        never saw registered are owed again: the next `sample` asks refill_fn for them.
+        the old process). `resume` keeps the completed sessions instead. Prompts the restored
+        lake's last refill ask never saw registered are owed again: the next `sample` asks
+        refill_fn for them.
 
         Batches the trainer held when the process died are restored as `sampled` (their rows stay
         in memory, `held_batches` lists them). A trainer that resumes from a checkpoint taken
@@ -340,10 +336,7 @@ class ReplayBuffer:
                 if only is not None and pid != only:
                     continue
                 self._state.reowe_lost_ask(pid, global_steps)   # asked, never registered
-                # a group this process re-issued at this very step already went back to the
-                # rollout side: returned (and its kept rows written) once, not per call
-                uids = [u for u in sorted(part.inflight) if (pid, u, global_steps)
-                        not in self._reissued]
+                uids = sorted(part.inflight)
                 if uids:
                     kept = [self._state.stored_rows(pid, u) for u in uids if part.groups[u].keys] \
                         if keep else []
@@ -355,7 +348,6 @@ class ReplayBuffer:
                         self._state.commit("trajectories", pa.concat_tables(kept).drop_columns(
                             ["seq", "ts"]))
                     out[pid] = [(u, _missing(part.groups[u])) for u in uids] if keep else uids
-                    self._reissued.update((pid, u, global_steps) for u in uids)
                 if release_held:
                     for batch_id in sorted(part.batches):
                         self.release(batch_id)

@@ -84,25 +84,6 @@ def test_partitions_lists_only_those_that_hold_or_held_a_group(tmp_path):
     again.close()
 
 
-def test_a_second_resume_at_the_same_step_hands_no_group_out_twice(tmp_path):
-    """resume("math") then resume(): math's group was returned (and its kept rows written) by
-    the first call; the second returns only the other partitions (it wrote math's rows again and
-    `resume_figures` counted its sessions twice)."""
-    from tests.support.policies import rows
-    buf = ReplayBuffer.async_(lake=tmp_path)
-    for p in ("train", "math"):
-        buf.register(partition=p, uids=["g"], global_steps=1, n=3)
-        buf.put(rows("g", [0.0, 1.0], partition=p)[:1])
-    assert buf.resume(2, partition="math") == {"math": [("g", [1, 2])]}
-    assert buf.resume(2) == {"train": [("g", [1, 2])]}
-    assert buf.resume(2) == {}
-    buf.close()
-    from pipeline.analysis.views import connect
-    kept = connect(tmp_path).sql("select partition, count(*) from trajectories group by all "
-                                 "order by 1").fetchall()
-    assert kept == [("math", 2), ("train", 2)]    # each session once, and its copy once
-
-
 @pytest.mark.parametrize("threshold, reopened", [(1, 8), ({"math": 1, "*": 5}, {"math": 1, "*": 5})],
                          ids=["mask, threshold changed on reopen", "per-dataset bounds"])
 def test_a_held_batch_keeps_what_its_selection_recorded(tmp_path, threshold, reopened):
