@@ -127,6 +127,12 @@ def listing_command(lake: Path, r: AuditResult) -> str:
     return f"replaylake sql --lake {where} {_shell_word(sql)}"
 
 
+def _shown(value: Any) -> str:
+    """A violating row's value as `replaylake sql` prints it: NULL for a missing one."""
+    from jobs.sql.render import cell
+    return cell(value)
+
+
 def _sql_text(value: str) -> str:
     """``value`` as an SQL string literal."""
     return "'" + value.replace("'", "''") + "'"
@@ -150,7 +156,10 @@ def _allowed(audit: str, rows: list[dict], strategies: dict[str, str]) -> dict[s
 
 
 def main(
-    lake: Annotated[Path, typer.Option("--lake", help="the lake directory")],
+    lake_arg: Annotated[Path | None, typer.Argument(
+        metavar="LAKE", help="the lake directory (or give --lake)", show_default=False)] = None,
+    lake_opt: Annotated[Path | None, typer.Option(
+        "--lake", metavar="DIR", help="the lake directory (same as LAKE)")] = None,
     threshold: Annotated[int | None, typer.Option(
         "--threshold", min=1,
         help="hold every selection to this one staleness bound instead of the bounds the "
@@ -161,8 +170,10 @@ def main(
 
     Examples:
         replaylake audit --lake runs/demo/latest/lake
+        replaylake audit runs/demo/latest/lake
     """
-    from jobs.cli import echo_wrapped, terminal_width
+    from jobs.cli import echo_wrapped, one_lake, terminal_width
+    lake = one_lake("audit", lake_arg, lake_opt)
     results = run_audits(lake, threshold)
     width = terminal_width()
     for r in results:
@@ -175,10 +186,11 @@ def main(
             if r.note:
                 echo_wrapped(r.note, " " * 9, " " * 9)
         for row in r.rows[:SHOWN_ROWS]:   # one violating row: its columns, wrapped
-            echo_wrapped(", ".join(f"{k}={v}" for k, v in row.items()), " " * 9 + "- ", " " * 11)
-        if len(r.rows) > SHOWN_ROWS:     # the command that lists them all, runnable as shown
-            echo_wrapped(f"(+{len(r.rows) - SHOWN_ROWS:,} more: {listing_command(lake, r)})",
-                         " " * 9, " " * 10)
+            echo_wrapped(", ".join(f"{k}={_shown(v)}" for k, v in row.items()), " " * 9 + "- ",
+                         " " * 11)
+        if len(r.rows) > SHOWN_ROWS:     # the command that lists them all, on a line of its own,
+            typer.echo(f"{' ' * 9}(+{len(r.rows) - SHOWN_ROWS:,} more; all of them:)")
+            typer.echo(f"{' ' * 9}{listing_command(lake, r)}")      # unwrapped: it pastes
     failed = [r.name for r in results if r.status == "FAIL"]
     skipped = sum(r.status == "skipped" for r in results)
     typer.echo(f"{len(results) - len(failed) - skipped} passed, {len(failed)} failed, "

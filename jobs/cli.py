@@ -140,7 +140,7 @@ def build(path: str) -> TyperCommand:
         # when that first line is the "Examples:" header, the examples would lose their indent
         doc = f"{summary}\n\n\n{rest}"
     # every command's user errors become one `error:` line and exit 2 (`handled`, below)
-    info = CommandInfo(name=path.split()[-1], callback=handled(func), help=doc)
+    info = CommandInfo(name=path.split()[-1], callback=handled(func), help=doc, cls=_Command)
     cmd = get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode="rich")
     # a flag takes no value: without an empty metavar, help shows it a "<bool>" to type (the help
     # option is made on first use and then kept, so it is made here once)
@@ -219,6 +219,17 @@ def fail(text: str) -> NoReturn:
     raise typer.Exit(USER_EXIT)
 
 
+def one_lake(command: str, positional: Path | None, option: Path | None) -> Path:
+    """The lake a command was given, as its LAKE argument or with --lake (both work, as for
+    `replaylake report`); refused when missing or named twice differently."""
+    if positional is None and option is None:
+        fail(f"missing the lake: `replaylake {command} LAKE` or `--lake LAKE` "
+             f"(try: replaylake {command} --help)")
+    if positional is not None and option is not None and positional != option:
+        fail(f"name the lake once: `replaylake {command} LAKE` or `--lake LAKE`")
+    return positional or option     # type: ignore[return-value]
+
+
 def terminal_width() -> int:
     """The terminal's width in columns: 80 when it has none, 40 at least."""
     return max(40, shutil.get_terminal_size((80, 24)).columns)
@@ -283,7 +294,21 @@ def _usage_errors() -> Iterator[None]:
         fail(usage_line(exc))
 
 
-class _RunCommand(_OneLineUsage, TyperCommand):
+class _Command(TyperCommand):
+    """A job's command: a usage error of its own command line (an option missing its value,
+    which click's parser raises knowing no command) names it, so the line ends with
+    `replaylake <command> --help`, not the top level's."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except (UsageError, click.UsageError) as exc:
+            if exc.ctx is None:
+                exc.ctx = ctx
+            raise
+
+
+class _RunCommand(_OneLineUsage, _Command):
     """A job's command under `python -m jobs.<name>` (see `run`)."""
 
 

@@ -26,18 +26,19 @@ def main(
     from tqdm import tqdm
 
     from jobs.cli import echo_wrapped
+    from jobs.progress import hidden
     from pipeline.lake import compact, require_lake
 
     require_lake(lake)                       # before the progress bar starts
     start = time.perf_counter()
-    with tqdm(unit="segment", desc="compact", disable=not progress) as bar:
+    with tqdm(unit="segment", desc="compact", disable=hidden(progress)) as bar:
         def tick(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
         r = compact(lake, progress=tick)
     took = time.perf_counter() - start
     mb = r.bytes_in / 1e6
-    echo_wrapped(f"compacted {len(r.compacted)} segment(s), {r.rows} row(s): {mb:.1f} MB of Arrow "
+    echo_wrapped(f"compacted {len(r.compacted):,} segment(s), {r.rows:,} row(s): {mb:.1f} MB of Arrow "
                  f"-> {r.bytes_out / 1e6:.1f} MB of Parquet in {took:.2f} s "
                  f"({mb / took if took else 0.0:.1f} MB/s); {r.skipped_open} left to the open "
                  f"writer; {r.cleaned} leftover(s) of an interrupted run removed")

@@ -37,6 +37,7 @@ def main(
     """
     from tqdm import tqdm
 
+    from jobs.progress import hidden
     from pipeline.analysis.report import QUERIES, gather, parse_steps
     from pipeline.lake import require_lake
 
@@ -46,6 +47,10 @@ def main(
                    err=True)
         raise typer.Exit(2)
     require_lake(root)                       # before the progress bar starts
+    if out.is_dir():                         # refused before any work: the page is one file
+        typer.echo(f"error: -o {out} is a directory; name the HTML file to write, e.g. "
+                   f"-o {out / 'report.html'}", err=True)
+        raise typer.Exit(2)
     window = parse_steps(steps)
     import matplotlib
     matplotlib.use("Agg")
@@ -56,7 +61,7 @@ def main(
     # figure (drawn for every partition at once, so the count of partitions, known only after
     # the queries, does not change it) and one for writing the page
     ticks = len(QUERIES) + 1 + len(FIGURES) + 1
-    with tqdm(total=ticks, unit="step", desc="report", disable=not progress) as bar:
+    with tqdm(total=ticks, unit="stage", desc="report", disable=hidden(progress)) as bar:
         data = gather(root, steps=window, partitions=partition,
                       progress=lambda name: (bar.set_postfix_str(name), bar.update()))
         drawn: dict[str, list[tuple[str, str, str, str]]] = {p.name: [] for p in data.partitions}
@@ -69,8 +74,11 @@ def main(
         page = render(data, drawn.__getitem__, took_s=time.perf_counter() - start)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(out)
+        try:                                 # the page appears whole or not at all
+            tmp.write_text(page, encoding="utf-8")
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
         bar.set_postfix_str("written")
         bar.update()
     n_fig = sum(len(v) for v in drawn.values())

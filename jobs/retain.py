@@ -29,20 +29,27 @@ def main(
     from tqdm import tqdm
 
     from jobs.cli import echo_wrapped
+    from jobs.progress import hidden
     from pipeline.lake import require_lake, retain
 
     if older_than < 0:                       # checked, like the lake, before the progress bar
         raise typer.BadParameter(f"--older-than {older_than}: give a number of steps >= 0")
     require_lake(lake)
-    with tqdm(unit="file", desc="retain", disable=not progress) as bar:
+    with tqdm(unit="file", desc="retain", disable=hidden(progress)) as bar:
         def tick(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
         r = retain(lake, older_than, progress=tick)
     c = r.compaction
-    echo_wrapped(f"compacted {len(c.compacted) if c else 0} segment(s) first; horizon step "
-                 f"{r.horizon}: {r.groups} group(s) old enough, payload dropped from {r.rows} "
-                 f"trajectory row(s) in {len(r.rewritten)} file(s) "
+    first = f"compacted {len(c.compacted) if c else 0:,} segment(s) first; "
+    if r.horizon is None or r.horizon < 0:     # the lake's history is shorter than --older-than
+        newest = "no step decided yet" if r.horizon is None else \
+            f"the newest step is {r.horizon + older_than:,}"
+        echo_wrapped(f"{first}nothing is {older_than:,} steps old yet ({newest}): no payload "
+                     "dropped")
+        return
+    echo_wrapped(f"{first}horizon step {r.horizon:,}: {r.groups:,} group(s) old enough, payload "
+                 f"dropped from {r.rows:,} trajectory row(s) in {len(r.rewritten):,} file(s) "
                  f"({r.bytes_before / 1e6:.1f} MB -> {r.bytes_after / 1e6:.1f} MB)")
 
 

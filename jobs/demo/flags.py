@@ -66,4 +66,4 @@ def _parse(name: str, text: str, kind: type) -> Any:
         return kind(text)
     except ValueError:
         what = "an integer" if kind is int else f"a {kind.__name__}"
-        raise ConfigError(f"{name}={text!r}: give {what} or 'none'") from None
+        raise ConfigError(f"--{name.replace('_', '-')} {text!r}: give {what} or 'none'") from None

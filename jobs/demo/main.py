@@ -26,6 +26,20 @@ NO_TOKEN_TRAINED = ("Importance ratios: none (no step trained a token: every row
                     "was masked)")
 
 
+def _check_buffer(buffer_kwargs: dict[str, Any]) -> None:
+    """The buffer's own checks of the flags, their errors told in the flags' names."""
+    from pipeline.config import STRATEGIES, StrategyError, ThresholdError, async_config
+    from pipeline.errors import ConfigError
+    try:
+        async_config(**buffer_kwargs, refill_fn=lambda k: None)
+    except StrategyError:
+        raise ConfigError(f"--strategy {buffer_kwargs['max_off_policy_strategy']!r}: use one of "
+                          f"{', '.join(STRATEGIES)}") from None
+    except ThresholdError as exc:
+        raise ConfigError(f"--threshold {buffer_kwargs['max_off_policy_threshold']!r}: "
+                          f"{exc}") from None
+
+
 def _intro(cfg: DemoConfig, on_ray: bool = False) -> str:
     """What the run is about to do, in words that follow the flags."""
     import textwrap
@@ -136,7 +150,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
     from jobs.demo.summary import render, render_placement, summarize
     from jobs.demo.trainer import Trainer, ratio_summary, run_steps, tis_summary
     from jobs.demo.whatif import closing_whatif
-    from pipeline import ReplayBuffer, async_config
+    from pipeline import ReplayBuffer
 
     console = console or Console()
     if on_ray:
@@ -150,7 +164,7 @@ def run(cfg: DemoConfig | None, *, out: Path | None = None, use_wandb: bool = Tr
                          filter_groups_metric=cfg.filter_metric, poll_interval=0.05)
     if cfg.strategy == "admit":          # admission counts places per step
         buffer_kwargs["train_batch_size"] = cfg.batch_size
-    async_config(**buffer_kwargs, refill_fn=lambda k: None)
+    _check_buffer(buffer_kwargs)
     run_dir = make_run_dir(out) if resume is None else Path(resume)
     lake = run_dir / "lake"
     if resume is None:

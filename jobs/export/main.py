@@ -208,6 +208,8 @@ def export(cfg: ExportConfig, source: Any = None) -> dict[str, Any]:
     process; `jobs.export.ray.RayRows` does both on Ray workers)."""
     from tqdm import tqdm
 
+    from jobs.progress import hidden
+
     source = source or LocalRows()
     selections = _selections(cfg)
     check_out(cfg.out)
@@ -238,7 +240,7 @@ def export(cfg: ExportConfig, source: Any = None) -> dict[str, Any]:
     written = repaired = 0
     writers: set[Any] = set()
     with tqdm(total=len(plan), initial=skipped, unit="shard", desc="export",
-              disable=not cfg.progress) as bar:
+              disable=hidden(cfg.progress)) as bar:
         if not todo:                         # nothing to write: the manifest is still rewritten
             manifest["shards"] = [done[s] for s in order if s in done]
             write_manifest(cfg.out, manifest)
@@ -279,9 +281,14 @@ def export(cfg: ExportConfig, source: Any = None) -> dict[str, Any]:
 
 
 def main(
-    lake: Annotated[Path, typer.Option(metavar="DIR", help="the lake directory to read")],
-    out: Annotated[Path, typer.Option(metavar="DIR",
-                                      help="directory for the shards and manifest.json")],
+    lake_arg: Annotated[Path | None, typer.Argument(
+        metavar="LAKE", help="the lake directory to read (or give --lake)", show_default=False)]
+        = None,
+    lake_opt: Annotated[Path | None, typer.Option(
+        "--lake", metavar="DIR", help="the lake directory to read (same as LAKE)")] = None,
+    out: Annotated[Path | None, typer.Option(metavar="DIR",
+                                             help="directory for the shards and manifest.json "
+                                             "(required)")] = None,
     partition: Annotated[list[str] | None, typer.Option(
         metavar="NAME", help="partition to export (repeat for several; default: every "
         "partition)")] = None,
@@ -312,7 +319,12 @@ def main(
     Examples:
         replaylake export --lake runs/demo/latest/lake --out runs/export
         replaylake export --lake runs/demo/latest/lake --out late --steps 5:20
+        replaylake export runs/demo/latest/lake --out runs/export
     """
+    from jobs.cli import fail, one_lake
+    lake = one_lake("export", lake_arg, lake_opt)
+    if out is None:
+        fail("missing option '--out' (try: replaylake export --help)")
     cfg = ExportConfig(lake=lake, out=out, partitions=tuple(partition or ()),
                        steps=parse_steps(steps), formats=tuple(format or ("parquet",)),
                        rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
@@ -324,9 +336,9 @@ def main(
         source = RayRows()
     result = export(cfg, source)
     rows = sum(p["rows"] for p in result["partitions"].values())
-    damaged = f", {result['repaired']} of them damaged and rewritten" if result["repaired"] else ""
-    typer.echo(f"exported {rows} rows in {len(result['shards'])} shard(s) "
-               f"({result['written']} written{damaged}, {result['skipped']} already complete) "
+    damaged = f", {result['repaired']:,} of them damaged and rewritten" if result["repaired"] else ""
+    typer.echo(f"exported {rows:,} rows in {len(result['shards']):,} shard(s) "
+               f"({result['written']:,} written{damaged}, {result['skipped']:,} already complete) "
                f"to {out}")
     if ray:
         nodes = {node for node, _ in result["writers"]}

@@ -113,7 +113,8 @@ def read_done(out: Path, selection: dict[str, Any], lake: str
                           "export")
     if old.get("format") != MANIFEST_FORMAT or old.get("selection") != selection:
         was = old.get("selection") if isinstance(old.get("selection"), dict) else {}
-        differ = [f"{k}: {was.get(k)!r} there, {selection.get(k)!r} now"
+        differ = [f"{_option(k)} {_option_value(k, was.get(k))} there, "
+                  f"{_option_value(k, selection.get(k))} now"
                   for k in sorted(set(was) | set(selection)) if was.get(k) != selection.get(k)]
         raise ExportError(f"{out} holds an export made with other options ("
                           f"{'; '.join(differ) or 'another manifest format'}); use another "
@@ -124,6 +125,33 @@ def read_done(out: Path, selection: dict[str, Any], lake: str
             raise ExportError(f"{path} is damaged: {problem}; remove it to write every shard "
                               "again, or use another --out")
     return {(s["partition"], s["index"]): s for s in old["shards"]}
+
+
+# a selection key -> the option that sets it, where the two are not spelled alike
+_OPTIONS = {"partitions": "--partition", "formats": "--format"}
+
+
+def _option(key: str) -> str:
+    """The command-line option of a manifest's selection key (`rows_per_shard` ->
+    `--rows-per-shard`)."""
+    return _OPTIONS.get(key, "--" + key.replace("_", "-"))
+
+
+def _option_value(key: str, value: Any) -> str:
+    """A selection value as its option is written: steps `5:20`, `5:`, `:20`, `5` or `all`;
+    partitions and formats listed (`all`: every partition); nothing recorded: `unset`."""
+    if value is None:
+        return "unset"
+    if key == "steps" and isinstance(value, list) and len(value) == 2:
+        lo, hi = value
+        if lo is None and hi is None:
+            return "all"
+        if lo == hi:
+            return str(lo)
+        return f"{'' if lo is None else lo}:{'' if hi is None else hi}"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "all"
+    return str(value)
 
 
 def intact(out: Path, entry: dict[str, Any] | None, key: str, formats: tuple[str, ...]) -> str:

@@ -160,8 +160,8 @@ def refuse_dropped_payload(todo: list[tuple[str, pa.Table]]) -> None:
     if not lost:
         return
     hit = {p: pa.concat_tables(t) for p, t in lost.items()}
-    where = "; ".join(f"partition {p}: {t.num_rows} trajectories "
-                      f"({pc.sum(t.column('n_response_tokens')).as_py()} response tokens) trained "
+    where = "; ".join(f"partition {p}: {t.num_rows:,} trajectories "
+                      f"({pc.sum(t.column('n_response_tokens')).as_py():,} response tokens) trained "
                       f"at step(s) {step_ranges(t.column('step').to_pylist())}"
                       for p, t in hit.items())
     first_kept = max(pc.max(t.column("step")).as_py() for t in hit.values()) + 1

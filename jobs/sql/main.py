@@ -36,9 +36,28 @@ def _params(items: list[str]) -> dict[str, str]:
 
 
 def _format_of(output: Path | None) -> str:
-    """The format an --output file's extension names (.csv, .json, .parquet), else table."""
+    """The format an --output file's extension names (.csv, .json, .parquet), else table (on the
+    terminal "auto": a table, or one field per line when that reads shorter)."""
     suffix = output.suffix.lower().lstrip(".") if output is not None else ""
-    return suffix if suffix in ("csv", "json", "parquet") else "table"
+    if suffix in ("csv", "json", "parquet"):
+        return suffix
+    return "table" if output is not None else "auto"
+
+
+def _known(name: str) -> None:
+    """Refuse an unknown query name in a line: the closest names, and where the list is."""
+    from pipeline.errors import ReplayLakeError
+    from sql import loader
+    names = list(loader.catalog())
+    if name in names:
+        return
+    import difflib
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    hint = ""
+    if close:
+        hint = "; did you mean " + (f"{', '.join(close[:-1])} or " if close[1:] else "") + \
+            f"{close[-1]}?"
+    raise ReplayLakeError(f"unknown query {name!r}{hint} (`replaylake sql --list` lists them)")
 
 
 def _catalog_text(width: int) -> str:
@@ -81,7 +100,7 @@ def main(
     fmt: Annotated[str | None, typer.Option(
         "--format", metavar="FORMAT", help="table | vertical | csv | json | parquet "
         "(parquet needs --output); default: the --output file's extension (.csv, .json, "
-        ".parquet), else table")] = None,
+        ".parquet), else a table, or one field per line when that is shorter")] = None,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", metavar="FILE", help="write the result to FILE instead of printing")]
     = None,
@@ -100,7 +119,7 @@ def main(
         return
     if fmt is None:                      # the file says what it is: x.csv gets CSV, not a table
         fmt = _format_of(output)
-    if fmt not in FORMATS:
+    if fmt not in (*FORMATS, "auto"):
         raise typer.BadParameter(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     if max_rows < 0:
         raise typer.BadParameter(f"--max-rows {max_rows}: give the rows a table shows, or 0 for "
@@ -116,6 +135,8 @@ def main(
         raise typer.BadParameter("--param goes with --name")
     if lake is None:
         raise typer.BadParameter("--lake is required")
+    if name is not None:
+        _known(name)
     import duckdb
 
     from jobs.sql.run import run_text
@@ -126,7 +147,7 @@ def main(
         con = open_session(lake, filter_metric)
         if name is None and sql is None:
             from jobs.sql.shell import Shell
-            Shell(con, fmt if fmt != "parquet" else "table", max_rows).loop(sys.stdin.isatty())
+            Shell(con, fmt if fmt != "parquet" else "auto", max_rows).loop(sys.stdin.isatty())
             return
         if name is not None:
             q = loader.load(name)
@@ -154,7 +175,7 @@ def _run_bound(con: object, sql: str, bound: dict, fmt: str, max_rows: int,
     from jobs.sql import render as sql_render
     from jobs.sql.run import first_rows, truncated_note
     rel = con.sql(sql, params=bound or None)  # type: ignore[attr-defined]
-    terminal = fmt in ("table", "vertical") and output is None
+    terminal = fmt in sql_render.TERMINAL and output is None
     table, total = first_rows(rel, max_rows if terminal and max_rows > 0 else None)
     if output is not None:
         sql_render.write_file(table, fmt, str(output))

@@ -3,11 +3,14 @@ JSON, or Parquet to a file.
 
 The table fits the terminal (`COLUMNS`, else the real width, else 100). Cells are cut (ending in
 `…`) only when the table is wider than that, the longest first and none below `MIN_CUT`
-characters; when the columns still do not fit side by side the rows are shown one field per line
-(vertical layout), so headers are never cut. A cut that makes different values look alike is said
-under the table. NULL prints as `NULL`, an empty string as nothing, so the two can be told apart.
-Map columns (e.g. evictions per reason) print as objects. JSON has no NaN or infinity: those
-numbers are written as null.
+characters; when the columns still do not fit side by side they are split into several tables of
+the same rows (the first narrow columns repeated in each, so a row can be found), and headers are
+never cut. The default layout (`auto`) shows the rows one field per line instead (vertical) when
+that is shorter, a single row for one; `table` always prints tables. A float column is printed
+with one number of decimals for all its values, right-aligned. A cut that makes different values
+look alike is said under the table. NULL prints as `NULL`, an empty string as nothing, so the two
+can be told apart. Map columns (e.g. evictions per reason) print as objects. JSON has no NaN or
+infinity: those numbers are written as null.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 FORMATS = ("table", "vertical", "csv", "json", "parquet")
+TERMINAL = ("auto", "table", "vertical")   # the layouts printed to the terminal ("auto": default)
 NULL = "NULL"
 MIN_CUT = 40           # a cell cut to fit keeps at least this many characters (or its header's)
 DEFAULT_WIDTH = 100
@@ -58,6 +62,40 @@ def cell(v: Any) -> str:
     if isinstance(v, (dict, list)):
         return json.dumps(v, default=str)
     return str(v)
+
+
+SIGNIFICANT = 4        # digits a float column keeps for its values (one number of decimals for all)
+MAX_DECIMALS = 6
+
+
+def float_column(values: list[Any]) -> list[str]:
+    """A float column's cells with one number of decimals for all (enough for `SIGNIFICANT`
+    digits of each value, at most `MAX_DECIMALS`), so they line up when right-aligned; in
+    scientific notation, for all, when a value would print as 0 or is too large for that."""
+    finite = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v) and v != 0]
+    decimals = 0
+    for v in finite:
+        need = max(0, SIGNIFICANT - 1 - math.floor(math.log10(v)))
+        text = f"{v:.{min(need, MAX_DECIMALS)}f}"
+        decimals = max(decimals, len(text.partition(".")[2].rstrip("0")))
+    decimals = min(decimals, MAX_DECIMALS)
+    sci = any(v < 0.5 * 10 ** -decimals or v >= 1e15 for v in finite)
+
+    def one(v: Any) -> str:
+        if not isinstance(v, float) or not math.isfinite(v):
+            return cell(v)
+        return f"{v:.{SIGNIFICANT - 1}e}" if sci else f"{v:.{decimals}f}"
+    return [one(v) for v in values]
+
+
+def _cells(table: Any) -> list[list[str]]:
+    """The table's cells as text, a float column with one number of decimals (`float_column`)."""
+    import pyarrow as pa
+    names = table.column_names
+    rows = rows_of(table)
+    cols = [float_column([r[c] for r in rows]) if pa.types.is_floating(table.schema.field(c).type)
+            else [cell(r[c]) for r in rows] for c in names]
+    return [[col[i].replace("\n", "\\n") for col in cols] for i in range(len(rows))]
 
 
 def _cut(s: str, n: int) -> str:
@@ -103,32 +141,78 @@ def _look_alike(names: list[str], full: list[list[str]], shown: list[list[str]])
 
 
 def table_text(table: Any, cols: int | None = None, note: str = "",
-               total: int | None = None) -> str:
+               total: int | None = None, layout: str = "auto") -> str:
     """Side by side when it fits ``cols`` (default: `width()`), cutting the longest cells only
-    if it must, else vertical. ``total``: the rows the whole result has when ``table`` holds only
-    its first rows (the footer says it)."""
+    if it must; else the columns split into several tables of the same rows, or (``layout``
+    "auto", when that is shorter) the vertical layout. ``total``: the rows the whole result has
+    when ``table`` holds only its first rows (the footer says it)."""
     cols = cols or width()
     names = table.column_names
-    full = [[cell(r[c]).replace("\n", "\\n") for c in names] for r in rows_of(table)]
-    limits = _limits(names, full, cols)
-    if limits is None:
-        return vertical_text(table, cols, note, total)
-    rows = [[_cut(v, n) for v, n in zip(r, limits)] for r in full]
-    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    full = _cells(table)
     right = [_numeric(table, n) for n in names]
-
-    def line(vals: list[str]) -> str:
-        return " | ".join(v.rjust(w) if r else v.ljust(w)
-                          for v, w, r in zip(vals, widths, right)).rstrip()
-    out = [line(names), "-+-".join("-" * w for w in widths)]
-    out += [line(r) for r in rows]
-    alike = _look_alike(names, full, rows)
+    panels = _panels(names, full, cols)
+    if layout == "auto" and len(panels) > 1:
+        records = table.num_rows * (len(names) + 1)
+        tables = len(panels) * (table.num_rows + 3)      # a header, a rule, the rows, a gap
+        if table.num_rows <= 1 or records <= tables:
+            return vertical_text(table, cols, note, total)
+    out: list[str] = []
+    shown_all: list[list[str]] = [list(r) for r in full]
+    for k, panel in enumerate(panels):
+        if k:
+            out.append("")
+        sub = [names[i] for i in panel]
+        rows_full = [[r[i] for i in panel] for r in full]
+        limits = _limits(sub, rows_full, cols) or [max(MIN_CUT, len(n)) for n in sub]
+        rows = [[_cut(v, n) for v, n in zip(r, limits)] for r in rows_full]
+        for r, shown in zip(rows, shown_all):
+            for i, v in zip(panel, r):
+                shown[i] = v
+        widths = [max([len(n)] + [len(r[j]) for r in rows]) for j, n in enumerate(sub)]
+        sides = [right[i] for i in panel]
+        out += [_line(sub, widths, sides), "-+-".join("-" * w for w in widths)]
+        out += [_line(r, widths, sides) for r in rows]
+    alike = _look_alike(names, full, shown_all)
     if alike:
         out += textwrap.wrap(f"(cut to fit {cols} columns, different values of "
                              f"{', '.join(alike)} look alike; vertical or csv output shows them "
                              "whole)", cols)
     out.append(_footer(table.num_rows if total is None else total, note))
     return "\n".join(out) + "\n"
+
+
+def _line(vals: list[str], widths: list[int], right: list[bool]) -> str:
+    """One line of a table: each value padded to its column, numbers to the right."""
+    return " | ".join(v.rjust(w) if r else v.ljust(w)
+                      for v, w, r in zip(vals, widths, right)).rstrip()
+
+
+def _panels(names: list[str], rows: list[list[str]], cols: int) -> list[list[int]]:
+    """The columns (by index) of each table the result is split into so that each fits ``cols``:
+    one table when all fit side by side (cells cut as `_limits` allows); else the leading
+    narrow columns (at most two, a third of the width) repeated in every table, and the others
+    packed in order, each at most `MIN_CUT` characters wide (or its header's)."""
+    if not names or _limits(names, rows, cols) is not None:
+        return [list(range(len(names)))]
+    width = [min(max([len(n)] + [len(r[i]) for r in rows]), max(MIN_CUT, len(n)))
+             for i, n in enumerate(names)]
+    keys: list[int] = []
+    for i in range(min(2, len(names) - 1)):
+        if sum(width[j] + 3 for j in [*keys, i]) > cols // 3:
+            break
+        keys.append(i)
+    used = sum(width[j] + 3 for j in keys)
+    panels: list[list[int]] = []
+    current: list[int] = []
+    at = used
+    for i in range(len(keys), len(names)):
+        if current and at + width[i] > cols:
+            panels.append(keys + current)
+            current, at = [], used
+        current.append(i)
+        at += width[i] + 3
+    panels.append(keys + current)
+    return panels
 
 
 def vertical_text(table: Any, cols: int | None = None, note: str = "",
@@ -215,7 +299,7 @@ def render(table: Any, fmt: str, note: str = "", total: int | None = None) -> st
         return json_text(table)
     if fmt == "vertical":
         return vertical_text(table, note=note, total=total)
-    return table_text(table, note=note, total=total)
+    return table_text(table, note=note, total=total, layout="table" if fmt == "table" else "auto")
 
 
 def write_file(table: Any, fmt: str, path: str) -> None:

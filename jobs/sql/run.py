@@ -133,7 +133,7 @@ def run_text(con: Any, sql: str, *, fmt: str, max_rows: int, write: Callable[[st
         raise ReplayLakeError(f"--output takes the result of one query; got {len(todo)} "
                               "statements")
     shown = 0
-    terminal = fmt in ("table", "vertical") and output is None
+    terminal = fmt in sql_render.TERMINAL and output is None
     for st, line in zip(todo, start_lines(sql, todo)):
         try:
             got = fetch(con, st.text, max_rows if terminal and max_rows > 0 else None, st.kind)

@@ -14,7 +14,7 @@ from jobs.sql.run import SHOW_ALL_SHELL, run_text
 from pipeline.errors import ReplayLakeError
 
 PROMPT, MORE = "replaylake> ", "       ...> "
-MODES = ("table", "vertical", "csv", "json")
+MODES = ("auto", "table", "vertical", "csv", "json")
 HELP = """\
 Statements end with ';' and may span several lines. Read-only: only SELECT
 (and WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of a query) and SET VARIABLE run.
@@ -22,7 +22,8 @@ Statements end with ';' and may span several lines. Read-only: only SELECT
                     macro: select * from lineage('g1')
   .schema NAME      columns of a table or view, or a named query's signature
   .queries          every named query with its parameters
-  .mode MODE        output layout: table, vertical, csv or json
+  .mode MODE        output layout: auto (a table, or one field per line when
+                    shorter), table, vertical, csv or json
   .maxrows N        rows shown per result (0: all)
   .help             this text
   .quit / .exit     leave (Ctrl-D too)

@@ -230,7 +230,7 @@ def test_the_demo_lake_reports_through_the_installed_command_line(tmp_path: Path
                            str(run / "lake"), "--out", str(tmp_path / "demo.html")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "report:" in proc.stderr                  # the progress bar
+    assert "\r" not in proc.stderr and "report:" not in proc.stderr   # a pipe: no bar frames
     assert "wrote" in proc.stdout and "6 figures" in proc.stdout
     images = _pngs((tmp_path / "demo.html").read_text(encoding="utf-8"))
     assert len(images) == len(FIGURES) and all(i[..., :3].std() > 0.05 for i in images)
@@ -277,3 +277,45 @@ def test_a_lake_without_prompt_ids_says_so_in_its_prompts_section(async_page: st
     for part in ("train", "val"):
         section = async_page.split(f"id='{part}-prompts'")[1].split("<h2>")[0]
         assert "carry no prompt id" in section and "<table>" not in section
+
+
+def test_the_page_fits_a_phone_its_tables_scroll_and_its_labels_read_once(async_page: str) -> None:
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in async_page
+    tables = async_page.count("<table")
+    assert tables and async_page.count("<div class='scroll'><table") == tables
+    assert "((" not in async_page                       # no doubled brackets in the labels
+
+
+def _ticks(axis: object) -> list[float]:
+    lo, hi = sorted(axis.get_view_interval())
+    return [t for t in axis.get_majorticklocs() if lo - 1e-9 <= t <= hi + 1e-9]
+
+
+def test_a_one_step_report_ticks_whole_steps_and_draws_that_step_visibly() -> None:
+    lake = shared_run("async").lake
+    (p,) = gather(lake, steps=(4, 4), partitions=["train"]).partitions
+    for spec in FIGURES:
+        fig = spec.draw(p)
+        fig.canvas.draw()
+        for ax in fig.axes:
+            if "step" not in ax.get_xlabel() or ax.get_label() == "<colorbar>":
+                continue
+            ticks = [t.get_text() for t in ax.get_xticklabels()]     # heatmaps: columns
+            assert ticks and all(t.isdigit() for t in ticks), (spec.key, ticks)
+            if "dispatch" not in ax.get_xlabel():
+                assert ticks == ["4"], (spec.key, ticks)
+            assert ax.lines or ax.patches or ax.collections, spec.key    # not empty axes
+            if spec.key in ("evictions", "filtered", "occupancy"):       # counts come whole
+                assert all(t == round(t) for t in _ticks(ax.yaxis)), spec.key
+                lo, hi = ax.get_xlim()
+                bar = max(b.get_width() for b in ax.patches)
+                assert lo <= 4 - bar / 2 and 4 + bar / 2 <= hi and bar <= (hi - lo) / 2
+
+
+def test_an_out_that_is_a_directory_is_refused_up_front_and_leaves_no_temp_file(
+        tmp_path: Path) -> None:
+    out = tmp_path / "pages"
+    out.mkdir()
+    message = _cli_error(str(shared_run("async").lake), "-o", str(out))
+    assert f"-o {out} is a directory" in message and str(out / "report.html") in message
+    assert list(out.iterdir()) == [] and sorted(tmp_path.iterdir()) == [out]

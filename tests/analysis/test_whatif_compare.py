@@ -205,6 +205,8 @@ def test_the_parquet_table_holds_the_printed_rows(compared: tuple[Path, Path, st
     page = (out / "whatif.html").read_text()
     assert page.count("<img ") == 3        # no dataset figure: the run names no dataset
     assert all(f"</span> {i}: {p}</th>" in page for i, p in enumerate(POLICIES, 1))
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+    assert page.count("<table") == page.count("<div class='scroll'><table")   # scroll sideways
 
 
 def test_a_window_compares_every_policy_over_the_same_first_calls(tmp_path: Path) -> None:

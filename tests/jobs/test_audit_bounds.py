@@ -106,7 +106,8 @@ def test_the_listing_command_under_per_dataset_bounds_runs_as_printed(tmp_path: 
     uids = _select_over_math_bound(lake, 6)
     code, out = _audit(lake)
     assert code == 1, out
-    hint = re.search(r"\(\+1 more: replaylake (sql .*)\) 11 passed", " ".join(out.split()))
+    hint = re.search(r"\(\+1 more; all of them:\) replaylake (sql .*) 11 passed",
+                     " ".join(out.split()))
     assert hint and "('math', 1)" in hint.group(1), out
     listed = CliRunner().invoke(app, [*shlex.split(hint.group(1)), "--format", "json"])
     assert listed.exit_code == 0, listed.output

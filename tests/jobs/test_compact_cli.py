@@ -38,6 +38,18 @@ def test_compact_then_retain_on_a_real_lake(tmp_path):
     assert read_table(lake, "trajectories").num_rows == rows
 
 
+def test_retain_on_a_history_shorter_than_asked_says_so(tmp_path):
+    """--older-than beyond the lake's history: nothing is that old (it printed "horizon step
+    -94: 0 group(s) old enough")."""
+    lake = tmp_path / "lake"
+    simulate_async(lake, steps=6)
+    out = cli("retain", "--lake", str(lake), "--older-than", "100", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())
+    assert "nothing is 100 steps old yet (the newest step is 6): no payload dropped" in said, said
+    assert "horizon step -" not in said
+
+
 def test_a_missing_lake_is_a_clear_error(tmp_path):
     out = cli("compact", "--lake", str(tmp_path / "nope"))
     assert out.returncode == 2 and "no lake at" in out.stderr

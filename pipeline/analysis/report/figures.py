@@ -31,14 +31,19 @@ COHORT_COLORS = {"generated": "#7f7f7f", "trained": "#2ca02c", "evicted": "#d627
 def _profile(p: PartitionData, measure: str, label: str, lines: list[tuple[str, str]]) -> Figure:
     fig, (ax, hm) = plot.figure(2)
     rows = p.tables["staleness_by_step"]
-    for key, name in lines:
+    for i, (key, name) in enumerate(lines):
         x, y = plot.series(rows, key)
-        if len(x):
-            plot.line(ax, x, y, "max" if key.endswith("_max") else "mean", label=name)
-    ax.set_ylabel(label)
-    plot.steps_axis(ax)
-    ax.margins(y=0.08)
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.01), ncol=2, fontsize=8, frameon=False)
+        if len(x):          # each next series a smaller, other marker on top: equal values show
+            plot.line(ax, x, y, "max" if key.endswith("_max") else "mean", label=name,
+                      marker="osD^"[i % 4] if len(x) <= 30 else None,
+                      ms=(3 if len(x) > 5 else 8) - 1.2 * i * (len(x) <= 5))
+    if ax.lines:
+        ax.set_ylabel(label)
+        plot.steps_axis(ax)
+        ax.margins(y=0.08)
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1.01), ncol=2, fontsize=8, frameon=False)
+    else:
+        plot.empty(ax, "no trained trajectory in these steps")
     plot.heatmap(hm, p.tables["trained_distribution"], measure, label)
     hm.set_title(f"distribution of {label} per step", fontsize=10)
     return fig
@@ -63,6 +68,7 @@ def evictions(p: PartitionData) -> Figure:
         return fig
     plot.stacked_bars(ax, rows, "reason", "n_groups", REASON_COLORS)
     ax.set_ylabel("groups evicted")
+    plot.integer_axis(ax.yaxis)
     plot.steps_axis(ax)
     totals = {}
     for r in rows:
@@ -87,6 +93,7 @@ def filtered(p: PartitionData) -> Figure:
     colors = {f"{v:g}": palette[i] for i, v in enumerate(keep)} | {"other": palette[-1]}
     plot.stacked_bars(ax, rows, "value", "n_groups", colors)
     ax.set_ylabel("groups filtered")
+    plot.integer_axis(ax.yaxis)
     plot.steps_axis(ax)
     handles, labels = ax.get_legend_handles_labels()
     count = {lb: sum(r["n_groups"] for r in rows if r["value"] == lb) for lb in labels}
@@ -101,19 +108,24 @@ def occupancy(p: PartitionData) -> Figure:
     if not rows:
         plot.empty(ax, "no decision in these steps")
         return fig
+    if not any(r["n_groups"] for r in rows):
+        plot.empty(ax, "the buffer held no group at the end of these steps")
+        return fig
     steps = sorted({r["step"] for r in rows})
-    col = {s: i for i, s in enumerate(steps)}
-    order = [s for s in STATUS_COLORS if any(r["status"] == s for r in rows)]
-    ys = np.zeros((len(order), len(steps)))
-    for r in rows:
-        ys[order.index(r["status"]), col[r["step"]]] = r["n_groups"]
     w = plot.window(len(steps))
-    if w > 1:
+    if w == 1:              # one bar per step, touching: the state holds from step to step
+        plot.stacked_bars(ax, rows, "status", "n_groups", STATUS_COLORS, width=1.0)
+    else:                   # many steps: the rolling mean of each band
+        col = {s: i for i, s in enumerate(steps)}
+        order = [s for s in STATUS_COLORS if any(r["status"] == s for r in rows)]
+        ys = np.zeros((len(order), len(steps)))
+        for r in rows:
+            ys[order.index(r["status"]), col[r["step"]]] = r["n_groups"]
         ys = np.vstack([plot.rolling(y, w) for y in ys])
-    ax.stackplot(steps, ys, labels=order, colors=[STATUS_COLORS[s] for s in order],
-                 step="mid" if w == 1 else None, linewidth=0)
+        ax.stackplot(steps, ys, labels=order, colors=[STATUS_COLORS[s] for s in order],
+                     linewidth=0)
     ax.set_ylabel("groups in the buffer")
-    ax.set_xlim(steps[0] - 0.5, steps[-1] + 0.5)
+    plot.integer_axis(ax.yaxis)
     plot.steps_axis(ax, "trainer step (state at the end of the step)")
     ax.legend(**OUTSIDE)
     return fig
@@ -161,7 +173,7 @@ class FigureSpec:
 FIGURES = (
     FigureSpec("staleness", "Staleness of trained trajectories",
                "Left: per trainer step, the mean and max staleness of the trajectories trained "
-               "((step − 1) − newest weight version that produced them: 0 is on-policy), and "
+               "(step − 1 − the newest weight version that produced them: 0 is on-policy), and "
                "the mean weighted by response tokens (long answers count more); the exact "
                "per-token mean (each token's own version, so it can exceed the trajectory's) "
                "appears when producers reported version spans. Right: each "

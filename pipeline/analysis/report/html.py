@@ -27,7 +27,7 @@ HEADLINE = (
     ("batches", "batches handed out", ""),
     ("trajectories", "trajectories trained", "non-padding"),
     ("response_tokens", "response tokens trained", ""),
-    ("staleness_mean", "staleness, mean", "(step − 1) − newest version"),
+    ("staleness_mean", "staleness, mean", "step − 1 − newest version"),
     ("staleness_max", "staleness, max", ""),
     ("token_staleness_mean", "staleness, token-weighted mean", "weighted by response tokens"),
     ("span_mean", "span, mean", "versions per trajectory"),
@@ -57,21 +57,41 @@ PROMPT_BOARDS = (
 )
 
 CSS = """
+* { box-sizing: border-box; }
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px auto;
-       max-width: 1240px; color: #222; line-height: 1.45; }
+       padding: 0 16px; max-width: 1240px; color: #222; line-height: 1.45;
+       overflow-wrap: break-word; }
 h1 { font-size: 24px; margin-bottom: 4px; } h2 { font-size: 20px; margin-top: 36px;
   border-bottom: 2px solid #ddd; padding-bottom: 4px; } h3 { font-size: 16px; margin: 22px 0 6px; }
-.meta { color: #555; font-size: 13px; }
+.meta { color: #555; font-size: 13px; } code { overflow-wrap: anywhere; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 8px 0 16px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
+.scroll > table { margin: 0; }
 th, td { border: 1px solid #ddd; padding: 3px 10px; text-align: left; vertical-align: top; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 th { background: #f4f4f4; } .note { color: #666; font-size: 12px; }
-figure { margin: 0 0 8px; } figure img { max-width: 100%; border: 1px solid #eee; }
+figure { margin: 0 0 8px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 13px; color: #444; max-width: 1100px; margin-top: 4px; }
-.columns { display: flex; gap: 40px; flex-wrap: wrap; }
+.columns { display: flex; gap: 0 40px; flex-wrap: wrap; }
+.columns > div { min-width: 0; max-width: 100%; }
 table.config { max-width: 860px; } table.config td { white-space: nowrap; }
-table.config td.meaning { color: #555; white-space: normal; }
+table.config td.meaning { color: #555; white-space: normal; min-width: 16em; }
+@media (max-width: 600px) {
+  body { margin: 12px auto; padding: 0 10px; }
+  th, td { padding: 3px 6px; }
+  table.config td { white-space: normal; }
+}
 """
+
+# the page's opening: phones lay it out at their own width instead of a zoomed-out desktop one
+HEAD = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">')
+
+
+def scroll(table: str) -> str:
+    """A wide table in a box that scrolls sideways on a narrow screen (the page itself does
+    not, and no column is cut off)."""
+    return f"<div class='scroll'>{table}</div>"
 
 
 def _fmt(v: Any) -> str:
@@ -96,8 +116,8 @@ def _config(data: ReportData) -> str:
     more = "" if data.config_versions <= 1 else (
         f"<p class='note'>The lake recorded {data.config_versions} configurations; this is the "
         "newest (an earlier part of the run was decided under another).</p>")
-    return (f"<table class='config'><tr><th>setting</th><th>value</th><th>what it does</th></tr>"
-            f"{rows}</table>{more}")
+    return scroll(f"<table class='config'><tr><th>setting</th><th>value</th><th>what it does</th>"
+                  f"</tr>{rows}</table>") + more
 
 
 def _headline(data: ReportData) -> str:
@@ -109,7 +129,7 @@ def _headline(data: ReportData) -> str:
                         for p in data.partitions)
         hint = f" <span class='note'>({html.escape(note)})</span>" if note else ""
         body.append(f"<tr><th>{html.escape(label)}{hint}</th>{cells}</tr>")
-    return f"<table><tr><th>partition</th>{head}</tr>{''.join(body)}</table>"
+    return scroll(f"<table><tr><th>partition</th>{head}</tr>{''.join(body)}</table>")
 
 
 def _board(rows: list[dict[str, Any]], columns: tuple[tuple[str, str], ...]) -> str:
@@ -118,7 +138,7 @@ def _board(rows: list[dict[str, Any]], columns: tuple[tuple[str, str], ...]) -> 
         f"<tr><td class='num'>{r['rank']}</td><td class='num'>{r['prompt_id']}</td>"
         + "".join(f"<td class='num'>{html.escape(_fmt(r[c]))}</td>" for c, _ in columns)
         + "</tr>" for r in rows)
-    return f"<table><tr><th>rank</th><th>prompt id</th>{head}</tr>{body}</table>"
+    return scroll(f"<table><tr><th>rank</th><th>prompt id</th>{head}</tr>{body}</table>")
 
 
 def _prompts(p: PartitionData) -> str:
@@ -151,7 +171,7 @@ def render(data: ReportData, figures: Callable[[str], list[tuple[str, str, str, 
     window = "every step" if data.steps == (None, None) else \
         f"steps {'first' if lo is None else lo} to {'last' if hi is None else hi}"
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+    parts = [HEAD,
              f"<title>replaylake report: {html.escape(str(data.lake))}</title>",
              f"<style>{CSS}</style></head><body>",
              "<h1>replaylake staleness report</h1>",

@@ -21,6 +21,7 @@ from pipeline.analysis.report.data import HEATMAP_COLUMNS, SMOOTH_FROM, Rows
 
 WIDTH, HEIGHT, DPI = 12.0, 3.8, 100
 MOST_TICKS = 12         # x ticks of a heatmap: every step up to this many, else round steps
+FEW_STEPS = 4           # a step axis spanning fewer steps ticks each one and is at least this wide
 
 
 def figure(ncols: int = 1) -> tuple[Figure, list[Any]]:
@@ -40,10 +41,29 @@ def empty(ax: Any, text: str) -> None:
 
 
 def steps_axis(ax: Any, label: str = "trainer step") -> None:
-    """Label a step axis; steps are integers, so are its ticks."""
+    """Label a step axis and fit it to the steps drawn (half a step beyond each end, so the
+    first and last bars are whole); steps are integers, so are its ticks. A few steps get a
+    tick each and some room around them, so one step shows as a point or a slim bar over its
+    own tick instead of filling the axes."""
     ax.set_xlabel(label)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
+    x0, x1 = ax.dataLim.intervalx
+    if not (np.isfinite(x0) and np.isfinite(x1)):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        return
+    lo, hi = int(np.ceil(x0 - 1e-9)), int(np.floor(x1 + 1e-9))
+    lo, hi = (lo, hi) if lo <= hi else (round(x0), round(x0))
+    pad = max(0.5, (FEW_STEPS - (hi - lo)) / 2)
+    ax.set_xlim(lo - pad, hi + pad)
+    if hi - lo < FEW_STEPS:
+        ax.set_xticks(range(lo, hi + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def integer_axis(axis: Any) -> None:
+    """Ticks at whole numbers only: for counts, tokens, maxima of integers."""
+    axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def series(rows: Rows, key: str, step: str = "step") -> tuple[np.ndarray, np.ndarray]:
@@ -71,9 +91,11 @@ def rolling(y: np.ndarray, w: int, how: str = "mean") -> np.ndarray:
 def line(ax: Any, x: np.ndarray, y: np.ndarray, how: str = "mean", **kw: Any) -> None:
     """Many steps: the raw values faint, their rolling mean (or max) on top; few: the values."""
     w = window(len(x))
-    if w == 1:
-        ax.plot(x, y, lw=1.2, marker="o" if len(x) <= 30 else None, ms=3, **kw)
+    if w == 1:              # few points get markers (``marker``, ``ms`` may set them)
+        ax.plot(x, y, lw=1.2, **{"marker": "o" if len(x) <= 30 else None,
+                                 "ms": 3 if len(x) > 5 else 6, **kw})
         return
+    kw = {k: v for k, v in kw.items() if k not in ("marker", "ms")}
     (raw,) = ax.plot(x, y, lw=0.6, alpha=0.25, color=kw.get("color"))
     ax.plot(x, rolling(y, w, how), lw=1.6, color=raw.get_color(),
             **{k: v for k, v in kw.items() if k != "color"})
@@ -135,16 +157,22 @@ def column_ticks(steps: list[int]) -> list[int]:
     return step_ticks(0, len(steps) - 1)
 
 
-def stacked_bars(ax: Any, rows: Rows, key: str, count: str, colors: dict[str, str]) -> None:
+def stacked_bars(ax: Any, rows: Rows, key: str, count: str, colors: dict[str, str],
+                 width: float | None = None) -> None:
+    """Per step, one bar of the ``count`` of each ``key`` stacked, bottom up in the order of
+    ``colors`` (others after, by name); ``width`` 1.0 makes them touch (a state held from step
+    to step)."""
     steps = sorted({r["step"] for r in rows})
     col = {s: i for i, s in enumerate(steps)}
     bottom = np.zeros(len(steps))
-    for k in sorted({r[key] for r in rows}, key=lambda v: (str(v) not in colors, str(v))):
+    rank = {name: i for i, name in enumerate(colors)}
+    for k in sorted({r[key] for r in rows}, key=lambda v: (rank.get(str(v), len(rank)), str(v))):
         h = np.zeros(len(steps))
         for r in rows:
             if r[key] == k:
                 h[col[r["step"]]] += r[count]
-        ax.bar(steps, h, bottom=bottom, width=1.0 if len(steps) >= SMOOTH_FROM else 0.8,
+        ax.bar(steps, h, bottom=bottom,
+               width=width or (1.0 if len(steps) >= SMOOTH_FROM else 0.8),
                label=str(k), color=colors.get(str(k)), linewidth=0)
         bottom += h
 

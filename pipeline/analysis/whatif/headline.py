@@ -67,8 +67,8 @@ def table(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     lines = [f"{'':28}{'recorded':>12}{'what-if':>12}"]
     lines += [f"{key:28}{cell(before, key):>12}{cell(after, key):>12}" for key in ROWS]
     for reason in sorted(set(before["evicted_by_reason"]) | set(after["evicted_by_reason"])):
-        lines.append(f"{'evicted: ' + reason:28}{before['evicted_by_reason'].get(reason, 0):>12}"
-                     f"{after['evicted_by_reason'].get(reason, 0):>12}")
+        lines.append(f"{'evicted: ' + reason:28}{before['evicted_by_reason'].get(reason, 0):>12,}"
+                     f"{after['evicted_by_reason'].get(reason, 0):>12,}")
     return lines
 
 
@@ -127,4 +127,8 @@ def _undrawn_summary(outcome: Outcome) -> str:
 
 def _fmt(v: object) -> str:
     """A figure: '-' where there is none (a policy that trained nothing has no staleness)."""
-    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)

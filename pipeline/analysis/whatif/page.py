@@ -16,13 +16,17 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from pipeline.analysis.report import plot
-from pipeline.analysis.report.html import CSS
+from pipeline.analysis.report.html import CSS, HEAD, scroll
 from pipeline.analysis.whatif.board import DATASET_COLUMNS, SECTIONS, cell, fmt, reasons
 from pipeline.analysis.whatif.compare import Comparison, Row
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#7f7f7f")
 RECORDED = "#222222"
+# after the recorded run's solid line with dots, each policy's own dashes and marker, so that
+# policies that train alike stay apart where their lines coincide
+DASHES = ("--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))
+MARKERS = ("s", "^", "D", "v", "P", "X", "<", ">")
 
 
 def colors(cmp: Comparison) -> list[str]:
@@ -37,11 +41,21 @@ def widths(cmp: Comparison) -> list[float]:
     return [4.0 - 2.8 * i / max(n - 1, 1) for i in range(n)]
 
 
-def _legend(fig: Figure, cmp: Comparison) -> None:
-    """One legend above the axes, read row by row in the rows' order."""
+def styles(cmp: Comparison) -> list[tuple[object, str]]:
+    """(line style, marker) per row: solid with dots for the recorded run, then per policy."""
+    return [("-", "o")] + [(DASHES[i % len(DASHES)], MARKERS[i % len(MARKERS)])
+                           for i in range(len(cmp.rows) - 1)]
+
+
+def _legend(fig: Figure, cmp: Comparison, lines: bool = False) -> None:
+    """One legend above the axes, read row by row in the rows' order; ``lines``: each policy's
+    line style and marker (figures of lines), else a block of its colour (bars)."""
     ncol = min(len(cmp.rows), 4)
     order = [i for c in range(ncol) for i in range(c, len(cmp.rows), ncol)]  # column-major fill
-    handles = [Line2D([], [], color=colors(cmp)[i], lw=6) for i in order]
+    handles = [Line2D([], [], color=colors(cmp)[i], lw=2.5, ls=styles(cmp)[i][0],
+                      marker=styles(cmp)[i][1], ms=6,
+                      markerfacecolor="none" if i else colors(cmp)[i]) if lines
+               else Line2D([], [], color=colors(cmp)[i], lw=6) for i in order]
     names = [f"{'rec' if i == 0 else i}: {cmp.rows[i].label}" for i in order]
     fig.legend(handles, names, loc="outside upper center", ncol=ncol, fontsize=9, frameon=False)
 
@@ -68,6 +82,8 @@ def overview(cmp: Comparison) -> Figure:
     _bars(axes[0], cmp, [x["trained_trajectories"] for x in f], "trajectories trained")
     _bars(axes[1], cmp, [x["wasted_tokens"] for x in f], "response tokens never trained",
           hatched=[x["saved_tokens"] for x in f])
+    for ax in axes[:2]:
+        plot.integer_axis(ax.yaxis)
     future = [bool(x["future_rows"]) for x in f]
     _bars(axes[2], cmp, [x["staleness_mean_floor" if fut else "staleness_mean"] or 0
                          for x, fut in zip(f, future)], "mean staleness of trained rows",
@@ -85,14 +101,21 @@ def staleness(cmp: Comparison) -> Figure:
     fig, axes = plot.figure(2)
     for ax, key, label in ((axes[0], "staleness_mean", "mean staleness"),
                            (axes[1], "staleness_max", "max staleness")):
-        for r, c, w in zip(cmp.rows, colors(cmp), widths(cmp)):
+        # the recorded run (widest) first, each next policy narrower, dashed and on top
+        for i, (r, c, w, (ls, mk)) in enumerate(zip(cmp.rows, colors(cmp), widths(cmp),
+                                                    styles(cmp))):
             rows = [s for s in r.staleness_by_step if s["partition"] == _train(cmp)]
             x, y = plot.series(rows, key)
             if len(x):
-                ax.plot(x, y, color=c, lw=w, marker="o" if len(x) <= 30 else None, ms=w + 1)
+                ax.plot(x, y, color=c, lw=w, ls=ls, marker=mk if len(x) <= 30 else None,
+                        ms=w + 3, markerfacecolor="none" if i else c, zorder=2 + i)
+        if not ax.lines:
+            plot.empty(ax, "no trained row in any policy")
+            continue
         ax.set_ylabel(f"{label} of trained rows")
         plot.steps_axis(ax)
-    _legend(fig, cmp)
+    plot.integer_axis(axes[1].yaxis)                # the max of integers
+    _legend(fig, cmp, lines=True)
     return fig
 
 
@@ -111,17 +134,20 @@ def distributions(cmp: Comparison) -> Figure:
         gen = [d for d in cmp.rows[0].distributions if d["measure"] == measure]
         ax.step([d["value"] for d in gen], [d["cdf_generated"] for d in gen], where="post",
                 color="#999999", lw=3, ls="--", label="generated (recorded run)")
-        for r, c, w in zip(cmp.rows, colors(cmp), widths(cmp)):
+        for i, (r, c, w, (ls, _)) in enumerate(zip(cmp.rows, colors(cmp), widths(cmp),
+                                                   styles(cmp))):
             rows = [d for d in r.distributions if d["measure"] == measure
                     and d["cdf_trained"] is not None]
             ax.step([d["value"] for d in rows], [d["cdf_trained"] for d in rows], where="post",
-                    color=c, lw=w)
+                    color=c, lw=w, ls=ls, zorder=3 + i)
+        if measure == "response_len":
+            plot.integer_axis(ax.xaxis)             # tokens come whole
         ax.set_xlabel(label)
         ax.set_ylabel("share of trained trajectories <= x")
         ax.set_ylim(0, 1.02)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower right", fontsize=8, frameon=False)
-    _legend(fig, cmp)
+    _legend(fig, cmp, lines=True)
     return fig
 
 
@@ -156,7 +182,7 @@ FIGURES = (
      "reached rollouts from the future); the Kolmogorov-Smirnov statistic between the trained "
      "and the generated response lengths.", overview),
     ("staleness", "Staleness per step",
-     "Mean and max staleness ((step − 1) − newest weight version) of the trained rows at each "
+     "Mean and max staleness (step − 1 − newest weight version) of the trained rows at each "
      "trainer step of the partition that trained most, one line per policy (narrower for each "
      "next one, so policies that train alike show as nested lines). A value below 0 is a row "
      "from the future, which only a replay reaches (see the notes).", staleness),
@@ -203,8 +229,8 @@ def _table(cmp: Comparison, title: str, header: list[str], body: list[list[str]]
         rows.append(f"<tr><th style='white-space:nowrap'><span style='color:"
                     f"{colors(cmp)[i]}'>&#9632;</span> {'rec' if i == 0 else i}: "
                     f"{html.escape(cmp.rows[i].label)}</th>{tds}</tr>")
-    return (f"<h3>{html.escape(title[0].upper() + title[1:])}</h3><div style='overflow-x:auto'>"
-            f"<table><tr><th>policy</th>{head}</tr>{''.join(rows)}</table></div>")
+    return (f"<h3>{html.escape(title[0].upper() + title[1:])}</h3>"
+            + scroll(f"<table><tr><th>policy</th>{head}</tr>{''.join(rows)}</table>"))
 
 
 def _notes(rows: list[Row]) -> str:
@@ -218,7 +244,7 @@ def _notes(rows: list[Row]) -> str:
 
 def render(cmp: Comparison) -> str:
     """The page: the table, the approximations per policy, then the figures."""
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+    parts = [HEAD,
              f"<title>replaylake what-if: {html.escape(str(cmp.lake))}</title>",
              f"<style>{CSS}</style></head><body>",
              "<h1>replaylake what-if: policies compared</h1>",

@@ -43,8 +43,24 @@ def test_none_or_off_turns_a_field_that_may_be_none_off():
 
 
 def test_a_flag_that_is_not_a_number_is_a_config_error_naming_it():
-    with pytest.raises(ConfigError, match=r"threshold='two': give an integer or 'none'"):
+    with pytest.raises(ConfigError, match=r"^--threshold 'two': give an integer or 'none'"):
         flags.config({"threshold": "two"})
+
+
+@pytest.mark.parametrize("flag, value, said", [
+    ("--strategy", "bogus", "--strategy 'bogus': use one of drop, wait, admit, mask"),
+    ("--threshold", "-1", "--threshold -1: "),
+])
+def test_the_buffers_refusal_of_a_flag_names_the_flag(tmp_path, flag, value, said):
+    """The buffer's own checks run before anything is written; their errors name the demo's
+    flag (they said `Invalid max off policy strategy: max_off_policy_strategy='bogus'`)."""
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+    out = CliRunner().invoke(app, ["demo", "--steps", "2", "--no-wandb", "--out",
+                                   str(tmp_path / "run"), flag, value])
+    assert out.exit_code == 2 and said in out.output, out.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_ray_with_resume_is_refused_naming_the_flag_before_anything_starts(tmp_path):

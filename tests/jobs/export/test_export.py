@@ -239,7 +239,7 @@ def test_steps_option_accepts_ranges_single_steps_and_open_ends() -> None:
 
 def test_an_out_directory_of_another_export_is_refused(lake, tmp_path: Path) -> None:
     export(_config(lake[0], tmp_path / "out", rows_per_shard=4))
-    with pytest.raises(ExportError, match="other options \\(rows_per_shard: 4 there, 8 now\\)"):
+    with pytest.raises(ExportError, match="other options \\(--rows-per-shard 4 there, 8 now\\)"):
         export(_config(lake[0], tmp_path / "out", rows_per_shard=8))
 
 

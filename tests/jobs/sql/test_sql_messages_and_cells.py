@@ -47,7 +47,7 @@ def test_a_dot_command_error_is_one_line_and_the_shell_goes_on() -> None:
     lines = res.stdout.splitlines()
     assert "error: no relation or named query 'nosuch'; try .tables" in lines
     assert "error: .schema needs a name: .schema groups (.tables lists them)" in lines
-    assert "error: .mode nosuch: use one of table, vertical, csv, json" in lines
+    assert "error: .mode nosuch: use one of auto, table, vertical, csv, json" in lines
     assert "error: .maxrows -1: give a row count, 0 for all" in lines
     assert "error: no relation or named query 'grups'; did you mean 'groups'? (.tables lists " \
            "them)" in lines
@@ -157,7 +157,7 @@ def test_an_output_file_takes_its_format_from_its_extension_and_csv_keeps_every_
     assert json.loads((tmp_path / "a.json").read_text()) == [{"third": 1 / 3, "s": "x"}]
     assert pq.read_table(tmp_path / "a.parquet").to_pylist() == [{"third": 1 / 3, "s": "x"}]
     assert sql(query, "-o", str(tmp_path / "a.txt")).exit_code == 0      # else: the table
-    assert "0.333333 | x" in (tmp_path / "a.txt").read_text()
+    assert "0.3333 | x" in (tmp_path / "a.txt").read_text()
 
 
 def test_a_missing_table_is_matched_against_the_lakes_relations() -> None:
