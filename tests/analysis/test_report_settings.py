@@ -110,12 +110,39 @@ def test_the_pages_configuration_table_shows_meanings_not_python_names(tmp_path:
 
 
 def test_the_progress_bar_counts_to_one_total_from_the_start(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "report",
-                           str(shared_run("async").lake), "-o", str(tmp_path / "r.html")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    counts = [(int(a), int(b)) for a, b in re.findall(r"\b(\d+)/(\d+) \[", proc.stderr)]
-    assert counts, proc.stderr
+    # the bar is drawn on a terminal only: stderr is a pseudo-terminal here, read as it comes
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    import threading
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))   # 80 columns
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "report",
+                             str(shared_run("async").lake), "-o", str(tmp_path / "r.html")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:                    # the child closed its end
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert proc.wait(timeout=300) == 0
+    reader.join(timeout=30)
+    os.close(master)
+    stderr = b"".join(chunks).decode(errors="replace")
+    counts = [(int(a), int(b)) for a, b in re.findall(r"\b(\d+)/(\d+) \[", stderr)]
+    assert counts, stderr
     totals = {b for _, b in counts}
     assert len(totals) == 1, counts                   # never 0/7 then 7/14
     assert counts[0][0] == 0 and counts[-1][0] == counts[-1][1]

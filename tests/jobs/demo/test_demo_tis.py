@@ -73,7 +73,7 @@ def test_a_cap_that_is_not_a_positive_number_is_refused(cap: float) -> None:
 
 def test_the_flag_takes_a_number_or_none() -> None:
     res = CliRunner().invoke(app, ["demo", "--tis-cap", "zero"])
-    assert res.exit_code != 0 and "tis_cap='zero'" in res.output
+    assert res.exit_code != 0 and "--tis-cap 'zero'" in res.output
 
 
 def test_a_run_with_truncated_weights_trains_and_reports_them(tmp_path) -> None:
