@@ -1,12 +1,13 @@
 """The Batch handed to the trainer: an Arrow table of whole groups with provenance columns.
 
 The provenance columns (span, staleness, ...) are computed by the declared formulas of
-sql/metrics/provenance.sql, compiled for polars; the same frame feeds the off-policy metrics.
+sql/metrics/provenance.sql, compiled for numpy (`pipeline.decide.vectors`: a batch is a few
+hundred rows, where numpy's cost per operation is a small part of polars' fixed cost per
+expression); the same rows feed the off-policy metrics.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -14,64 +15,112 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.decide import compile as declared
+from pipeline.decide import vectors
+from pipeline.decide.vectors import BIGINT, HUGEINT, Col
 from pipeline.ingest import one_array
 from pipeline.state.constants import constant
 from schemas import BATCH_PROVENANCE
 
 PROVENANCE = "provenance"
-_SPAN = pl.col("version_spans")
-_N_TOKENS = pl.element().struct.field("n_tokens")
-_VERSION = pl.element().struct.field("version")
-_META = ["partition", "uid", "seq", "min_global_steps", "max_global_steps", "is_padding",
-         "version_spans"]
-# what the frame carries for its readers beyond what the formulas read (a certificate lists each
+OFF_POLICY = "off_policy"
+_INPUTS = ("min_global_steps", "max_global_steps", "is_padding")
+# what the rows carry for their readers beyond what the formulas read (a certificate lists each
 # row by partition, uid and seq; a batch's own provenance needs none of them)
 CARRIED = ("partition", "uid", "seq")
-_SPAN_COLUMNS = ["span_tokens", "span_version_sum", "span_version_min"]
-# the rows the off-policy metrics keep (that declaration's predicate), computed with the rest
-KEPT = "__off_policy_kept"
+_INT64 = 2 ** 63
+
+
+@dataclass
+class Rows:
+    """A batch's `batch_rows` relation (what provenance.sql reads) with its provenance, as numpy
+    columns (`vectors.Col`); ``carried``: the row identity, as Arrow arrays, when asked for;
+    ``kept``: the rows the off-policy declaration keeps (its predicate, evaluated here)."""
+
+    cols: dict[str, Col]
+    n: int
+    carried: dict[str, Any]
+    kept: np.ndarray
+
+    def numpy(self, name: str) -> np.ndarray:
+        """A column's values (under NULL: 0)."""
+        return self.cols[name].values
+
+    def arrow(self, name: str) -> pa.Array:
+        return self.cols[name].arrow(self.n)
+
+    def frame(self) -> pl.DataFrame:
+        """The rows as a polars frame, columns typed as the lake types them (the 128-bit sums
+        as Int128)."""
+        series = [pl.Series(k, v) for k, v in self.carried.items()]
+        for name, c in self.cols.items():
+            s = pl.Series(name, c.arrow(self.n))
+            series.append(s.cast(pl.Int128) if c.typ == HUGEINT else s)
+        return pl.DataFrame(series)
 
 
 def batch_rows(payload: pa.Table, *, batch_id: int, step: int,
-               group_steps: dict[str, int] | np.ndarray, carry: bool = True) -> pl.DataFrame:
+               group_steps: dict[str, int] | np.ndarray, carry: bool = True) -> Rows:
     """The `batch_rows` relation of a batch (what provenance.sql reads), plus its provenance.
     ``group_steps``: each group's dispatch step by uid, or already each row's (an array);
     ``carry=False`` leaves out the row identity (`CARRIED`), which no formula reads.
 
     Per-trajectory token counts are the stored `n_response_tokens` (or come from the Arrow list
-    offsets); the version-span sums only when some row reported spans. Every input column is
-    assembled in Arrow and crosses into polars at once, and the declared formulas run in one
-    frame evaluation: each eager polars call has a fixed cost whatever its size, and so does
-    every column handed over, which is most of a batch's bookkeeping."""
+    offsets); the version-span sums are taken only when some row reported spans."""
     n = payload.num_rows
-    spans_reported = payload.column("version_spans").null_count != n
-    take = [c for c in _META if (carry or c not in CARRIED)
-            and (spans_reported or c != "version_spans")]
     if isinstance(group_steps, np.ndarray):
         steps = group_steps.astype(np.int64, copy=False)
     else:
         steps = np.fromiter((group_steps[u] for u in payload.column("uid").to_pylist()),
                             dtype=np.int64, count=n)
-    ints = {"step": constant(step, n, pa.int64()),
-            "batch_id": pa.repeat(pa.scalar(batch_id, pa.int64()), n),   # a new one every batch
-            "global_steps": pa.array(steps)}
-    names = [*take, *ints, "n_response_tokens"]
-    arrays: list = [*(payload.column(c) for c in take), *ints.values(), _response_tokens(payload)]
-    if not spans_reported:
-        names += _SPAN_COLUMNS
-        arrays += [constant(None, n, pa.int64())] * len(_SPAN_COLUMNS)
-    # one record batch: polars takes it whole, for about what `from_arrow` of a chunked table
-    # pays for each column it converts
-    frame = pl.DataFrame(pa.RecordBatch.from_arrays([one_array(a) for a in arrays], names=names))
-    if spans_reported:
-        has = _SPAN.is_not_null()
-        frame = frame.with_columns(
-            span_tokens=pl.when(has).then(_SPAN.list.eval(_N_TOKENS.cast(pl.Int64)).list.sum()),
-            span_version_sum=pl.when(has).then(
-                _SPAN.list.eval(_N_TOKENS.cast(pl.Int128) * _VERSION).list.sum()),
-            span_version_min=_SPAN.list.eval(_VERSION.filter(_N_TOKENS > 0)).list.min())
-    return frame.with_columns(*declared.compiled_named(PROVENANCE), _kept_column())
+    cols = {c: vectors.column(payload.column(c)) for c in _INPUTS}
+    cols["step"] = vectors.of(np.full(n, step, dtype=np.int64))
+    cols["batch_id"] = vectors.of(np.full(n, batch_id, dtype=np.int64))
+    cols["global_steps"] = vectors.of(steps)
+    cols["n_response_tokens"] = vectors.column(_response_tokens(payload))
+    cols.update(_span_sums(payload.column("version_spans"), n))
+    carried = {c: one_array(payload.column(c)) for c in CARRIED} if carry else {}
+    vectors.rows(vectors.compiled_items(PROVENANCE), cols)
+    kept = vectors.true(vectors.compiled_predicate(OFF_POLICY).fn(cols))
+    return Rows(cols, n, carried, np.broadcast_to(kept, (n,)))
+
+
+def _span_sums(spans: pa.ChunkedArray, n: int) -> dict[str, Col]:
+    """Each row's version-span sums, as the `batch_rows` view makes them: span_tokens (tokens
+    covered), span_version_sum (sum of n_tokens * version, exact past 64 bits) and
+    span_version_min (oldest version that produced a token); NULL for a row without spans, and
+    the minimum NULL too where no span has a token."""
+    if spans.null_count == n:
+        return {"span_tokens": vectors.nulls(n), "span_version_sum": vectors.nulls(n, HUGEINT),
+                "span_version_min": vectors.nulls(n)}
+    spans = one_array(spans)
+    reported = np.asarray(spans.is_valid())
+    flat = spans.flatten()
+    owner = np.asarray(pc.list_parent_indices(spans), dtype=np.intp)
+    tokens, versions = (vectors.column(flat.field(f)) for f in ("n_tokens", "version"))
+    counted = np.ones(len(owner), bool) if tokens.valid is None else tokens.valid.copy()
+    t = np.where(counted, tokens.values, 0)
+    both = counted if versions.valid is None else counted & versions.valid
+    v = np.where(both, versions.values, 0)
+    span_tokens = np.zeros(n, np.int64)
+    np.add.at(span_tokens, owner, t)
+    per = (np.bincount(owner, minlength=n).max(initial=0) if len(owner) else 0)
+    big = int(np.abs(t).max(initial=0)) * int(np.abs(v).max(initial=0)) * max(int(per), 1)
+    if big < _INT64:
+        version_sum = np.zeros(n, np.int64)
+        np.add.at(version_sum, owner, t * v)
+    else:                                   # past 64 bits: Python integers, exactly
+        version_sum = np.zeros(n, object)
+        for row, x, y in zip(owner.tolist(), t.tolist(), v.tolist()):
+            version_sum[row] += x * y
+    live = both & (t > 0)
+    low = np.full(n, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(low, owner[live], v[live])
+    has_low = np.zeros(n, bool)
+    has_low[owner[live]] = True
+    valid = None if reported.all() else reported
+    return {"span_tokens": Col(np.where(reported, span_tokens, 0), valid, BIGINT),
+            "span_version_sum": Col(np.where(reported, version_sum, 0), valid, HUGEINT),
+            "span_version_min": Col(np.where(has_low, low, 0), has_low & reported, BIGINT)}
 
 
 def _response_tokens(payload: pa.Table) -> pa.ChunkedArray | pa.Array:
@@ -82,13 +131,7 @@ def _response_tokens(payload: pa.Table) -> pa.ChunkedArray | pa.Array:
     return pc.list_value_length(payload.column("response_ids")).cast(pa.int64())
 
 
-@cache
-def _kept_column() -> pl.Expr:
-    """The off-policy declaration's predicate, as the column `KEPT`."""
-    return declared.compiled_predicate("off_policy").alias(KEPT)
-
-
-def with_provenance(payload: pa.Table, rows: pl.DataFrame, status: pa.Array,
+def with_provenance(payload: pa.Table, rows: Rows, status: pa.Array,
                     stale: np.ndarray | None = None) -> pa.Table:
     """Append the BATCH_PROVENANCE columns to the payload (``rows`` from `batch_rows`):
     ``status``, each row's group status; ``stale``, whether each row's group is masked stale
@@ -96,7 +139,7 @@ def with_provenance(payload: pa.Table, rows: pl.DataFrame, status: pa.Array,
     n = payload.num_rows
     made = {"status": status, "times_sampled": constant(1, n, pa.int32()),
             "is_stale": constant(False, n, pa.bool_()) if stale is None else pa.array(stale)}
-    extra = [made[f.name] if f.name in made else _as(rows.get_column(f.name).to_arrow(), f.type)
+    extra = [made[f.name] if f.name in made else _as(rows.arrow(f.name), f.type)
              for f in BATCH_PROVENANCE]
     return pa.Table.from_arrays([*payload.columns, *extra],
                                 schema=pa.schema([*payload.schema, *BATCH_PROVENANCE],

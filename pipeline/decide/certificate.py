@@ -118,7 +118,7 @@ def of_batch(batch: Batch) -> Certificate:
     table = batch.table
     uids = table.column("uid").to_pylist()
     steps = dict(zip(uids, table.column("global_steps").to_pylist()))
-    rows = batch_rows(table, batch_id=batch.batch_id, step=batch.step, group_steps=steps)
+    rows = batch_rows(table, batch_id=batch.batch_id, step=batch.step, group_steps=steps).frame()
     bound = (pl.col("uid").replace_strict(batch.group_bounds, default=batch.bound,
                                           return_dtype=pl.Int64)
              if batch.group_bounds else pl.lit(batch.bound, pl.Int64))

@@ -9,16 +9,13 @@ The step aggregator reads the declarations and never guesses from a key's spelli
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
 from typing import Any
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import PREFIXES
-from pipeline.decide import compile as declared
-from pipeline.decide import rules
+from pipeline.decide import rules, vectors
 from pipeline.errors import UnknownMetricError
 from sql import loader
 from sql.loader import Query, SqlError
@@ -199,19 +196,21 @@ def off_policy_metrics(rows: Any, step: int | None = None, prefix: str = "traini
                        ) -> tuple[dict[str, Any], dict[str, float]]:
     """The off-policy metrics of a batch, and the weights that merge their means.
 
-    ``rows``: the provenance frame of `pipeline.decide.batch.batch_rows`, or a trajectory table (then
-    ``step`` is the training step). No non-padding row: no metrics (never NaN, never a crash)."""
-    if not isinstance(rows, pl.DataFrame):
-        from pipeline.decide.batch import batch_rows
+    ``rows``: the provenance rows of `pipeline.decide.batch.batch_rows`, or a trajectory table
+    (then ``step`` is the training step). No non-padding row: no metrics (never NaN, never a
+    crash). The declared aggregates run over the rows the declaration keeps, compiled for numpy
+    (`pipeline.decide.vectors`) as the provenance formulas are."""
+    from pipeline.decide.batch import Rows, batch_rows
+    if not isinstance(rows, Rows):
         for name, fill in (("partition", ""), ("uid", ""), ("seq", 0)):  # metrics ignore them
             if name not in rows.column_names:
                 rows = rows.append_column(name, pa.array([fill] * rows.num_rows))
         uids = rows.column("uid").to_pylist()
-        rows = batch_rows(rows, batch_id=-1, step=step, group_steps=dict.fromkeys(uids, step))
-    kept = _kept(rows)
-    if kept.height == 0:
+        rows = batch_rows(rows, batch_id=-1, step=step, group_steps=dict.fromkeys(uids, step),
+                          carry=False)
+    if not rows.kept.any():
         return {}, {}
-    row = _aggregated(kept)
+    row = vectors.aggregates(vectors.compiled_items(OFF_POLICY), vectors.where(rows.cols, rows.kept))
     out: dict[str, Any] = {}
     for key, m in OFF_POLICY_KEYS.items():
         v = row[m.column]
@@ -219,65 +218,6 @@ def off_policy_metrics(rows: Any, step: int | None = None, prefix: str = "traini
             out[f"{prefix}/{key}"] = m.type(v)
     weights = {w: float(row[w]) for w in WEIGHTS if row[w]}
     return out, weights
-
-
-def _aggregated(kept: pl.DataFrame) -> dict[str, Any]:
-    """The declared aggregates over the kept rows, ``{name: value}``, in one evaluation.
-
-    An aggregate reads nothing but its input columns and the row count, so one whose every
-    input column is entirely null (the exact per-token ones, in a batch that reported no version
-    spans) has the value it has over any frame of that many null rows of those types: that is
-    evaluated once per row count and types and remembered, and a batch's evaluation holds only
-    the aggregates its values can change (each costs about as much as the rows it reads)."""
-    n = kept.height
-    nulls = frozenset(c for c, k in kept.null_count().row(0, named=True).items() if k == n)
-    live, fixed, reads = _split(nulls)
-    out = kept.select(live).row(0, named=True) if live else {}
-    if fixed:
-        out.update(_over_nulls(fixed, n, tuple((c, kept.schema[c]) for c in reads)))
-    return out
-
-
-@cache
-def _aggregates() -> dict[str, tuple[pl.Expr, frozenset[str]]]:
-    """name -> (the compiled aggregate, the columns it reads)."""
-    return {e.meta.output_name(): (e, frozenset(e.meta.root_names()))
-            for e in declared.compiled_named(OFF_POLICY)}
-
-
-@lru_cache(maxsize=16)
-def _split(nulls: frozenset[str]) -> tuple[tuple[pl.Expr, ...], tuple[str, ...], tuple[str, ...]]:
-    """(the aggregates reading some column not in ``nulls``, the names of those reading only
-    columns in ``nulls``, the columns those read)."""
-    live, fixed, reads = [], [], set()
-    for name, (e, cols) in _aggregates().items():
-        if cols and cols <= nulls:
-            fixed.append(name)
-            reads |= cols
-        else:
-            live.append(e)
-    return tuple(live), tuple(fixed), tuple(sorted(reads))
-
-
-@lru_cache(maxsize=64)
-def _over_nulls(names: tuple[str, ...], n: int, schema: tuple[tuple[str, Any], ...]
-                ) -> dict[str, Any]:
-    """The aggregates ``names`` over ``n`` rows of nulls of the columns ``schema`` names."""
-    frame = pl.DataFrame({c: pl.Series(c, [None] * n, dtype=t) for c, t in schema})
-    return frame.select(_aggregates()[k][0] for k in names).row(0, named=True)
-
-
-def _kept(rows: pl.DataFrame) -> pl.DataFrame:
-    """The rows the declaration keeps. `batch_rows` evaluated its predicate already: when it
-    keeps every row (no padding, the usual batch) no filter runs (a polars filter costs about a
-    whole evaluation, however few rows)."""
-    from pipeline.decide.batch import KEPT
-    if KEPT not in rows.columns:
-        return rows.filter(declared.compiled_predicate(OFF_POLICY))
-    mask = rows.get_column(KEPT)
-    if mask.null_count() == 0 and mask.all():
-        return rows
-    return rows.filter(mask.fill_null(False))
 
 
 class StepAggregator:

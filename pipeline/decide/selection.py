@@ -12,13 +12,12 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 
 from pipeline.config import BufferConfig, metric_prefix
 from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
-from pipeline.decide.batch import Batch, batch_rows, per_row, with_provenance
+from pipeline.decide.batch import Batch, Rows, batch_rows, per_row, with_provenance
 from pipeline.decide.certificate import bound_in_force, group_bounds
 from pipeline.decide.metrics import (
     MASKED_SAMPLES,
@@ -41,27 +40,30 @@ MASK_STRATEGY = "mask"   # the strategy a masking selection records
 FUTURE_VERSIONS = "future_versions"
 
 
-def _warn_future(rows: pl.DataFrame, uids: pa.ChunkedArray, ctx: PollContext,
+def _warn_future(rows: Rows, uids: pa.ChunkedArray, ctx: PollContext,
                  staleness_min: int | None) -> None:
     """Rows whose newest version is not older than the training step are flagged, not changed
     (verl computes its metrics over them as they are); audit `no_future_versions` lists them.
-    ``uids``: each row's group (the payload's column; the provenance frame carries none)."""
+    ``uids``: each row's group (the payload's column; the provenance rows carry none)."""
     # the common case (no such row) is told by the batch's declared minimum staleness over its
     # non-padding rows, already computed with the off-policy metrics (None: no such row)
     if staleness_min is None or staleness_min >= 0:
         return
-    future = rows.with_columns(uid=pl.Series(uids)).filter(
-        ~pl.col("is_padding") & (pl.col("staleness") < 0))
-    if future.height:
+    staleness = rows.cols["staleness"]
+    future = rows.kept & (staleness.values < 0)
+    if staleness.valid is not None:
+        future &= staleness.valid
+    at = np.flatnonzero(future)
+    if at.size:
+        named = list(dict.fromkeys(uids.take(pa.array(at)).to_pylist()))[:5]
         log.warning("sample(step=%d, %s): %d trained row(s) carry a weight version from the "
                     "future (max_global_steps >= step; staleness down to %d), e.g. groups %s: "
                     "check how the rollout side tags versions", ctx.step, ctx.partition,
-                    future.height, future["staleness"].min(),
-                    future["uid"].unique(maintain_order=True).to_list()[:5],
+                    at.size, int(staleness.values[at].min()), named,
                     extra={"replaylake_event": FUTURE_VERSIONS})
 
 
-def _spans(rows: pl.DataFrame, owner: np.ndarray, chosen: list[str], steps: np.ndarray,
+def _spans(rows: Rows, owner: np.ndarray, chosen: list[str], steps: np.ndarray,
            step: int) -> dict[str, int]:
     """The group span of each chosen group: read from the first of its rows' provenance (the
     same declared formula over the same dispatch step), so only groups without any row need an
@@ -73,10 +75,10 @@ def _spans(rows: pl.DataFrame, owner: np.ndarray, chosen: list[str], steps: np.n
     has = first < n
     spans: list = [None] * k
     if has.all():
-        spans = rows.get_column("group_span").to_numpy()[first].tolist()
+        spans = rows.numpy("group_span")[first].tolist()
     elif has.any():
         for g, v in zip(np.flatnonzero(has).tolist(),
-                        rows.get_column("group_span").to_numpy()[first[has]].tolist()):
+                        rows.numpy("group_span")[first[has]].tolist()):
             spans[g] = v
     missing = [g for g, v in enumerate(spans) if v is None]
     if missing:

@@ -1,12 +1,20 @@
 """Metric declarations, merging across polls and calls, and the off-policy batch metrics."""
 from __future__ import annotations
 
+import polars as pl
 import pyarrow as pa
 import pytest
 
 from pipeline import METRICS, StepAggregator
 from pipeline.decide.evaluate import Eviction
-from pipeline.decide.metrics import EvictionMetrics, Metric, declared_weights, off_policy_metrics
+from pipeline.decide.metrics import (
+    OFF_POLICY_KEYS,
+    EvictionMetrics,
+    Metric,
+    declared_weights,
+    off_policy_metrics,
+)
+from sql import loader
 from sql.loader import SqlError, load
 
 P = "training/off_policy"
@@ -122,12 +130,14 @@ _SPANS = [{"version": 2, "n_tokens": 1}, {"version": 4, "n_tokens": 1}]
     [_SPANS, None, None],               # one did: every aggregate is evaluated
     [None, None, _SPANS],               # only the padding row did: null over the kept rows
 ], ids=["none", "one", "padding-only"])
-def test_aggregates_over_null_inputs_equal_a_whole_evaluation(spans):
-    """The aggregates whose inputs are all null are taken from one evaluation over null rows
-    (remembered): the metrics must equal evaluating every declared aggregate over the rows."""
-    from pipeline.decide import compile as declared
+def test_aggregates_over_null_inputs_agree_with_the_lake(spans):
+    """Rows whose version spans are all or partly NULL (none reported, one row, only the padding
+    row): the metrics the buffer computes equal what DuckDB's off_policy.sql gives over the
+    same provenance rows."""
+    import duckdb
+
     from pipeline.decide.batch import batch_rows
-    from pipeline.decide.metrics import _aggregated, _kept
+    from pipeline.decide.metrics import off_policy_metrics
     t = _batch([{"min_global_steps": 3, "max_global_steps": 4, "version_spans": spans[0]},
                 {"min_global_steps": 1, "max_global_steps": 4, "response_ids": [1] * 6,
                  "version_spans": spans[1]},
@@ -135,10 +145,19 @@ def test_aggregates_over_null_inputs_equal_a_whole_evaluation(spans):
                  "version_spans": spans[2]}])
     t = t.append_column("uid", pa.array(["a", "a", "b"])).append_column(
         "partition", pa.array(["p"] * 3)).append_column("seq", pa.array([1, 2, 3]))
-    kept = _kept(batch_rows(t, batch_id=1, step=6, group_steps={"a": 5, "b": 5}))
-    whole = kept.select(declared.compiled_named("off_policy")).row(0, named=True)
-    for _ in range(2):                  # the second time from what was remembered
-        assert _aggregated(kept) == whole
+    rows = batch_rows(t, batch_id=1, step=6, group_steps={"a": 5, "b": 5})
+    live, _ = off_policy_metrics(rows, prefix="training")
+    con = duckdb.connect()
+    con.register("provenance", rows.frame().with_columns(
+        pl.col(pl.Int128).cast(pl.Decimal(38, 0))).to_arrow())
+    (row,) = loader.run(con, "off_policy").to_pylist()
+    for key, m in OFF_POLICY_KEYS.items():
+        want = row[m.column]
+        got = live.get(f"training/{key}")
+        assert (got is None) == (want is None), key
+        if want is not None:
+            assert got == pytest.approx(float(want)), key
+    assert live, "the metrics of two trained rows"
 
 
 # --- each mean's weight is declared beside its metric (off_policy.sql's `weights` header) -------

@@ -162,8 +162,9 @@ def test_provenance_and_off_policy_metrics_agree_between_engines(seed: int) -> N
             [("version", pa.int64()), ("n_tokens", pa.int32())]))),
     })
     groups = {f"u{i}": rng.randint(0, step) for i in range(n // 4)}
-    rows = batch_rows(payload, batch_id=0, step=step, group_steps=groups)
-    live, weights = off_policy_metrics(rows)
+    provenance = batch_rows(payload, batch_id=0, step=step, group_steps=groups)
+    live, weights = off_policy_metrics(provenance)
+    rows = provenance.frame()
     con = duckdb.connect()
     con.register("batch_rows", rows.select(
         "partition", "step", "batch_id", "uid", "seq", "global_steps", "min_global_steps",
@@ -202,7 +203,7 @@ def test_the_certificate_verdict_agrees_between_engines(seed: int) -> None:
         "version_spans": pa.nulls(n, pa.list_(pa.struct([("version", pa.int64()),
                                                           ("n_tokens", pa.int32())]))),
     })
-    rows = batch_rows(payload, batch_id=0, step=step, group_steps=groups)
+    rows = batch_rows(payload, batch_id=0, step=step, group_steps=groups).frame()
     live = rows.with_columns(bound=pl.lit(bound, pl.Int64), strategy=pl.lit("drop")).with_columns(
         *(e.alias(k) for k, e in declared.compiled_items("certificates", "certified").items()))
     con = duckdb.connect()

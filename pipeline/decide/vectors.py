@@ -1,0 +1,552 @@
+"""Declarations compiled for numpy: the engine of a batch's provenance and off-policy metrics.
+
+A batch is a few hundred rows. polars evaluates each expression for a fixed cost of tens of
+microseconds whatever its size, so a batch's provenance formulas and metric aggregates cost most
+of a `sample`, where numpy's cost per operation over a few hundred values is about a microsecond.
+The expressions are the same text as everywhere else (sql/metrics/provenance.sql and
+sql/metrics/off_policy.sql, which DuckDB runs over the lake): DuckDB's own parser
+(`json_serialize_sql`, the dialect of the files) turns each into a tree once per process, and
+the tree becomes nested Python functions over numpy columns.
+
+What this engine takes of SQL: column references; integer, decimal, boolean and NULL literals;
+``+ - * /`` (a division of doubles, as DuckDB's) and unary minus; ``abs``; comparisons; ``not``,
+``and``, ``or``; ``is [not] null``; casts to bigint, hugeint and double; ``nullif``,
+``coalesce``; ``case when ... then ... [else ...] end``; the aggregates ``count(*)``,
+``count``, ``sum``, ``avg``, ``min``, ``max``. Anything else is refused when the declaration is
+compiled (`SqlError`), never evaluated approximately.
+
+Values follow SQL. A column is its values and their validity: NULL goes through arithmetic and
+comparisons, ``and``/``or`` are three-valued, ``case`` takes a branch only where its condition
+is true, aggregates skip NULLs and a sum, mean, minimum or maximum over no value is NULL. ``/``
+is a floating division (IEEE: x / 0 is infinite). bigint arithmetic is 64-bit; where a
+declaration casts to hugeint (to be exact past 64 bits) the arithmetic is exact: done in 64 bits
+when the operands' magnitudes prove it cannot overflow, over Python integers otherwise; a sum
+is exact, a mean is the exact sum divided by the count, and a cast to bigint of a value that
+does not fit in 64 bits is an error.
+"""
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.decide import compile as declared
+from sql import loader
+from sql.loader import SqlError
+
+BIGINT, HUGEINT, DOUBLE, BOOLEAN, NULL = "bigint", "hugeint", "double", "boolean", "null"
+_INT64 = 2 ** 63
+_CASTS = {"bigint": BIGINT, "int8": BIGINT, "long": BIGINT, "hugeint": HUGEINT, "int128": HUGEINT,
+          "double": DOUBLE, "float8": DOUBLE}
+_ARROW = {BIGINT: pa.int64(), DOUBLE: pa.float64(), BOOLEAN: pa.bool_()}
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """A column (or, from an aggregate or a literal, one value: a 0-d array) with its SQL type.
+    ``valid``: where the value is not NULL (None: nowhere NULL). Values under NULL are filled
+    (0 or False), so that arithmetic over them stays in range."""
+
+    values: np.ndarray
+    valid: np.ndarray | None
+    typ: str
+
+    def item(self) -> Any:
+        """The value of a one-value column as Python (None for NULL)."""
+        if self.valid is not None and not bool(self.valid):
+            return None
+        v = self.values.item() if isinstance(self.values, np.ndarray) else self.values
+        return int(v) if self.typ in (BIGINT, HUGEINT) else v
+
+    def arrow(self, n: int | None = None) -> pa.Array:
+        """The column as an Arrow array (a hugeint column that fits in 64 bits as int64, one
+        that does not as a 128-bit decimal)."""
+        values, valid = self.values, self.valid
+        if n is not None and np.ndim(values) == 0:
+            values = np.full(n, values, dtype=values.dtype if values.dtype != object else object)
+            valid = None if valid is None else np.full(n, bool(valid))
+        mask = None if valid is None else ~valid
+        if self.typ == HUGEINT and values.dtype == object:
+            return pa.array(values.tolist(), pa.decimal128(38, 0), mask=mask)
+        return pa.array(values, _ARROW.get(self.typ, pa.int64()), mask=mask)
+
+
+def column(array: pa.Array | pa.ChunkedArray) -> Col:
+    """An Arrow column as a `Col` (integers as bigint, floats as double, booleans)."""
+    typ = array.type
+    if pa.types.is_integer(typ):
+        kind, fill = BIGINT, 0
+    elif pa.types.is_floating(typ):
+        kind, fill = DOUBLE, 0.0
+    elif pa.types.is_boolean(typ):
+        kind, fill = BOOLEAN, False
+    elif pa.types.is_decimal(typ):
+        return Col(np.array([0 if v is None else int(v) for v in array.to_pylist()], dtype=object),
+                   None if array.null_count == 0 else np.asarray(pc.is_valid(array)), HUGEINT)
+    else:
+        raise SqlError(f"a column of Arrow type {typ} has no numpy form here")
+    if array.null_count == 0:
+        values = array.to_numpy() if isinstance(array, pa.ChunkedArray) else \
+            array.to_numpy(zero_copy_only=False)
+        return Col(_widen(values, kind), None, kind)
+    valid = np.asarray(pc.is_valid(array))
+    values = pc.fill_null(array, fill)
+    values = values.to_numpy() if isinstance(values, pa.ChunkedArray) else \
+        values.to_numpy(zero_copy_only=False)
+    return Col(_widen(values, kind), valid, kind)
+
+
+def _widen(values: np.ndarray, kind: str) -> np.ndarray:
+    if kind == BIGINT and values.dtype != np.int64:
+        return values.astype(np.int64)
+    return values
+
+
+def nulls(n: int, typ: str = BIGINT) -> Col:
+    """``n`` NULLs of ``typ``."""
+    return Col(np.zeros(n, dtype=np.int64 if typ in (BIGINT, HUGEINT) else
+                        np.float64 if typ == DOUBLE else bool), np.zeros(n, bool), typ)
+
+
+def of(values: np.ndarray, typ: str = BIGINT) -> Col:
+    """A column of values without NULL."""
+    return Col(values, None, typ)
+
+
+# --- compiling ----------------------------------------------------------------------------------
+Env = Mapping[str, Col]
+RowFn = Callable[[Env], Col]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One expression: ``fn`` evaluates it over a frame (``{name: Col}``); ``aggregate``: it
+    reduces the frame's rows to one value."""
+
+    fn: RowFn
+    aggregate: bool
+
+
+@cache
+def _parser() -> Any:
+    import duckdb
+    return duckdb.connect()
+
+
+def _parse(text: str) -> dict:
+    """DuckDB's tree of one SQL expression (parsed only: nothing is run)."""
+    raw = _parser().execute("select json_serialize_sql($q)", {"q": "select " + text}).fetchall()[0][0]
+    tree = json.loads(raw)
+    if tree.get("error"):
+        raise SqlError(f"cannot parse {text!r}: {tree.get('error_message', tree)}")
+    (item,) = tree["statements"][0]["node"]["select_list"]
+    return item
+
+
+def compile_expr(text: str) -> Compiled:
+    """Compile one SQL expression (no parameters) for numpy."""
+    if loader.PLACEHOLDER.search(text):
+        raise SqlError(f"{text!r}: the numpy engine takes no parameters")
+    try:
+        return _node(_parse(text))
+    except (SqlError, KeyError, ValueError) as exc:
+        raise SqlError(f"{text!r} cannot be compiled for numpy: {exc}") from None
+
+
+@cache
+def compiled_items(name: str, step: str | None = None) -> dict[str, Compiled]:
+    """The select items of the named query (or one of its steps), compiled for numpy (cached per
+    process)."""
+    return {k: compile_expr(v) for k, v in declared.select_items(loader.load(name), step).items()}
+
+
+@cache
+def compiled_predicate(name: str) -> Compiled:
+    """The predicate of the named query (its `where (...)` block), compiled for numpy."""
+    return compile_expr(declared.predicate(loader.load(name)))
+
+
+def rows(items: Mapping[str, Compiled], env: dict[str, Col]) -> dict[str, Col]:
+    """Evaluate row expressions in order; each result joins ``env`` (a later item may read an
+    earlier one, as a column of the frame)."""
+    for name, c in items.items():
+        env[name] = c.fn(env)
+    return env
+
+
+def aggregates(items: Mapping[str, Compiled], env: Env) -> dict[str, Any]:
+    """Evaluate aggregate expressions over the rows of ``env``: ``{name: Python value}``."""
+    return {name: c.fn(env).item() for name, c in items.items()}
+
+
+def true(c: Col) -> np.ndarray:
+    """Where a boolean column is true (NULL is not)."""
+    return c.values if c.valid is None else c.values & c.valid
+
+
+def where(env: Env, mask: np.ndarray) -> dict[str, Col]:
+    """The rows of ``env`` where ``mask`` holds."""
+    if mask.all():
+        return dict(env)
+    return {k: Col(c.values[mask], None if c.valid is None else c.valid[mask], c.typ)
+            for k, c in env.items()}
+
+
+def _node(n: dict) -> Compiled:
+    cls = n["class"]
+    if cls == "COLUMN_REF":
+        name = n["column_names"][-1]
+
+        def ref(env: Env) -> Col:
+            try:
+                return env[name]
+            except KeyError:
+                raise SqlError(f"no column {name!r} (the frame has {sorted(env)})") from None
+        return Compiled(ref, False)
+    if cls == "CONSTANT":
+        value = _literal(n["literal"])
+        return Compiled(lambda env: value, False)
+    if cls == "CAST":
+        typ = _CASTS.get(n["type_expr"]["type_name"].lower())
+        if typ is None:
+            raise SqlError(f"cast to {n['type_expr']['type_name']} is not supported")
+        return _unary(_node(n["child"]), lambda c: _cast(c, typ))
+    if cls == "COMPARISON":
+        op = _COMPARE.get(n["type"])
+        if op is None:
+            raise SqlError(f"comparison {n['type']} is not supported")
+        return _nary([_node(n["left"]), _node(n["right"])], lambda a, b: _compare(op, a, b))
+    if cls == "CONJUNCTION":
+        fn = {"CONJUNCTION_AND": _and, "CONJUNCTION_OR": _or}.get(n["type"])
+        if fn is None:
+            raise SqlError(f"{n['type']} is not supported")
+        return _nary([_node(c) for c in n["children"]], lambda *cs: _fold(fn, cs))
+    if cls == "OPERATOR":
+        return _operator(n)
+    if cls == "CASE":
+        return _case(n)
+    if cls == "FUNCTION":
+        return _function(n)
+    raise SqlError(f"{cls} expressions are not supported")
+
+
+def _literal(lit: dict) -> Col:
+    kind, text = lit["kind"], lit.get("text", "")
+    if kind == "NULL_LITERAL":
+        return Col(np.array(0, dtype=np.int64), np.array(False), NULL)
+    if kind in ("INTEGER", "BIGINT"):
+        return Col(np.array(int(text), dtype=np.int64), None, BIGINT)
+    if kind in ("NUMERIC", "DECIMAL", "DOUBLE", "FLOAT"):
+        return Col(np.array(float(text)), None, DOUBLE)
+    if kind == "BOOLEAN":
+        return Col(np.array(text.lower() == "true"), None, BOOLEAN)
+    raise SqlError(f"a {kind} literal is not supported")
+
+
+def _unary(child: Compiled, fn: Callable[[Col], Col]) -> Compiled:
+    inner = child.fn
+    return Compiled(lambda env: fn(inner(env)), child.aggregate)
+
+
+def _nary(children: list[Compiled], fn: Callable[..., Col]) -> Compiled:
+    fns = [c.fn for c in children]
+    if len(fns) == 2:
+        a, b = fns
+        return Compiled(lambda env: fn(a(env), b(env)), any(c.aggregate for c in children))
+    return Compiled(lambda env: fn(*(f(env) for f in fns)), any(c.aggregate for c in children))
+
+
+def _operator(n: dict) -> Compiled:
+    kids = [_node(c) for c in n["children"]]
+    t = n["type"]
+    if t == "OPERATOR_NOT":
+        return _unary(kids[0], _not)
+    if t == "OPERATOR_IS_NULL":
+        return _unary(kids[0], lambda c: Col(_is_null(c), None, BOOLEAN))
+    if t == "OPERATOR_IS_NOT_NULL":
+        return _unary(kids[0], lambda c: Col(~_is_null(c), None, BOOLEAN))
+    if t == "OPERATOR_COALESCE":
+        return _nary(kids, lambda *cs: _fold(_coalesce, cs))
+    raise SqlError(f"{t} is not supported")
+
+
+def _function(n: dict) -> Compiled:
+    name = n["function_name"].lower()
+    args = [_node(a["expression"]) for a in n["arguments"]]
+    if n.get("distinct") or n.get("filter") or (n.get("order_bys") or {}).get("orders"):
+        raise SqlError(f"{name}(distinct / filter / order by) is not supported")
+    if name in _AGGREGATES:
+        if any(a.aggregate for a in args):
+            raise SqlError(f"an aggregate inside {name}() is not supported")
+        reduce = _AGGREGATES[name]
+        if name == "count_star":
+            return Compiled(lambda env: Col(np.array(_height(env), dtype=np.int64), None, BIGINT),
+                            True)
+        (arg,) = args
+        inner = arg.fn
+        return Compiled(lambda env: reduce(inner(env), _height(env)), True)
+    if name in _ARITH and len(args) == 2:
+        op = _ARITH[name]
+        return _nary(args, lambda a, b: _arith(op, a, b))
+    if name == "/" and len(args) == 2:
+        return _nary(args, _divide)
+    if name == "-" and len(args) == 1:
+        return _unary(args[0], _negate)
+    if name == "abs" and len(args) == 1:
+        return _unary(args[0], lambda c: _arith(lambda x, _: np.abs(x), c, c, bound=_max_abs))
+    if name == "nullif" and len(args) == 2:
+        return _nary(args, _nullif)
+    if name == "coalesce":
+        return _nary(args, lambda *cs: _fold(_coalesce, cs))
+    raise SqlError(f"function {name}() is not supported")
+
+
+def _height(env: Env) -> int:
+    for c in env.values():
+        if np.ndim(c.values):
+            return len(c.values)
+    return 0
+
+
+# --- values -------------------------------------------------------------------------------------
+def _valid(a: Col, b: Col) -> np.ndarray | None:
+    if a.valid is None:
+        return b.valid
+    if b.valid is None:
+        return a.valid
+    return a.valid & b.valid
+
+
+def _num_type(a: Col, b: Col) -> str:
+    types = {a.typ, b.typ} - {NULL}
+    if DOUBLE in types:
+        return DOUBLE
+    if HUGEINT in types:
+        return HUGEINT
+    if types == {BOOLEAN}:
+        return BOOLEAN
+    return BIGINT
+
+
+def _max_abs(values: np.ndarray) -> int:
+    if values.size == 0:
+        return 0
+    if values.dtype == object:
+        return max(abs(int(v)) for v in values.flat)
+    return max(abs(int(values.max())), abs(int(values.min())))
+
+
+def _arith(op: Callable, a: Col, b: Col, bound: Callable | None = None) -> Col:
+    typ = _num_type(a, b)
+    x, y = a.values, b.values
+    if typ == DOUBLE:
+        return Col(op(x.astype(np.float64), y.astype(np.float64)), _valid(a, b), DOUBLE)
+    if typ == HUGEINT and x.dtype != object and y.dtype != object:
+        # exact: 64 bits only when the operands' magnitudes prove the result fits
+        mx, my = _max_abs(x), _max_abs(y)
+        worst = mx * my if op is operator.mul else mx + my if bound is None else mx
+        if worst >= _INT64:
+            x, y = x.astype(object), y.astype(object)
+    elif typ == HUGEINT:
+        x, y = x.astype(object), y.astype(object)
+    return Col(op(x, y), _valid(a, b), typ)
+
+
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def _negate(c: Col) -> Col:
+    return _arith(lambda x, _: -x, c, c, bound=_max_abs)
+
+
+def _divide(a: Col, b: Col) -> Col:
+    """``/`` as DuckDB takes it: both sides as doubles, IEEE division (x / 0 is infinite, 0 / 0
+    not a number), NULL where either side is."""
+    x, y = a.values.astype(np.float64), b.values.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return Col(np.true_divide(x, y), _valid(a, b), DOUBLE)
+
+
+def _compare(op: Callable, a: Col, b: Col) -> Col:
+    return Col(op(a.values, b.values), _valid(a, b), BOOLEAN)
+
+
+_COMPARE = {"COMPARE_EQUAL": operator.eq, "COMPARE_NOTEQUAL": operator.ne,
+            "COMPARE_LESSTHAN": operator.lt, "COMPARE_GREATERTHAN": operator.gt,
+            "COMPARE_LESSTHANOREQUALTO": operator.le,
+            "COMPARE_GREATERTHANOREQUALTO": operator.ge}
+
+
+def _truth(c: Col) -> tuple[np.ndarray, np.ndarray]:
+    """(true here, known here) of a boolean column."""
+    v = c.values.astype(bool, copy=False)
+    if c.valid is None:
+        return v, np.ones_like(v, dtype=bool)
+    return v & c.valid, c.valid
+
+
+def _not(c: Col) -> Col:
+    return Col(~c.values.astype(bool, copy=False), c.valid, BOOLEAN)
+
+
+def _and(a: Col, b: Col) -> Col:
+    if a.valid is None and b.valid is None:
+        return Col(a.values & b.values, None, BOOLEAN)
+    ta, ka = _truth(a)
+    tb, kb = _truth(b)
+    false = (ka & ~ta) | (kb & ~tb)
+    return Col(ta & tb, false | (ka & kb), BOOLEAN)
+
+
+def _or(a: Col, b: Col) -> Col:
+    if a.valid is None and b.valid is None:
+        return Col(a.values | b.values, None, BOOLEAN)
+    ta, ka = _truth(a)
+    tb, kb = _truth(b)
+    return Col(ta | tb, ta | tb | (ka & kb), BOOLEAN)
+
+
+def _fold(fn: Callable[[Col, Col], Col], cols: tuple[Col, ...]) -> Col:
+    out = cols[0]
+    for c in cols[1:]:
+        out = fn(out, c)
+    return out
+
+
+def _is_null(c: Col) -> np.ndarray:
+    if c.valid is None:
+        return np.zeros(np.shape(c.values), bool)
+    return ~c.valid
+
+
+def _like(values: np.ndarray, typ: str, other: np.ndarray) -> np.ndarray:
+    if typ == DOUBLE:
+        return values.astype(np.float64)
+    if typ == HUGEINT and (values.dtype == object or other.dtype == object):
+        return values.astype(object)
+    return values
+
+
+def _pick(cond: np.ndarray, a: Col, b: Col) -> Col:
+    """Where ``cond``: ``a``, else ``b`` (values and validity)."""
+    typ = _num_type(a, b) if NULL not in (a.typ, b.typ) else (a.typ if b.typ == NULL else b.typ)
+    x, y = _like(a.values, typ, b.values), _like(b.values, typ, a.values)
+    va = np.ones(np.shape(a.values), bool) if a.valid is None else a.valid
+    vb = np.ones(np.shape(b.values), bool) if b.valid is None else b.valid
+    valid = np.where(cond, va, vb)
+    return Col(np.where(cond, x, y), valid, typ)
+
+
+def _coalesce(a: Col, b: Col) -> Col:
+    if a.valid is None:
+        return a
+    return _pick(a.valid, a, b)
+
+
+def _nullif(a: Col, b: Col) -> Col:
+    same, known = _truth(_compare(operator.eq, a, b))
+    if not np.any(same):
+        return a
+    valid = ~same if a.valid is None else a.valid & ~same
+    return Col(np.where(same, np.zeros_like(a.values), a.values), valid, a.typ)
+
+
+def _case(n: dict) -> Compiled:
+    checks = [(_node(c["when_expr"]), _node(c["then_expr"])) for c in n["case_checks"]]
+    other = _node(n["else_expr"]) if n.get("else_expr") else None
+    parts = [c for pair in checks for c in pair] + ([other] if other else [])
+    null = Col(np.array(0, dtype=np.int64), np.array(False), NULL)
+
+    def case(env: Env) -> Col:
+        out = other.fn(env) if other is not None else null
+        for when, then in reversed(checks):      # the first true condition wins
+            take, _ = _truth(when.fn(env))
+            out = _pick(take, then.fn(env), out)
+        return out
+    return Compiled(case, any(p.aggregate for p in parts))
+
+
+def _cast(c: Col, typ: str) -> Col:
+    if typ == c.typ or c.typ == NULL:
+        return Col(c.values, c.valid, typ)
+    if typ == DOUBLE:
+        return Col(c.values.astype(np.float64), c.valid, DOUBLE)
+    if typ == HUGEINT:
+        if c.typ not in (BIGINT, BOOLEAN):
+            raise SqlError(f"cast of {c.typ} to hugeint is not supported")
+        return Col(c.values.astype(np.int64), c.valid, HUGEINT)
+    # to bigint
+    if c.typ == DOUBLE:
+        raise SqlError("cast of double to bigint is not supported")
+    values = c.values
+    if values.dtype == object:
+        ints = [int(v) for v in values.flat]
+        if any(not -_INT64 <= v < _INT64 for v in ints):
+            raise SqlError("a value does not fit in bigint (64 bits)")
+        values = np.array(ints, dtype=np.int64).reshape(np.shape(values))
+    return Col(values.astype(np.int64, copy=False), c.valid, BIGINT)
+
+
+# --- aggregates ---------------------------------------------------------------------------------
+def _live(c: Col, n: int) -> np.ndarray:
+    values = c.values if np.ndim(c.values) else np.full(n, c.values)
+    if c.valid is None:
+        return values
+    valid = c.valid if np.ndim(c.valid) else np.full(n, bool(c.valid))
+    return values[valid]
+
+
+def _one(value: Any, typ: str) -> Col:
+    if value is None:
+        return Col(np.array(0, dtype=np.int64), np.array(False), typ)
+    return Col(np.array(value, dtype=object if isinstance(value, int) and typ == HUGEINT
+                        else None), None, typ)
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    if values.dtype != object and _max_abs(values) * len(values) < _INT64:
+        return int(values.sum())
+    return sum(int(v) for v in values.flat)
+
+
+def _sum(c: Col, n: int) -> Col:
+    live = _live(c, n)
+    if live.size == 0:
+        return _one(None, c.typ)
+    if c.typ == DOUBLE:
+        return _one(float(live.sum()), DOUBLE)
+    return _one(_exact_sum(live), HUGEINT)      # the sum of integers is a 128-bit integer
+
+
+def _avg(c: Col, n: int) -> Col:
+    live = _live(c, n)
+    if live.size == 0:
+        return _one(None, DOUBLE)
+    if c.typ == DOUBLE:
+        return _one(float(live.sum()) / live.size, DOUBLE)
+    return _one(_exact_sum(live) / live.size, DOUBLE)
+
+
+def _extreme(pick: Callable) -> Callable[[Col, int], Col]:
+    def reduce(c: Col, n: int) -> Col:
+        live = _live(c, n)
+        if live.size == 0:
+            return _one(None, c.typ)
+        v = pick(live)
+        return _one(float(v) if c.typ == DOUBLE else bool(v) if c.typ == BOOLEAN else int(v), c.typ)
+    return reduce
+
+
+def _count(c: Col, n: int) -> Col:
+    return Col(np.array(_live(c, n).size, dtype=np.int64), None, BIGINT)
+
+
+_AGGREGATES = {"sum": _sum, "avg": _avg, "mean": _avg, "min": _extreme(np.min),
+               "max": _extreme(np.max), "count": _count, "count_star": None}

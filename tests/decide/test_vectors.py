@@ -1,0 +1,176 @@
+"""The numpy engine of the declarations (`pipeline.decide.vectors`) against DuckDB, which runs
+the same SQL over the lake: row expressions and aggregates over frames with NULLs, values past 64
+bits, and the constructs it refuses."""
+from __future__ import annotations
+
+import random
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.decide import vectors
+from sql.loader import SqlError
+
+ROW_EXPRESSIONS = [
+    "a + b", "a - b * 2", "-a", "abs(a - 5)", "a / b", "a::hugeint * b - c",
+    "a > b", "a >= 3", "a = b", "a <> b", "a < b and p", "a < b or p", "not p", "p and q",
+    "p or q", "a is null", "b is not null", "nullif(a, 0)", "coalesce(a, b, 7)",
+    "case when a > 2 then b end", "case when p then a when q then b else c end",
+    "case when a > 0 then 1.5 else b end", "(c - 1) - a", "c::double / 4",
+]
+AGGREGATES = [
+    "count(*)", "count(a)", "sum(a)", "avg(a)", "min(a)", "max(b)", "avg(c)",
+    "sum(a::hugeint * b) / nullif(sum(b), 0)", "max(case when b > 0 then a end)",
+    "cast(sum(b) as bigint)", "sum(c) / nullif(count(a), 0)", "min(p)", "max(a - b)",
+]
+SEEDS = range(12)
+
+
+def _frame(seed: int, n: int) -> pa.Table:
+    rng = random.Random(seed)
+
+    def ints(null_share: float, low: int, high: int) -> list:
+        return [None if rng.random() < null_share else rng.randint(low, high) for _ in range(n)]
+
+    def bools() -> list:
+        return [None if rng.random() < 0.2 else rng.random() < 0.5 for _ in range(n)]
+    share = rng.choice([0.0, 0.3, 1.0])
+    return pa.table({"a": pa.array(ints(share, -6, 6), pa.int64()),
+                     "b": pa.array(ints(0.2, 0, 4), pa.int64()),
+                     "c": pa.array(ints(0.0, -9, 9), pa.int64()),
+                     "p": pa.array(bools(), pa.bool_()), "q": pa.array(bools(), pa.bool_())})
+
+
+def _env(t: pa.Table) -> dict[str, vectors.Col]:
+    return {c: vectors.column(t.column(c)) for c in t.column_names}
+
+
+def _close(ours, theirs) -> bool:
+    if ours is None or theirs is None:
+        return ours is None and theirs is None
+    if isinstance(theirs, float) or isinstance(ours, float):
+        return ours == pytest.approx(float(theirs), rel=1e-12, abs=1e-12, nan_ok=True)
+    return ours == theirs
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_row_expressions_agree_with_duckdb(seed: int) -> None:
+    t = _frame(seed, 40)
+    con = duckdb.connect()
+    con.register("t", t)
+    for text in ROW_EXPRESSIONS:
+        theirs = [r[0] for r in con.execute(f"select {text} from t").fetchall()]
+        col = vectors.compile_expr(text).fn(_env(t))
+        ours = col.arrow(t.num_rows).to_pylist()
+        bad = [(i, o, x) for i, (o, x) in enumerate(zip(ours, theirs)) if not _close(o, x)]
+        assert not bad, f"{text}: (row, ours, DuckDB) {bad[:3]}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_aggregates_agree_with_duckdb(seed: int) -> None:
+    t = _frame(seed, random.Random(seed).choice([0, 1, 7, 40]))
+    con = duckdb.connect()
+    con.register("t", t)
+    for text in AGGREGATES:
+        (theirs,) = con.execute(f"select {text} from t").fetchall()[0]
+        c = vectors.compile_expr(text)
+        assert c.aggregate
+        ours = c.fn(_env(t)).item()
+        assert _close(ours, theirs), f"{text}: ours {ours!r}, DuckDB {theirs!r}"
+
+
+def test_hugeint_arithmetic_is_exact_past_64_bits() -> None:
+    """A product or sum a declaration widens to hugeint is exact where int64 would wrap; a
+    cast back to bigint of a value that does not fit is an error, never a wrapped number."""
+    big = 2 ** 61
+    t = pa.table({"a": pa.array([big, big - 1, 3], pa.int64()),
+                  "b": pa.array([7, 9, 2], pa.int64())})
+    con = duckdb.connect()
+    con.register("t", t)
+    for text in ("sum(a::hugeint * b)", "sum(a::hugeint * b) / nullif(sum(b), 0)",
+                 "max(a::hugeint * b)", "sum(a)"):
+        (theirs,) = con.execute(f"select {text} from t").fetchall()[0]
+        ours = vectors.compile_expr(text).fn(_env(t)).item()
+        assert ours == theirs, text
+    assert vectors.compile_expr("sum(a::hugeint * b)").fn(_env(t)).item() == \
+        big * 7 + (big - 1) * 9 + 6 > 2 ** 63
+    with pytest.raises(SqlError, match="does not fit in bigint"):
+        vectors.compile_expr("cast(a::hugeint * b as bigint)").fn(_env(t))
+
+
+def test_nothing_to_aggregate_is_null_and_count_is_zero() -> None:
+    t = pa.table({"a": pa.array([None, None], pa.int64())})
+    env = _env(t)
+    for text in ("sum(a)", "avg(a)", "min(a)", "max(a)"):
+        assert vectors.compile_expr(text).fn(env).item() is None, text
+    assert vectors.compile_expr("count(a)").fn(env).item() == 0
+    assert vectors.compile_expr("count(*)").fn(env).item() == 2
+    empty = vectors.where(env, np.zeros(2, bool))
+    assert vectors.compile_expr("count(*)").fn(empty).item() == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a like 'x%'", "not supported"),
+    ("sum(distinct a)", "distinct"),
+    ("a + $step", "no parameters"),
+    ("list_sum(a)", "list_sum"),
+    ("a::varchar", "(?i)varchar"),
+    ("sum(sum(a))", "aggregate inside"),
+])
+def test_what_it_cannot_compile_is_refused_when_compiled(text: str, message: str) -> None:
+    with pytest.raises(SqlError, match=message):
+        vectors.compile_expr(text)
+
+
+def test_the_declarations_it_serves_compile() -> None:
+    """Every formula of the provenance and every off-policy aggregate compiles, the latter as
+    aggregates, the former as row expressions."""
+    prov = vectors.compiled_items("provenance")
+    assert prov and not any(c.aggregate for c in prov.values())
+    agg = vectors.compiled_items("off_policy")
+    assert agg and all(c.aggregate for c in agg.values())
+    assert not vectors.compiled_predicate("off_policy").aggregate
+
+
+def test_a_batch_with_versions_near_the_step_limit_matches_the_lake() -> None:
+    """Version spans whose token-weighted sums leave 64 bits (versions near the ingest limit of
+    2**62): the buffer's span sums, provenance and exact per-token staleness equal DuckDB's run
+    of provenance.sql and off_policy.sql over the same rows."""
+    import polars as pl
+
+    from pipeline.decide.batch import batch_rows
+    from pipeline.decide.metrics import off_policy_metrics
+    from sql import loader
+    v = 2 ** 61
+    spans = [[{"version": v, "n_tokens": 3000}, {"version": v + 5, "n_tokens": 2000}],
+             None, [{"version": v + 1, "n_tokens": 0}], []]
+    n = len(spans)
+    payload = pa.table({
+        "partition": ["train"] * n, "uid": ["a", "a", "b", "b"], "seq": range(n),
+        "min_global_steps": [v] * n, "max_global_steps": [v + 5] * n,
+        "is_padding": [False] * n,
+        "response_ids": pa.array([[1] * 5000, [1, 2], [], []], pa.list_(pa.int32())),
+        "version_spans": pa.array(spans, pa.list_(pa.struct(
+            [("version", pa.int64()), ("n_tokens", pa.int32())]))),
+    })
+    step = v + 9
+    rows = batch_rows(payload, batch_id=0, step=step, group_steps={"a": v + 2, "b": v + 3})
+    assert rows.cols["span_version_sum"].arrow(n).to_pylist() == \
+        [v * 3000 + (v + 5) * 2000, None, 0, 0]
+    assert rows.cols["span_version_min"].arrow(n).to_pylist() == [v, None, None, None]
+    assert rows.cols["span_tokens"].arrow(n).to_pylist() == [5000, None, 0, 0]
+    frame = rows.frame()
+    con = duckdb.connect()
+    con.register("batch_rows", frame.with_columns(
+        pl.col(pl.Int128).cast(pl.Decimal(38, 0))).to_arrow())
+    prov = loader.run(con, "provenance")
+    for col in ("staleness", "group_span", "token_staleness_sum", "token_staleness_max"):
+        assert prov.column(col).to_pylist() == frame[col].to_list(), col
+    con.register("provenance", prov)
+    (lake,) = loader.run(con, "off_policy").to_pylist()
+    live, _ = off_policy_metrics(rows)
+    assert live["training/off_policy/token_staleness_exact/mean"] == \
+        pytest.approx(float(lake["token_staleness_exact_mean"]))
+    assert live["training/off_policy/token_staleness_exact/max"] == lake["token_staleness_exact_max"]
