@@ -6,8 +6,9 @@ aggregates left out), and a group's status is the `effective_status` of the `gro
 finished group without trajectories counts as a failure), both compiled from those files.
 
 The first poll after groups turned terminal runs the declared aggregates once over the
-per-trajectory inputs (schemas.GROUP_TRAJECTORIES) of all of them: one query per poll, and one for
-everything a restore brought back, never per group and never over the token payload. Those inputs
+per-trajectory inputs (schemas.GROUP_TRAJECTORIES) of all of them: one evaluation per poll, and one
+for everything a restore brought back, never per group and never over the token payload. The
+aggregates are compiled for numpy (`pipeline.decide.vectors`), as a batch's metrics are. Those inputs
 are gathered then, from the stored chunks' small columns, rather than built at every `put`: a
 put then only stores a reference, and nothing beside the payload is kept in memory.
 """
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.decide import compile as declared
+from pipeline.decide import vectors
 from pipeline.ingest import metric_values, one_array
 from pipeline.state import candidates
 from sql.loader import SqlError
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
     from pipeline.state import PartitionState
 
 QUERY = "group_aggregates"
-GROUP = "__group"   # the group's position in the `uids` handed to `meta_frame`
 # where the effective status is declared (a step of the groups view) and what it may read
 STATUS = ("groups", "status_words", "effective_status")
 _STATUS_INPUTS = {"last_event": pl.String, "n_traj": pl.Int64}
@@ -92,11 +93,12 @@ def _metric(chunk: pa.Table, local: np.ndarray, metric: str) -> pa.Array:
     return metric_values(picked, metric).cast(pa.float64())
 
 
-def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
+def meta_columns(part: PartitionState, uids: list[str]
+                 ) -> tuple[dict[str, vectors.Col], np.ndarray] | None:
     """The columns of GROUP_TRAJECTORIES the aggregates read, for the stored trajectories of
-    ``uids`` (None when none), each row with its group's position in ``uids`` (`GROUP`): the
-    aggregation groups by that one integer, as (partition, uid) would within one partition, and
-    needs neither the partition nor the uid of every row."""
+    ``uids`` (None when none), and each row's group: its position in ``uids``. The aggregation
+    groups by that one integer, as (partition, uid) would within one partition, and needs
+    neither the partition nor the uid of every row."""
     ids: list[int] = []
     owners: list[int] = []
     for k, u in enumerate(uids):
@@ -116,48 +118,51 @@ def meta_frame(part: PartitionState, uids: list[str]) -> pl.DataFrame | None:
         lo.append(_values(chunk, "min_global_steps", local))
         hi.append(_values(chunk, "max_global_steps", local))
     n = len(owner)
-    # every column assembled in Arrow and handed to polars as one record batch (about the cost
-    # of one polars series built from Python, paid once)
-    names = ["metric", "n_response_tokens", "min_global_steps", "max_global_steps", GROUP]
-    arrays = [pa.concat_arrays(metric) if metric else pa.nulls(n, pa.float64()),
-              pa.array(np.concatenate(tokens), pa.int64()), pa.array(np.concatenate(lo), pa.int64()),
-              pa.array(np.concatenate(hi), pa.int64()), pa.array(owner, pa.int64())]
-    return pl.DataFrame(pa.RecordBatch.from_arrays(arrays, names=names))
+    cols = {"metric": vectors.column(pa.concat_arrays(metric)) if metric else
+            vectors.nulls(n, vectors.DOUBLE),
+            "n_response_tokens": vectors.of(np.concatenate(tokens).astype(np.int64, copy=False)),
+            "min_global_steps": vectors.of(np.concatenate(lo).astype(np.int64, copy=False)),
+            "max_global_steps": vectors.of(np.concatenate(hi).astype(np.int64, copy=False))}
+    return cols, owner
 
 
 @cache
 def _reads_checked() -> None:
-    """The aggregates read only what `meta_frame` hands them (checked once per process)."""
+    """The aggregates read only what `meta_columns` hands them (checked once per process)."""
     reads = {n for e in declared.compiled_items(QUERY).values() for n in e.meta.root_names()}
     extra = reads - {"metric", "n_response_tokens", "min_global_steps", "max_global_steps"}
     if extra:
         raise SqlError(f"{QUERY}: the live aggregates read {', '.join(sorted(extra))}, which "
-                       "pipeline.decide.aggregates.meta_frame does not gather; add them there")
+                       "pipeline.decide.aggregates.meta_columns does not gather; add them there")
 
 
 def complete(part: PartitionState) -> None:
-    """Compute the candidate rows of every group awaiting them, in one query."""
+    """Compute the candidate rows of every group awaiting them, in one evaluation (the declared
+    aggregates compiled for numpy: a poll's few dozen groups cost polars' fixed cost per
+    expression several times over)."""
     unaggregated = part.candidates.unaggregated
     if not unaggregated:
         return
     _reads_checked()
-    meta = meta_frame(part, list(unaggregated))
-    items = declared.compiled_items(QUERY)
+    uids = list(unaggregated)
+    meta = meta_columns(part, uids)
+    names = list(vectors.compiled_items(QUERY))
     agg: dict[str, tuple] = {}
-    names = list(items)
     order = part.candidates.order
-    # a declared order whose key reads only aggregates is keyed in the same evaluation (where
-    # the aggregates come out in the candidate columns' types, as the index would key them)
+    # a declared order whose key reads only aggregates is keyed from them (in the candidate
+    # columns' types, as the index would key them)
     keyed = order is not None and set(order.reads) <= set(names)
     if meta is not None:
-        uids = list(unaggregated)
-        # maintain_order: the single-threaded grouping (for a poll's few groups the parallel hash
-        # grouping costs more in its threads than it saves); the order itself is not used
-        out = meta.group_by(GROUP, maintain_order=True).agg(declared.compiled_named(QUERY))
-        keyed = keyed and all(out.schema[c] == candidates.POLARS_SCHEMA[c] for c in order.reads)
+        cols, owner = meta
+        present = np.unique(owner)          # the groups with trajectories, in `uids` order
+        dense = np.searchsorted(present, owner)
+        out = vectors.grouped(vectors.compiled_items(QUERY), cols, dense, len(present))
+        values = [out[n].tolist() for n in names]
         if keyed:
-            out = out.with_columns(order.key.alias(_KEY))
-        agg = {uids[r[0]]: r[1:] for r in out.rows()}
+            frame = pl.DataFrame(dict(zip(names, values)),
+                                 schema={n: candidates.POLARS_SCHEMA[n] for n in names})
+            values.append(frame.select(order.key).to_series().to_list())
+        agg = dict(zip((uids[g] for g in present.tolist()), zip(*values)))
     empty = empty_aggregates()
     if keyed:
         empty = (*empty, _empty_key(order))

@@ -1,4 +1,4 @@
-"""One poll: which groups the configured rules evict, evaluated by the polars engine.
+"""One poll: which groups the configured rules evict, evaluated by the numpy engine.
 
 The buffer calls this under its lock, so the index cannot change during a poll; evicted groups are
 removed before selection looks. The rules are the declarations of sql/rules/, compiled once; the
@@ -8,11 +8,11 @@ rule's horizon), so a poll's cost follows what changed, not the buffer's size.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 
-import polars as pl
+import numpy as np
 
-from pipeline.decide import aggregates, rules
+from pipeline.decide import aggregates, rules, vectors
 from pipeline.decide import compile as declared
 from pipeline.decide.rules import RuleUse
 from pipeline.errors import MissingMetricError
@@ -124,53 +124,72 @@ def evaluate(part: PartitionState, uses: tuple[RuleUse, ...], step: int,
 _ORDER_UID = candidates.ORDER.index("uid")
 
 
+def rule_frame(rows: list[tuple], uses: tuple[RuleUse, ...], params: dict,
+               columns: tuple[str, ...] | None = None) -> dict[str, vectors.Col]:
+    """Candidate rows as the frame compiled rules read: the candidate columns (``columns`` of
+    them, or all), one column per parameter (``params``: the rules' bound values, the step
+    included) and the columns each rule's lookup joins."""
+    frame = candidates.columns(rows, columns)
+    for k, v in params.items():
+        frame[declared.param_column(k)] = vectors.scalar(v)
+    rules.add_lookups(frame, uses, len(rows))
+    return frame
+
+
+def fired(rule: rules.Rule, frame: dict[str, vectors.Col], n: int) -> list[bool]:
+    """Where the rule's predicate is true over a frame of ``n`` rows (NULL is not)."""
+    return np.broadcast_to(vectors.true(rule.expr.fn(frame)), (n,)).tolist()
+
+
 def _examine(rows: list[tuple], uses: tuple[RuleUse, ...], step: int, filter_metric: str | None,
              seen: dict[str, tuple]) -> None:
-    """Evaluate every rule over ``rows`` (candidate rows) in one polars evaluation and remember
-    each group's outcome in ``seen``."""
-    exprs, columns = _plan(uses, filter_metric is not None)
-    # the candidate columns the expressions read, the parameters and the step, as one frame
-    literals = {declared.param_column(k): v for k, v in _params(uses, step).items()}
-    literals["step"] = step
-    frame = rules.with_lookups(candidates.frame(rows, columns, literals), uses)
-    # one evaluation for every rule; which fired is read in Python (each further polars call
-    # has a fixed cost larger than the work on the rows themselves; an eager select does not
-    # share subexpressions, so a polars `any_horizontal` would evaluate each rule again)
-    values = [u.rule.value for u in uses]
-    out = frame.select(exprs)
-    check = rules.get("missing_metric")
-    col = {c: out.get_column(c).to_list() for c in out.columns}
-    spans = col[_GROUP_SPAN]
-    fired = list(zip(*(col[u.name] for u in uses)))
-    got = list(zip(*(col[v] if v else [None] * len(rows) for v in values)))
-    missing = col[check.name] if filter_metric is not None else [False] * len(rows)
+    """Evaluate every rule over ``rows`` (candidate rows) and remember each group's outcome in
+    ``seen``. The rules are compiled for numpy (`pipeline.decide.vectors`): a poll examines a
+    few dozen groups, where polars' fixed cost per expression would be most of the work."""
+    columns, values = _plan(uses, filter_metric is not None)
+    params = _params(uses, step)
+    frame = rule_frame(rows, uses, {**params, "step": step}, columns)
+    frame["step"] = vectors.scalar(step)
+    n = len(rows)
+    spans = np.broadcast_to(_group_span().fn(frame).values, (n,)).tolist()
+    hits = list(zip(*(fired(u.rule, frame, n) for u in uses)))
+    got = list(zip(*(frame[v].tolist() if v else [None] * n for v in values)))
+    missing = fired(rules.get("missing_metric"), frame, n) if filter_metric is not None else \
+        [False] * n
     for i, r in enumerate(rows):
-        seen[r[_UID_AT]] = (r[_SEQ_AT], tuple(r[j] for j in _ORDER_AT), spans[i], fired[i],
+        seen[r[_UID_AT]] = (r[_SEQ_AT], tuple(r[j] for j in _ORDER_AT), spans[i], hits[i],
                             got[i], missing[i])
 
 
+@cache
+def _group_span() -> vectors.Compiled:
+    """The declared group span (sql/metrics/provenance.sql), compiled for numpy."""
+    return vectors.compiled_items("provenance")[_GROUP_SPAN]
+
+
 @lru_cache(maxsize=64)
-def _plan(uses: tuple[RuleUse, ...], check_metric: bool) -> tuple[list[pl.Expr], tuple[str, ...]]:
-    """The expressions a poll evaluates (the group span, the values rules record, each rule and,
-    with a filter metric, the missing-metric check) and the candidate columns they read (those
-    a lookup joins on included), in CANDIDATES order."""
-    exprs = [declared.compiled_items("provenance")[_GROUP_SPAN].alias(_GROUP_SPAN)]
-    exprs += [pl.col(v) for v in dict.fromkeys(u.rule.value for u in uses if u.rule.value)]
-    exprs += [u.rule.expr.fill_null(False).alias(u.name) for u in uses]
+def _plan(uses: tuple[RuleUse, ...], check_metric: bool
+          ) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
+    """The candidate columns a poll's evaluation reads (the group span's, the values rules
+    record, each rule's and, with a filter metric, the missing-metric check's; the columns a
+    lookup joins on included), in CANDIDATES order; and the value column of each rule."""
+    reads = set(_group_span().reads)
+    values = tuple(u.rule.value for u in uses)
+    reads |= {v for v in values if v}
+    for u in uses:
+        reads |= u.rule.expr.reads
     if check_metric:
-        check = rules.get("missing_metric")
-        exprs.append(check.expr.fill_null(False).alias(check.name))
-    reads = {n for e in exprs for n in e.meta.root_names()}
+        reads |= rules.get("missing_metric").expr.reads
     reads |= {u.rule.lookup[1] for u in uses if u.rule.lookup is not None}
-    return exprs, tuple(c for c in candidates.COLUMNS if c in reads)
+    return tuple(c for c in candidates.COLUMNS if c in reads), values
 
 
 def group_spans(step: int, dispatch_steps: list[int]) -> list[int]:
     """The declared group span (sql/metrics/provenance.sql) of groups dispatched at these steps."""
-    frame = pl.DataFrame({"global_steps": dispatch_steps, "step": [step] * len(dispatch_steps)},
-                         schema={"global_steps": pl.Int64, "step": pl.Int64})
-    expr = declared.compiled_items("provenance")[_GROUP_SPAN]
-    return frame.select(expr).to_series().to_list()
+    n = len(dispatch_steps)
+    frame = {"global_steps": vectors.of(np.asarray(dispatch_steps, dtype=np.int64).reshape(n)),
+             "step": vectors.scalar(step)}
+    return np.broadcast_to(_group_span().fn(frame).values, (n,)).tolist()
 
 
 def _raise_missing(missing: list[str], partition: str, metric: str) -> None:

@@ -18,8 +18,8 @@ aggregates, schema `schemas.CANDIDATES`) whose predicate decides eviction. Its h
 - ``lookup``: ``<relation> on <column>``: the rule left-joins a small relation of settings given
   as rows (schemas.LOOKUPS, e.g. the per-dataset `stale_bounds`) on one candidate column, and its
   predicate reads that relation's other columns (null where no row matches). The configuration
-  hands the rows with the rule (`RuleUse.tables`); DuckDB runs the join as written, the polars
-  engine joins the same rows onto the poll's frame before the predicate.
+  hands the rows with the rule (`RuleUse.tables`); DuckDB runs the join as written, the live
+  buffer joins the same rows onto the poll's frame before the predicate (`add_lookups`).
 
 Adding a rule is a new file here plus its case in `sql/cases/`: the registry finds the file, its
 parameters and metric keys, and a configuration switches it on by name (see
@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import polars as pl
-
 from pipeline.decide import compile as declared
+from pipeline.decide import vectors
 from schemas import CANDIDATES, LOOKUPS
 from sql import loader
 from sql.loader import SqlError
@@ -56,7 +55,7 @@ class Rule:
     spread: str | None
     value: str | None
     credit: int
-    expr: pl.Expr = field(repr=False, compare=False)
+    expr: vectors.Compiled = field(repr=False, compare=False)   # the predicate, for numpy
     reads_lengths: bool = False  # its predicate reads response lengths (`response_tokens_*`)
     lookup: tuple[str, str] | None = None   # (relation, candidate column) it joins, if any
 
@@ -88,7 +87,7 @@ def _rule(q: loader.Query) -> Rule:
         knobs=tuple(p for p in q.params if p.name != STEP),
         horizon_text=horizon, metric=x.get("metric"), spread=x.get("spread"),
         value=x.get("value"), credit=int(x.get("credit", "0")),
-        expr=declared.to_polars(declared.predicate(q)),
+        expr=vectors.compile_expr(declared.predicate(q)),
         reads_lengths="response_tokens_" in declared.predicate(q))
 
 
@@ -145,33 +144,20 @@ class RuleUse:
         return {p: values[p] for p in self.rule.params}
 
 
-@cache
-def _lookup_schema(relation: str) -> pl.Schema:
-    return pl.Schema(pl.from_arrow(LOOKUPS[relation].empty_table()).schema)
-
-
-def with_lookups(frame: pl.DataFrame, uses: tuple[RuleUse, ...]) -> pl.DataFrame:
-    """``frame`` (candidate rows) with the columns each rule's lookup relation adds: its rows
-    left-joined on the declared column, as the rule's SQL joins them (null where none match;
-    a null key matches nothing). The relation's key is unique (a configuration's mapping), so
-    the join is a dict lookup per row: ~35-50 us for a poll of 64 rows, where a polars join costs
-    ~220 us and a `replace_strict` ~420 us."""
+def add_lookups(frame: dict[str, vectors.Col], uses: tuple[RuleUse, ...], n: int) -> None:
+    """Add to ``frame`` (candidate columns, ``n`` rows) the columns each rule's lookup relation
+    adds: its rows left-joined on the declared column, as the rule's SQL joins them (NULL where
+    none match; a NULL key matches nothing). The relation's key is unique (a configuration's
+    mapping), so the join is a dict lookup per row."""
     for u in uses:
         if u.rule.lookup is None:
             continue
         relation, column = u.rule.lookup
-        schema = _lookup_schema(relation)
-        at = list(schema).index(column)
+        schema = LOOKUPS[relation]
+        at = schema.names.index(column)
         index = {r[at]: r for r in u.lookup_rows()}
-        keys = frame.get_column(column).to_list() if index else []
-        added = []
-        for i, (name, dtype) in enumerate(schema.items()):
-            if name == column:
-                continue
-            if index:
-                added.append(pl.Series(name, [index[k][i] if k in index else None
-                                              for k in keys], dtype))
-            else:
-                added.append(pl.Series(name, [None], dtype).new_from_index(0, frame.height))
-        frame = frame.hstack(added)
-    return frame
+        keys = frame[column].tolist() if index else [None] * n
+        for i, f in enumerate(schema):
+            if f.name != column:
+                frame[f.name] = vectors.from_list(
+                    [index[k][i] if k in index else None for k in keys], f.type)

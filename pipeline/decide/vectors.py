@@ -41,11 +41,13 @@ from pipeline.decide import compile as declared
 from sql import loader
 from sql.loader import SqlError
 
-BIGINT, HUGEINT, DOUBLE, BOOLEAN, NULL = "bigint", "hugeint", "double", "boolean", "null"
+BIGINT, HUGEINT, DOUBLE, BOOLEAN, VARCHAR, NULL = ("bigint", "hugeint", "double", "boolean",
+                                                   "varchar", "null")
+SEGMENTS = "__segments"      # the frame's grouping, when its aggregates are taken per group
 _INT64 = 2 ** 63
 _CASTS = {"bigint": BIGINT, "int8": BIGINT, "long": BIGINT, "hugeint": HUGEINT, "int128": HUGEINT,
           "double": DOUBLE, "float8": DOUBLE}
-_ARROW = {BIGINT: pa.int64(), DOUBLE: pa.float64(), BOOLEAN: pa.bool_()}
+_ARROW = {BIGINT: pa.int64(), DOUBLE: pa.float64(), BOOLEAN: pa.bool_(), VARCHAR: pa.string()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,15 @@ class Col:
             return None
         v = self.values.item() if isinstance(self.values, np.ndarray) else self.values
         return int(v) if self.typ in (BIGINT, HUGEINT) else v
+
+    def tolist(self) -> list:
+        """The values as Python, None for NULL."""
+        values = self.values.tolist()
+        if self.typ in (BIGINT, HUGEINT) and self.values.dtype == object:
+            values = [int(v) for v in values]
+        if self.valid is None:
+            return values
+        return [v if k else None for v, k in zip(values, self.valid.tolist())]
 
     def arrow(self, n: int | None = None) -> pa.Array:
         """The column as an Arrow array (a hugeint column that fits in 64 bits as int64, one
@@ -87,6 +98,10 @@ def column(array: pa.Array | pa.ChunkedArray) -> Col:
         kind, fill = DOUBLE, 0.0
     elif pa.types.is_boolean(typ):
         kind, fill = BOOLEAN, False
+    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        values = np.array(array.to_pylist(), dtype=object)
+        valid = None if array.null_count == 0 else np.asarray(pc.is_valid(array))
+        return Col(values, valid, VARCHAR)
     elif pa.types.is_decimal(typ):
         return Col(np.array([0 if v is None else int(v) for v in array.to_pylist()], dtype=object),
                    None if array.null_count == 0 else np.asarray(pc.is_valid(array)), HUGEINT)
@@ -107,6 +122,32 @@ def _widen(values: np.ndarray, kind: str) -> np.ndarray:
     if kind == BIGINT and values.dtype != np.int64:
         return values.astype(np.int64)
     return values
+
+
+def scalar(value: Any) -> Col:
+    """One Python value (a parameter, the step) as a column of one value, its type its own."""
+    if value is None:
+        return Col(np.array(0, dtype=np.int64), np.array(False), NULL)
+    if isinstance(value, bool):
+        return Col(np.array(value), None, BOOLEAN)
+    if isinstance(value, int):
+        return Col(np.array(value, dtype=np.int64), None, BIGINT)
+    if isinstance(value, float):
+        return Col(np.array(value), None, DOUBLE)
+    if isinstance(value, str):
+        return Col(np.array(value, dtype=object), None, VARCHAR)
+    raise SqlError(f"a value {value!r} ({type(value).__name__}) has no column form here")
+
+
+def from_list(values: list, typ: pa.DataType) -> Col:
+    """A Python list (None: NULL) as a column of Arrow type ``typ``."""
+    if pa.types.is_string(typ):
+        if None not in values:
+            return Col(np.array(values, dtype=object), None, VARCHAR)
+        valid = np.array([v is not None for v in values])
+        return Col(np.array(["" if v is None else v for v in values], dtype=object), valid,
+                   VARCHAR)
+    return column(pa.array(values, typ))
 
 
 def nulls(n: int, typ: str = BIGINT) -> Col:
@@ -132,6 +173,7 @@ class Compiled:
 
     fn: RowFn
     aggregate: bool
+    reads: frozenset[str] = frozenset()     # the columns it reads (parameters included)
 
 
 @cache
@@ -151,11 +193,12 @@ def _parse(text: str) -> dict:
 
 
 def compile_expr(text: str) -> Compiled:
-    """Compile one SQL expression (no parameters) for numpy."""
-    if loader.PLACEHOLDER.search(text):
-        raise SqlError(f"{text!r}: the numpy engine takes no parameters")
+    """Compile one SQL expression for numpy. A parameter ``$name`` reads the column
+    `compile.param_column(name)`, which the caller puts in the frame (`scalar(value)`)."""
     try:
-        return _node(_parse(text))
+        tree = _parse(loader.PLACEHOLDER.sub(lambda m: declared.param_column(m.group(1)), text))
+        c = _node(tree)
+        return Compiled(c.fn, c.aggregate, frozenset(_refs(tree)))
     except (SqlError, KeyError, ValueError) as exc:
         raise SqlError(f"{text!r} cannot be compiled for numpy: {exc}") from None
 
@@ -186,6 +229,29 @@ def aggregates(items: Mapping[str, Compiled], env: Env) -> dict[str, Any]:
     return {name: c.fn(env).item() for name, c in items.items()}
 
 
+@dataclass(frozen=True)
+class Segments:
+    """A frame's rows in groups: ``order`` sorts the rows by group, ``starts`` is each group's
+    first row in that order and ``counts`` its number of rows (every group has one)."""
+
+    order: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+
+
+def grouped(items: Mapping[str, Compiled], env: Env, owner: np.ndarray,
+            n_groups: int) -> dict[str, Col]:
+    """Evaluate aggregate expressions per group (``group by``): ``owner`` is each row's group,
+    0 to ``n_groups - 1``, and every group has a row. Each result has a value per group."""
+    counts = np.bincount(owner, minlength=n_groups)
+    if len(counts) != n_groups or not counts.all():
+        raise SqlError(f"grouped aggregates: every one of the {n_groups} groups needs a row")
+    starts = np.zeros(n_groups, np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    frame = {**env, SEGMENTS: Segments(np.argsort(owner, kind="stable"), starts, counts)}
+    return {name: c.fn(frame) for name, c in items.items()}
+
+
 def true(c: Col) -> np.ndarray:
     """Where a boolean column is true (NULL is not)."""
     return c.values if c.valid is None else c.values & c.valid
@@ -196,7 +262,18 @@ def where(env: Env, mask: np.ndarray) -> dict[str, Col]:
     if mask.all():
         return dict(env)
     return {k: Col(c.values[mask], None if c.valid is None else c.valid[mask], c.typ)
-            for k, c in env.items()}
+            for k, c in env.items() if k != SEGMENTS}
+
+
+def _refs(tree: Any) -> set[str]:
+    """The column names a parsed expression reads."""
+    if isinstance(tree, dict):
+        if tree.get("class") == "COLUMN_REF":
+            return {tree["column_names"][-1]}
+        return set().union(*(_refs(v) for v in tree.values()))
+    if isinstance(tree, list):
+        return set().union(*(_refs(v) for v in tree))
+    return set()
 
 
 def _node(n: dict) -> Compiled:
@@ -247,6 +324,8 @@ def _literal(lit: dict) -> Col:
         return Col(np.array(float(text)), None, DOUBLE)
     if kind == "BOOLEAN":
         return Col(np.array(text.lower() == "true"), None, BOOLEAN)
+    if kind in ("VARCHAR", "STRING"):
+        return Col(np.array(text, dtype=object), None, VARCHAR)
     raise SqlError(f"a {kind} literal is not supported")
 
 
@@ -285,13 +364,22 @@ def _function(n: dict) -> Compiled:
     if name in _AGGREGATES:
         if any(a.aggregate for a in args):
             raise SqlError(f"an aggregate inside {name}() is not supported")
-        reduce = _AGGREGATES[name]
+        reduce, per_group = _AGGREGATES[name], _GROUPED[name]
         if name == "count_star":
-            return Compiled(lambda env: Col(np.array(_height(env), dtype=np.int64), None, BIGINT),
-                            True)
+            def count_star(env: Env) -> Col:
+                seg = env.get(SEGMENTS)
+                n = _height(env) if seg is None else seg.counts
+                return Col(np.asarray(n, dtype=np.int64), None, BIGINT)
+            return Compiled(count_star, True)
         (arg,) = args
         inner = arg.fn
-        return Compiled(lambda env: reduce(inner(env), _height(env)), True)
+
+        def aggregate(env: Env) -> Col:
+            seg = env.get(SEGMENTS)
+            if seg is None:
+                return reduce(inner(env), _height(env))
+            return per_group(_in_groups(inner(env), seg), seg)
+        return Compiled(aggregate, True)
     if name in _ARITH and len(args) == 2:
         op = _ARITH[name]
         return _nary(args, lambda a, b: _arith(op, a, b))
@@ -309,8 +397,8 @@ def _function(n: dict) -> Compiled:
 
 
 def _height(env: Env) -> int:
-    for c in env.values():
-        if np.ndim(c.values):
+    for k, c in env.items():
+        if k != SEGMENTS and np.ndim(c.values):
             return len(c.values)
     return 0
 
@@ -550,3 +638,88 @@ def _count(c: Col, n: int) -> Col:
 
 _AGGREGATES = {"sum": _sum, "avg": _avg, "mean": _avg, "min": _extreme(np.min),
                "max": _extreme(np.max), "count": _count, "count_star": None}
+
+
+# --- aggregates per group -----------------------------------------------------------------------
+def _in_groups(c: Col, seg: Segments) -> Col:
+    """``c``'s rows in group order (a one-value column spread to every row)."""
+    n = len(seg.order)
+    values = c.values[seg.order] if np.ndim(c.values) else np.full(n, c.values)
+    if c.valid is None:
+        return Col(values, None, c.typ)
+    valid = c.valid[seg.order] if np.ndim(c.valid) else np.full(n, bool(c.valid))
+    return Col(values, valid, c.typ)
+
+
+def _g_count(c: Col, seg: Segments) -> np.ndarray:
+    if c.valid is None:
+        return seg.counts
+    return np.add.reduceat(c.valid.astype(np.int64), seg.starts)
+
+
+def _some(counts: np.ndarray) -> np.ndarray | None:
+    """Valid where a group had a value (None: every group had one)."""
+    return None if counts.all() else counts > 0
+
+
+def _g_sums(c: Col, seg: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """(each group's exact sum, its count of values)."""
+    counts = _g_count(c, seg)
+    values = c.values if c.valid is None else np.where(c.valid, c.values, 0)
+    if c.typ == DOUBLE:
+        return np.add.reduceat(values.astype(np.float64), seg.starts), counts
+    if values.dtype != object and _max_abs(values) * int(seg.counts.max()) < _INT64:
+        return np.add.reduceat(values.astype(np.int64), seg.starts), counts
+    ends = [*seg.starts[1:].tolist(), len(values)]
+    return np.array([sum(int(v) for v in values[a:b]) for a, b in
+                     zip(seg.starts.tolist(), ends)], dtype=object), counts
+
+
+def _g_sum(c: Col, seg: Segments) -> Col:
+    sums, counts = _g_sums(c, seg)
+    return Col(sums, _some(counts), DOUBLE if c.typ == DOUBLE else HUGEINT)
+
+
+def _g_avg(c: Col, seg: Segments) -> Col:
+    sums, counts = _g_sums(c, seg)
+    div = np.maximum(counts, 1)
+    if sums.dtype == np.float64 or (sums.dtype != object and _max_abs(sums) < 2 ** 53):
+        means = sums / div       # integers below 2**53 convert exactly: one rounding, as Python's
+    else:
+        means = np.array([int(a) / int(b) for a, b in zip(sums.tolist(), div.tolist())])
+    return Col(means.astype(np.float64), _some(counts), DOUBLE)
+
+
+def _g_extreme(ufunc: np.ufunc, low: bool) -> Callable[[Col, Segments], Col]:
+    def reduce(c: Col, seg: Segments) -> Col:
+        counts = _g_count(c, seg)
+        values = c.values
+        if values.dtype == object:          # integers past 64 bits: Python, group by group
+            ends = [*seg.starts[1:].tolist(), len(values)]
+            valid = np.ones(len(values), bool) if c.valid is None else c.valid
+            pick = min if low else max
+            out = [pick((int(v) for v, k in zip(values[a:b], valid[a:b]) if k), default=0)
+                   for a, b in zip(seg.starts.tolist(), ends)]
+            return Col(np.array(out, dtype=object), _some(counts), c.typ)
+        if c.typ == BOOLEAN:
+            values = values.astype(np.int8)
+        if c.valid is not None:
+            if values.dtype.kind == "f":
+                fill = np.inf if low else -np.inf
+            else:
+                info = np.iinfo(values.dtype)
+                fill = info.max if low else info.min
+            values = np.where(c.valid, values, fill)
+        out = ufunc.reduceat(values, seg.starts)
+        if c.typ == BOOLEAN:
+            out = out.astype(bool)
+        return Col(out, _some(counts), c.typ)
+    return reduce
+
+
+def _g_count_col(c: Col, seg: Segments) -> Col:
+    return Col(np.asarray(_g_count(c, seg), dtype=np.int64), None, BIGINT)
+
+
+_GROUPED = {"sum": _g_sum, "avg": _g_avg, "mean": _g_avg, "min": _g_extreme(np.minimum, True),
+            "max": _g_extreme(np.maximum, False), "count": _g_count_col, "count_star": None}

@@ -20,7 +20,7 @@ lake runs): the heap's entries are key tuples of the columns that ranking orders
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -28,7 +28,6 @@ import pyarrow as pa
 
 from pipeline.decide import compile as declared
 from pipeline.errors import InvariantError
-from pipeline.state.constants import constant
 from schemas import CANDIDATES
 from sql import loader
 from sql.loader import SqlError
@@ -226,23 +225,12 @@ class CandidateIndex:
         return self.alive[uid][_STATUS]
 
 
-def frame(rows: list[tuple], columns: Sequence[str] | None = None,
-          literals: Mapping[str, Any] | None = None) -> pl.DataFrame:
-    """Candidate rows as a polars frame of the CANDIDATES schema (what compiled rules read):
-    only ``columns`` of it if given, plus one column per ``literals`` item holding its value
-    on every row (a scalar's own type: an int is Int64, as polars takes a Python int).
-
-    Built column by column in Arrow and handed to polars as one record batch: about a fifth of
-    what polars' own row-wise constructor costs for a poll's few rows (its cost is mostly per
-    column, whatever the row count)."""
-    names = COLUMNS if columns is None else tuple(columns)
-    n = len(rows)
-    arrays = [pa.array([r[i] for r in rows], _TYPES[c]) for c, i in
-              ((c, _AT[c]) for c in names)]
-    for v in (literals or {}).values():
-        arrays.append(constant(v, n))
-    return pl.DataFrame(pa.RecordBatch.from_arrays(
-        arrays, names=[*names, *(literals or {})]))
+def columns(rows: list[tuple], names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Candidate rows as numpy columns of the CANDIDATES schema (`pipeline.decide.vectors.Col`,
+    what the compiled rules read): only ``names`` of them if given."""
+    from pipeline.decide import vectors
+    return {c: vectors.from_list([r[_AT[c]] for r in rows], _TYPES[c])
+            for c in (COLUMNS if names is None else names)}
 
 
 _AT = {c: i for i, c in enumerate(COLUMNS)}

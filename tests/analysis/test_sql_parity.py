@@ -16,14 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 import pyarrow as pa
 import pytest
 
 from pipeline import ReplayBuffer
 from pipeline.analysis.views import connect
-from pipeline.decide import compile as declared
-from pipeline.decide import rules
+from pipeline.decide import evaluate, rules
 from schemas import CANDIDATES
 from sql.loader import load, run
 from tests.support.sql_runs import simulate_async, simulate_sync_dapo
@@ -74,10 +72,12 @@ def _bindings(rule: rules.Rule, step: int) -> Iterator[dict[str, Any]]:
 
 
 def _live_hits(rule: rules.Rule, live: pa.Table, params: dict[str, Any]) -> list[tuple]:
-    frame = rules.with_lookups(declared.with_params(pl.from_arrow(live), params),
-                               (rules.RuleUse(rule.name),))   # no per-dataset bounds: none given
-    hits = frame.filter(rule.expr).select("partition", "uid", "global_steps")
-    return [tuple(r) for r in hits.iter_rows()]
+    rows = [tuple(r.values()) for r in live.to_pylist()]
+    use = rules.RuleUse(rule.name)     # no per-dataset bounds: none given
+    frame = evaluate.rule_frame(rows, (use,), params)
+    at = [live.column_names.index(c) for c in ("partition", "uid", "global_steps")]
+    return [tuple(r[i] for i in at)
+            for r, hit in zip(rows, evaluate.fired(rule, frame, len(rows))) if hit]
 
 
 class Checker:

@@ -1,6 +1,7 @@
-"""The contract every declaration keeps: the polars engine (polars, compiled once) and the lake's
-engine (DuckDB, the file as written) agree on random inputs, and a rule's horizon is honest;
-the same holds for the selection order and for the status and empty aggregates of a candidate.
+"""The contract every declaration keeps: the live buffer's engine (compiled once, for numpy or
+polars) and the lake's engine (DuckDB, the file as written) agree on random inputs, and a
+rule's horizon is honest; the same holds for the selection order and for the status and empty
+aggregates of a candidate.
 
 The test iterates over every registered rule and check, so a new rule file is covered the moment
 it exists."""
@@ -9,11 +10,12 @@ from __future__ import annotations
 import random
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
 
-from pipeline.decide import aggregates, rules
+from pipeline.decide import aggregates, evaluate, rules, vectors
 from pipeline.decide import compile as declared
 from pipeline.decide.batch import batch_rows
 from pipeline.decide.metrics import off_policy_metrics
@@ -71,9 +73,9 @@ def _use(rule: rules.Rule, rng: random.Random, step: int) -> tuple[dict, rules.R
 
 
 def _live(use: rules.RuleUse, rows: list[tuple], params: dict) -> set[str]:
-    frame = rules.with_lookups(declared.with_params(candidates.frame(rows), params), (use,))
-    hit = frame.filter(use.rule.expr.fill_null(False))
-    return set(hit["uid"].to_list())
+    """The groups the live buffer's evaluation (the rule compiled for numpy) fires on."""
+    frame = evaluate.rule_frame(rows, (use,), params)
+    return {r[1] for r, hit in zip(rows, evaluate.fired(use.rule, frame, len(rows))) if hit}
 
 
 def _lake(use: rules.RuleUse, rows: list[tuple], params: dict) -> set[str]:
@@ -129,14 +131,20 @@ def test_group_aggregates_agree_between_engines(seed: int) -> None:
         "min_global_steps": [rng.randint(0, 3) for _ in range(n)],
         "max_global_steps": [rng.randint(3, 6) for _ in range(n)],
     }, schema=GROUP_TRAJECTORIES)
-    items = declared.compiled_items("group_aggregates")
-    live = pl.from_arrow(meta).group_by("partition", "uid").agg(
-        e.alias(k) for k, e in items.items()).sort("uid")
+    # the live engine: the declared aggregates compiled for numpy, grouped by uid
+    items = vectors.compiled_items("group_aggregates")
+    uids = sorted(set(meta.column("uid").to_pylist()))
+    owner = np.array([uids.index(u) for u in meta.column("uid").to_pylist()])
+    cols = {c: vectors.column(meta.column(c)) for c in
+            ("metric", "n_response_tokens", "min_global_steps", "max_global_steps")}
+    out = vectors.grouped(items, cols, owner, len(uids))
+    live = list(zip(["train"] * len(uids), uids, *(out[k].tolist() for k in items)))
     con = duckdb.connect()
     con.register("group_trajectories", meta)
     lake = pl.from_arrow(loader.run(con, "group_aggregates")).sort("uid")
-    assert live.columns == lake.columns == list(CANDIDATES.names[:2]) + list(CANDIDATES.names[5:-1])
-    assert live.rows() == lake.rows()
+    assert ["partition", "uid", *items] == lake.columns == \
+        list(CANDIDATES.names[:2]) + list(CANDIDATES.names[5:-1])
+    assert live == lake.rows()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

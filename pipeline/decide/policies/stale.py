@@ -20,7 +20,7 @@ import polars as pl
 
 from pipeline.config.stale_bounds import StaleBounds
 from pipeline.decide import compile as declared
-from pipeline.decide import rules
+from pipeline.decide import rules, vectors
 
 GATE = "wait_gate_blockers"
 MASKED = "stale"   # the rule whose predicate marks a group (and the reason its `select` row records)
@@ -66,12 +66,11 @@ def marked(step: int, global_steps: int, status: str, threshold: int) -> bool:
     Cached like `blocks` (a batch asks for a handful of dispatch steps). `mask` takes one bound
     (a per-dataset mapping is refused with it), so the group's own `bound` from the rule's
     `stale_bounds` lookup is null and the threshold decides."""
-    frame = declared.with_params(
-        pl.DataFrame({"global_steps": [global_steps], "status": [status], "bound": [None]},
-                     schema={"global_steps": pl.Int64, "status": pl.String,
-                             "bound": pl.Int64}),
-        {"step": step, "threshold": threshold, "tightest": threshold})
-    return bool(frame.select(rules.get(MASKED).expr.fill_null(False)).item())
+    frame = {"global_steps": vectors.scalar(global_steps), "status": vectors.scalar(status),
+             "bound": vectors.scalar(None)}
+    for k, v in {"step": step, "threshold": threshold, "tightest": threshold}.items():
+        frame[declared.param_column(k)] = vectors.scalar(v)
+    return bool(vectors.true(rules.get(MASKED).expr.fn(frame)))
 
 
 @dataclass(frozen=True)
