@@ -55,9 +55,15 @@ class Rule:
     spread: str | None
     value: str | None
     credit: int
-    expr: vectors.Compiled = field(repr=False, compare=False)   # the predicate, for numpy
+    predicate: str = field(repr=False, compare=False)    # the text between `where (` and `)`
     reads_lengths: bool = False  # its predicate reads response lengths (`response_tokens_*`)
     lookup: tuple[str, str] | None = None   # (relation, candidate column) it joins, if any
+
+    @property
+    def expr(self) -> vectors.Compiled:
+        """The predicate compiled for numpy (at its first use: compiling reads the text with
+        DuckDB's parser, which importing the buffer does not load)."""
+        return vectors.compile_cached(self.predicate)
 
     def horizon(self, params: Mapping[str, Any]) -> int | None:
         """The dispatch step below which time can newly make this rule fire (None: never)."""
@@ -87,7 +93,7 @@ def _rule(q: loader.Query) -> Rule:
         knobs=tuple(p for p in q.params if p.name != STEP),
         horizon_text=horizon, metric=x.get("metric"), spread=x.get("spread"),
         value=x.get("value"), credit=int(x.get("credit", "0")),
-        expr=vectors.compile_expr(declared.predicate(q)),
+        predicate=declared.predicate(q),
         reads_lengths="response_tokens_" in declared.predicate(q))
 
 

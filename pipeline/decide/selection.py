@@ -144,11 +144,15 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
                   masked=[u for u in chosen if u in stale], group_bounds=bounds)
     metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
                     "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
+    # what the selection records of each group (masked or not, its bound): the decision rows
+    # below, and what `held` rebuilds the batch from (a restore reads them back from the rows)
+    marks = {u: (MASKED if u in stale else None, bounds[u]) for u in chosen}
     state.commit("decisions", decision_rows(
         "select", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
         uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id,
-        reason=[MASKED if u in stale else None for u in chosen] if stale else None,
-        bound=[bounds[u] for u in chosen], strategy=strategy))
+        reason=[marks[u][0] for u in chosen] if stale else None,
+        bound=[marks[u][1] for u in chosen], strategy=strategy))
+    part.batch_marks[batch_id] = (marks, strategy)
     part.undelivered = (batch, metric_rows, call_id)
     deliver(state, part)
     return batch

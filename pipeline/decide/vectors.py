@@ -204,6 +204,12 @@ def compile_expr(text: str) -> Compiled:
 
 
 @cache
+def compile_cached(text: str) -> Compiled:
+    """`compile_expr`, once per text and process."""
+    return compile_expr(text)
+
+
+@cache
 def compiled_items(name: str, step: str | None = None) -> dict[str, Compiled]:
     """The select items of the named query (or one of its steps), compiled for numpy (cached per
     process)."""

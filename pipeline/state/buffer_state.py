@@ -306,7 +306,8 @@ class BufferState:
             elif kind == "select":
                 part.apply_removed(uids, "sampled", batch_id, step)
                 part.restored_evictions.clear()    # reported with this batch's metrics
-                self._batch_marks(part, batch_id, rows.slice(at - len(run), len(run)))
+                if effects is None:   # restore; a live selection keeps its own (`select`)
+                    self._batch_marks(part, batch_id, rows.slice(at - len(run), len(run)))
             elif kind == "release":
                 uids = part.apply_released(batch_id)
             else:
