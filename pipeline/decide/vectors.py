@@ -11,7 +11,7 @@ the tree becomes nested Python functions over numpy columns.
 What this engine takes of SQL: column references; integer, decimal, boolean and NULL literals;
 ``+ - * /`` (a division of doubles, as DuckDB's) and unary minus; ``abs``; comparisons; ``not``,
 ``and``, ``or``; ``is [not] null``; casts to bigint, hugeint and double; ``nullif``,
-``coalesce``; ``case when ... then ... [else ...] end``; the aggregates ``count(*)``,
+``coalesce``, ``greatest``, ``least``; ``case when ... then ... [else ...] end``; the aggregates ``count(*)``,
 ``count``, ``sum``, ``avg``, ``min``, ``max``. Anything else is refused when the declaration is
 compiled (`SqlError`), never evaluated approximately.
 
@@ -399,6 +399,9 @@ def _function(n: dict) -> Compiled:
         return _nary(args, _nullif)
     if name == "coalesce":
         return _nary(args, lambda *cs: _fold(_coalesce, cs))
+    if name in ("greatest", "least") and args:
+        pick = np.maximum if name == "greatest" else np.minimum
+        return _nary(args, lambda *cs: _fold(lambda a, b: _extremum(pick, a, b), cs))
     raise SqlError(f"function {name}() is not supported")
 
 
@@ -536,6 +539,19 @@ def _pick(cond: np.ndarray, a: Col, b: Col) -> Col:
     vb = np.ones(np.shape(b.values), bool) if b.valid is None else b.valid
     valid = np.where(cond, va, vb)
     return Col(np.where(cond, x, y), valid, typ)
+
+
+def _extremum(pick: np.ufunc, a: Col, b: Col) -> Col:
+    """``greatest`` / ``least`` of two columns, as DuckDB's: NULL is passed over (NULL only
+    where both are)."""
+    typ = _num_type(a, b) if NULL not in (a.typ, b.typ) else (a.typ if b.typ == NULL else b.typ)
+    x, y = _like(a.values, typ, b.values), _like(b.values, typ, a.values)
+    both = pick(x, y)
+    if a.valid is None and b.valid is None:
+        return Col(both, None, typ)
+    va = np.ones(np.shape(x), bool) if a.valid is None else a.valid
+    vb = np.ones(np.shape(y), bool) if b.valid is None else b.valid
+    return Col(np.where(va & vb, both, np.where(va, x, y)), va | vb, typ)
 
 
 def _coalesce(a: Col, b: Col) -> Col:

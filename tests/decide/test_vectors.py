@@ -19,6 +19,7 @@ ROW_EXPRESSIONS = [
     "p or q", "a is null", "b is not null", "nullif(a, 0)", "coalesce(a, b, 7)",
     "case when a > 2 then b end", "case when p then a when q then b else c end",
     "case when a > 0 then 1.5 else b end", "(c - 1) - a", "c::double / 4",
+    "greatest(a, b)", "least(a, b, 3)", "greatest(a - 9, c::double / 4)", "greatest(a, null)",
 ]
 AGGREGATES = [
     "count(*)", "count(a)", "sum(a)", "avg(a)", "min(a)", "max(b)", "avg(c)",

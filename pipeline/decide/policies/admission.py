@@ -1,8 +1,9 @@
 """Admission: how many groups may be dispatched now so that none can go stale before it trains.
 
 The capacity is the declaration `sql/policies/dispatch_capacity.sql`; its `capacity` item is
-compiled for polars here and evaluated over the live buffer's counts (groups selected at steps
->= the step, sampleable groups, in-flight groups), DuckDB runs the whole file over the lake.
+compiled for numpy here (`pipeline.decide.vectors`) and evaluated over the live buffer's
+counts (groups selected at steps >= the step, sampleable groups, in-flight groups); DuckDB runs
+the whole file over the lake.
 In replaylake's span terms: a group registered at step g and trained at step s has group span
 s - g + 1, kept while <= T (the threshold), so it must be trained at one of the steps
 g .. g + T - 1. Taken oldest dispatch first at B (`train_batch_size`) groups per step, those
@@ -18,12 +19,10 @@ next step, when the places of a new step open). `Unpaced` (every other strategy)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, lru_cache
 from typing import Any, ClassVar
 
-import polars as pl
-
 from pipeline.decide import compile as declared
+from pipeline.decide import vectors
 from pipeline.decide.policies.context import PollContext, PollOutcome
 from pipeline.errors import RefillLimitError
 
@@ -31,22 +30,15 @@ DECLARATION = "dispatch_capacity"
 _COUNTS = ("n_selected", "n_sampleable", "n_inflight")
 
 
-@cache
-def _capacity_expr() -> pl.Expr:
-    return declared.compiled_items(DECLARATION, "final")["capacity"]
-
-
-@lru_cache(maxsize=4096)
 def capacity(threshold: int, batch_size: int, selected: int, sampleable: int,
              inflight: int) -> int:
-    """The declared capacity for these counts (see the module docstring). Cached: a run asks
-    the same few combinations again and again, and a polars evaluation costs far more than the
-    arithmetic it stands for."""
-    frame = declared.with_params(
-        pl.DataFrame([[selected], [sampleable], [inflight]], schema={c: pl.Int64 for c in _COUNTS},
-                     orient="col"),
-        {"threshold": threshold, "batch_size": batch_size})
-    return int(frame.select(_capacity_expr()).item())
+    """The declared capacity for these counts (see the module docstring), its formula compiled
+    for numpy (one value: a polars evaluation would cost far more than the arithmetic it
+    stands for)."""
+    frame = {c: vectors.scalar(v) for c, v in zip(_COUNTS, (selected, sampleable, inflight))}
+    for k, v in (("threshold", threshold), ("batch_size", batch_size)):
+        frame[declared.param_column(k)] = vectors.scalar(v)
+    return int(vectors.compiled_items(DECLARATION, "final")["capacity"].fn(frame).item())
 
 
 @dataclass(frozen=True)
