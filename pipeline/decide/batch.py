@@ -8,6 +8,7 @@ expression); the same rows feed the off-policy metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -141,9 +142,18 @@ def with_provenance(payload: pa.Table, rows: Rows, status: pa.Array,
             "is_stale": constant(False, n, pa.bool_()) if stale is None else pa.array(stale)}
     extra = [made[f.name] if f.name in made else _as(rows.arrow(f.name), f.type)
              for f in BATCH_PROVENANCE]
-    return pa.Table.from_arrays([*payload.columns, *extra],
-                                schema=pa.schema([*payload.schema, *BATCH_PROVENANCE],
-                                                 metadata=payload.schema.metadata))
+    schema = payload.schema
+    meta = schema.metadata
+    return pa.Table.from_arrays([*payload.columns, *extra], schema=_with_provenance(
+        schema, tuple(sorted(meta.items())) if meta else ()))
+
+
+@lru_cache(maxsize=16)
+def _with_provenance(schema: pa.Schema, metadata: tuple) -> pa.Schema:
+    """The payload's schema followed by BATCH_PROVENANCE (a batch's schema: built once per
+    payload schema and metadata; schemas compare equal whatever their metadata, so it is part
+    of the key)."""
+    return pa.schema([*schema, *BATCH_PROVENANCE], metadata=dict(metadata) or None)
 
 
 def per_row(values: list[Any], owner: np.ndarray, typ: pa.DataType) -> pa.Array:

@@ -164,6 +164,6 @@ def add_lookups(frame: dict[str, vectors.Col], uses: tuple[RuleUse, ...], n: int
         index = {r[at]: r for r in u.lookup_rows()}
         keys = frame[column].tolist() if index else [None] * n
         for i, f in enumerate(schema):
-            if f.name != column:
+            if f.name != column:    # no row given: a column of NULLs
                 frame[f.name] = vectors.from_list(
                     [index[k][i] if k in index else None for k in keys], f.type)

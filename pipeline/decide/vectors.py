@@ -27,6 +27,7 @@ does not fit in 64 bits is an error.
 from __future__ import annotations
 
 import json
+import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -147,13 +148,32 @@ def from_list(values: list, typ: pa.DataType) -> Col:
         valid = np.array([v is not None for v in values])
         return Col(np.array(["" if v is None else v for v in values], dtype=object), valid,
                    VARCHAR)
+    kind = _kind(typ)
+    if None not in values:            # the common case, without a round trip through Arrow
+        return Col(np.array(values, dtype=_DTYPES[kind]), None, kind)
+    if values.count(None) == len(values):
+        return nulls(len(values), kind)
     return column(pa.array(values, typ))
+
+
+def _kind(typ: pa.DataType) -> str:
+    if pa.types.is_integer(typ):
+        return BIGINT
+    if pa.types.is_floating(typ):
+        return DOUBLE
+    if pa.types.is_boolean(typ):
+        return BOOLEAN
+    raise SqlError(f"a column of Arrow type {typ} has no numpy form here")
+
+
+_DTYPES = {BIGINT: np.int64, DOUBLE: np.float64, BOOLEAN: bool}
 
 
 def nulls(n: int, typ: str = BIGINT) -> Col:
     """``n`` NULLs of ``typ``."""
-    return Col(np.zeros(n, dtype=np.int64 if typ in (BIGINT, HUGEINT) else
-                        np.float64 if typ == DOUBLE else bool), np.zeros(n, bool), typ)
+    if typ == VARCHAR:
+        return Col(np.full(n, "", dtype=object), np.zeros(n, bool), typ)
+    return Col(np.zeros(n, dtype=_DTYPES.get(typ, np.int64)), np.zeros(n, bool), typ)
 
 
 def of(values: np.ndarray, typ: str = BIGINT) -> Col:
@@ -466,9 +486,15 @@ def _negate(c: Col) -> Col:
 def _divide(a: Col, b: Col) -> Col:
     """``/`` as DuckDB takes it: both sides as doubles, IEEE division (x / 0 is infinite, 0 / 0
     not a number), NULL where either side is."""
+    valid = _valid(a, b)
+    if not np.ndim(a.values) and not np.ndim(b.values):    # one value (of aggregates)
+        x, y = float(a.values), float(b.values)
+        q = x / y if y else (math.copysign(math.inf, x) * math.copysign(1.0, y) if x
+                             else math.nan)
+        return Col(np.array(q), valid, DOUBLE)
     x, y = a.values.astype(np.float64), b.values.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return Col(np.true_divide(x, y), _valid(a, b), DOUBLE)
+        return Col(np.true_divide(x, y), valid, DOUBLE)
 
 
 def _compare(op: Callable, a: Col, b: Col) -> Col:
