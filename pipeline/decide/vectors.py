@@ -93,27 +93,18 @@ class Col:
 def column(array: pa.Array | pa.ChunkedArray) -> Col:
     """An Arrow column as a `Col` (integers as bigint, floats as double, booleans)."""
     typ = array.type
-    if pa.types.is_integer(typ):
-        kind, fill = BIGINT, 0
-    elif pa.types.is_floating(typ):
-        kind, fill = DOUBLE, 0.0
-    elif pa.types.is_boolean(typ):
-        kind, fill = BOOLEAN, False
-    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        values = np.array(array.to_pylist(), dtype=object)
-        valid = None if array.null_count == 0 else np.asarray(pc.is_valid(array))
-        return Col(values, valid, VARCHAR)
-    elif pa.types.is_decimal(typ):
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return from_list(array.to_pylist(), pa.string())
+    if pa.types.is_decimal(typ):
         return Col(np.array([0 if v is None else int(v) for v in array.to_pylist()], dtype=object),
                    None if array.null_count == 0 else np.asarray(pc.is_valid(array)), HUGEINT)
-    else:
-        raise SqlError(f"a column of Arrow type {typ} has no numpy form here")
+    kind = _kind(typ)
     if array.null_count == 0:
         values = array.to_numpy() if isinstance(array, pa.ChunkedArray) else \
             array.to_numpy(zero_copy_only=False)
         return Col(_widen(values, kind), None, kind)
     valid = np.asarray(pc.is_valid(array))
-    values = pc.fill_null(array, fill)
+    values = pc.fill_null(array, _DTYPES[kind](0))
     values = values.to_numpy() if isinstance(values, pa.ChunkedArray) else \
         values.to_numpy(zero_copy_only=False)
     return Col(_widen(values, kind), valid, kind)
