@@ -129,7 +129,7 @@ def meta_columns(part: PartitionState, uids: list[str]
 @cache
 def _reads_checked() -> None:
     """The aggregates read only what `meta_columns` hands them (checked once per process)."""
-    reads = {n for e in declared.compiled_items(QUERY).values() for n in e.meta.root_names()}
+    reads = {n for c in vectors.compiled_items(QUERY).values() for n in c.reads}
     extra = reads - {"metric", "n_response_tokens", "min_global_steps", "max_global_steps"}
     if extra:
         raise SqlError(f"{QUERY}: the live aggregates read {', '.join(sorted(extra))}, which "

@@ -1,8 +1,11 @@
-"""Declarations written once in SQL, compiled for the polars engine.
+"""Declarations written once in SQL: the pieces of their text the live buffer compiles, and
+their compilation for the polars engine.
 
 A declaration is a named query file under `sql/` (a rule, the group aggregates, the provenance
 formulas, the off-policy metrics). DuckDB runs the file as it is, over the lake. The live buffer
-compiles parts of the *same text* into polars expressions, once per process:
+compiles parts of the *same text*, once per process: for numpy what a poll evaluates
+(`pipeline.decide.vectors`), into polars expressions what is evaluated once per value (a rule's
+horizon, the wait gate, a declared order's key). The parts are:
 
 - the predicate of a rule or check: the text between `where (` and its closing `)`;
 - the items of a select list written `<expression> as <name>` (plain column names are skipped):
@@ -167,13 +170,6 @@ def compiled_items(name: str, step: str | None = None) -> dict[str, pl.Expr]:
     """The select items of the named query (or of one of its steps), compiled (cached per
     process)."""
     return {k: to_polars(v) for k, v in select_items(loader.load(name), step).items()}
-
-
-@cache
-def compiled_named(name: str, step: str | None = None) -> tuple[pl.Expr, ...]:
-    """`compiled_items` as expressions named by their items, ready for a select (aliased once
-    per process rather than on every evaluation)."""
-    return tuple(e.alias(k) for k, e in compiled_items(name, step).items())
 
 
 @cache
