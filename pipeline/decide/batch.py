@@ -97,7 +97,8 @@ def _span_sums(spans: pa.ChunkedArray, n: int) -> dict[str, Col]:
     reported = np.asarray(spans.is_valid())
     flat = spans.flatten()
     owner = np.asarray(pc.list_parent_indices(spans), dtype=np.intp)
-    tokens, versions = (vectors.column(flat.field(f)) for f in ("n_tokens", "version"))
+    # a NULL span (the element itself) is NULL in both fields, as SQL reads `s.n_tokens`
+    tokens, versions = (vectors.column(pc.struct_field(flat, f)) for f in ("n_tokens", "version"))
     counted = np.ones(len(owner), bool) if tokens.valid is None else tokens.valid.copy()
     t = np.where(counted, tokens.values, 0)
     both = counted if versions.valid is None else counted & versions.valid

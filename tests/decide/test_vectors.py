@@ -210,3 +210,32 @@ def test_a_batch_with_versions_near_the_step_limit_matches_the_lake() -> None:
     assert live["training/off_policy/token_staleness_exact/mean"] == \
         pytest.approx(float(lake["token_staleness_exact_mean"]))
     assert live["training/off_policy/token_staleness_exact/max"] == lake["token_staleness_exact_max"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_span_sums_are_the_batch_rows_view_s(seed: int) -> None:
+    """A row's version-span sums (tokens covered, token-weighted version sum, oldest version
+    with a token) as the lake's `batch_rows` view computes them, its own expressions run by
+    DuckDB: NULL lists, empty lists, NULL spans inside a list and spans of zero tokens."""
+    from pipeline.decide import compile as declared
+    from pipeline.decide.batch import _span_sums
+    from sql import loader
+    rng = random.Random(seed)
+    span = pa.struct([("version", pa.int64()), ("n_tokens", pa.int32())])
+
+    def one() -> list | None:
+        if rng.random() < 0.2:
+            return None
+        return [None if rng.random() < 0.15 else
+                {"version": rng.randint(0, 9), "n_tokens": rng.choice([0, 0, 1, 3, 7])}
+                for _ in range(rng.randint(0, 4))]
+    spans = pa.chunked_array([pa.array([one() for _ in range(30)], pa.list_(span))])
+    ours = _span_sums(spans, len(spans))
+    items = declared.select_items(loader.load("batch_rows"), "final")
+    con = duckdb.connect()
+    con.register("t", pa.table({"version_spans": spans}))
+    names = ("span_tokens", "span_version_sum", "span_version_min")
+    theirs = con.execute(f"select {', '.join(items[n] for n in names)} from t").fetchall()
+    for i, n in enumerate(names):
+        want = [None if r[i] is None else int(r[i]) for r in theirs]
+        assert ours[n].arrow(len(spans)).to_pylist() == want, n
