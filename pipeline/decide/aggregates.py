@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from pipeline.decide import compile as declared
 from pipeline.decide import vectors
 from pipeline.ingest import metric_values, one_array
-from pipeline.state import candidates
+from schemas import CANDIDATES
 from sql.loader import SqlError
 
 if TYPE_CHECKING:
@@ -158,10 +158,11 @@ def complete(part: PartitionState) -> None:
         dense = np.searchsorted(present, owner)
         out = vectors.grouped(vectors.compiled_items(QUERY), cols, dense, len(present))
         values = [out[n].tolist() for n in names]
+        # keyed here only where the aggregates have the candidate columns' types
+        keyed = keyed and all(out[c].typ == vectors.kind_of(CANDIDATES.field(c).type)
+                              for c in order.reads)
         if keyed:
-            frame = pl.DataFrame(dict(zip(names, values)),
-                                 schema={n: candidates.POLARS_SCHEMA[n] for n in names})
-            values.append(frame.select(order.key).to_series().to_list())
+            values.append(order.key.fn(out).tolist(len(present)))
         agg = dict(zip((uids[g] for g in present.tolist()), zip(*values)))
     empty = empty_aggregates()
     if keyed:
@@ -185,7 +186,7 @@ _KEY = "__order_key"
 def _empty_key(order: SelectionOrder) -> object:
     """The declared order's key of a group without trajectories (every aggregate at its empty
     value), evaluated once per order."""
-    names = list(declared.compiled_items(QUERY))
-    frame = pl.DataFrame([empty_aggregates()], schema={n: candidates.POLARS_SCHEMA[n] for n in names},
-                         orient="row")
-    return frame.select(order.key).item()
+    names = list(vectors.compiled_items(QUERY))
+    frame = {n: vectors.from_list([v], CANDIDATES.field(n).type)
+             for n, v in zip(names, empty_aggregates())}
+    return order.key.fn(frame).tolist(1)[0]

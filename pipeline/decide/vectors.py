@@ -68,8 +68,10 @@ class Col:
         v = self.values.item() if isinstance(self.values, np.ndarray) else self.values
         return int(v) if self.typ in (BIGINT, HUGEINT) else v
 
-    def tolist(self) -> list:
-        """The values as Python, None for NULL."""
+    def tolist(self, n: int | None = None) -> list:
+        """The values as Python, None for NULL (a one-value column spread to ``n`` rows)."""
+        if n is not None and np.ndim(self.values) == 0:
+            return [self.item()] * n
         values = self.values.tolist()
         if self.typ in (BIGINT, HUGEINT) and self.values.dtype == object:
             values = [int(v) for v in values]
@@ -98,7 +100,7 @@ def column(array: pa.Array | pa.ChunkedArray) -> Col:
     if pa.types.is_decimal(typ):
         return Col(np.array([0 if v is None else int(v) for v in array.to_pylist()], dtype=object),
                    None if array.null_count == 0 else np.asarray(pc.is_valid(array)), HUGEINT)
-    kind = _kind(typ)
+    kind = kind_of(typ)
     if array.null_count == 0:
         values = array.to_numpy() if isinstance(array, pa.ChunkedArray) else \
             array.to_numpy(zero_copy_only=False)
@@ -139,7 +141,7 @@ def from_list(values: list, typ: pa.DataType) -> Col:
         valid = np.array([v is not None for v in values])
         return Col(np.array(["" if v is None else v for v in values], dtype=object), valid,
                    VARCHAR)
-    kind = _kind(typ)
+    kind = kind_of(typ)
     if None not in values:            # the common case, without a round trip through Arrow
         return Col(np.array(values, dtype=_DTYPES[kind]), None, kind)
     if values.count(None) == len(values):
@@ -147,7 +149,8 @@ def from_list(values: list, typ: pa.DataType) -> Col:
     return column(pa.array(values, typ))
 
 
-def _kind(typ: pa.DataType) -> str:
+def kind_of(typ: pa.DataType) -> str:
+    """The SQL type this engine gives a column of Arrow type ``typ`` (numbers and booleans)."""
     if pa.types.is_integer(typ):
         return BIGINT
     if pa.types.is_floating(typ):

@@ -17,6 +17,7 @@ from pipeline.analysis.views import connect
 from pipeline.analysis.whatif.rerun import recorded, recorded_settings, replay
 from pipeline.config import async_config, sync_config
 from pipeline.decide import compile as declared
+from pipeline.decide import vectors
 from pipeline.decide.policies import ORDERS, SelectionOrder, selection_order
 from pipeline.decide.policies.order import check_ranking
 from pipeline.errors import ConfigError, LakeError
@@ -305,8 +306,9 @@ def test_the_verl_adapter_keeps_verls_order() -> None:
 def test_the_live_key_and_ranking_are_the_ones_the_file_declares(order: str) -> None:
     q = loader.load(f"select_{order}")
     assert declared.window_order(q) == ("order_key", "term_seq", "uid")
-    assert str(SelectionOrder(order).key) == \
-        str(declared.to_polars(declared.select_items(q, "keyed")["order_key"]))
+    # the live key is the file's `order_key` item, compiled (for numpy) from its text
+    assert SelectionOrder(order).key is \
+        vectors.compile_cached(declared.select_items(q, "keyed")["order_key"])
     assert SelectionOrder(order).reads_metric == (order == "spread_first")
 
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-import polars as pl
-
 from pipeline.decide import compile as declared
+from pipeline.decide import vectors
 from pipeline.errors import ConfigError
 from sql import loader
 from sql.loader import SqlError
@@ -64,8 +63,9 @@ class SelectionOrder:
         _compiled(self.name)     # a broken declaration fails at construction, not at a poll
 
     @property
-    def key(self) -> pl.Expr:
-        """The declared key, compiled: an expression over candidate columns (`reads`)."""
+    def key(self) -> vectors.Compiled:
+        """The declared key, compiled for numpy: an expression over candidate columns
+        (`reads`)."""
         return _compiled(self.name)
 
     @property
@@ -96,18 +96,18 @@ def check_ranking(q: loader.Query) -> None:
 
 
 @cache
-def _compiled(name: str) -> pl.Expr:
+def _compiled(name: str) -> vectors.Compiled:
     q = loader.load(query(name))
     check_ranking(q)
-    items = declared.compiled_items(query(name), KEY_STEP)
+    items = declared.select_items(q, KEY_STEP)
     if KEY not in items:
         raise SqlError(f"{q.path}: step {KEY_STEP!r} needs an `<expression> as {KEY}` item")
-    return items[KEY]
+    return vectors.compile_cached(items[KEY])
 
 
 @cache
 def _reads(name: str) -> tuple[str, ...]:
-    return tuple(sorted(set(_compiled(name).meta.root_names())))
+    return tuple(sorted(_compiled(name).reads))
 
 
 def selection_order(value: object) -> SelectionOrder | None:
