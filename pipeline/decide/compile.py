@@ -4,8 +4,8 @@ their compilation for the polars engine.
 A declaration is a named query file under `sql/` (a rule, the group aggregates, the provenance
 formulas, the off-policy metrics). DuckDB runs the file as it is, over the lake. The live buffer
 compiles parts of the *same text*, once per process: for numpy what a poll evaluates
-(`pipeline.decide.vectors`), into polars expressions what is evaluated once per value (a rule's
-horizon, the wait gate, a declared order's key). The parts are:
+(`pipeline.decide.vectors`), into polars expressions what is evaluated once per value and
+remembered (a rule's horizon, the wait gate, a group's effective status). The parts are:
 
 - the predicate of a rule or check: the text between `where (` and its closing `)`;
 - the items of a select list written `<expression> as <name>` (plain column names are skipped):
