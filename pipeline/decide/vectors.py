@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -196,9 +197,14 @@ def _parser() -> Any:
     return duckdb.connect()
 
 
+_PARSING = threading.Lock()     # one DuckDB connection, used by one thread at a time
+
+
 def _parse(text: str) -> dict:
     """DuckDB's tree of one SQL expression (parsed only: nothing is run)."""
-    raw = _parser().execute("select json_serialize_sql($q)", {"q": "select " + text}).fetchall()[0][0]
+    with _PARSING:
+        raw = _parser().execute("select json_serialize_sql($q)",
+                                {"q": "select " + text}).fetchall()[0][0]
     tree = json.loads(raw)
     if tree.get("error"):
         raise SqlError(f"cannot parse {text!r}: {tree.get('error_message', tree)}")

@@ -239,3 +239,14 @@ def test_the_span_sums_are_the_batch_rows_view_s(seed: int) -> None:
     for i, n in enumerate(names):
         want = [None if r[i] is None else int(r[i]) for r in theirs]
         assert ours[n].arrow(len(spans)).to_pylist() == want, n
+
+
+def test_threads_compiling_at_once_get_the_same_answers() -> None:
+    """Compiling from several threads at once (a Ray actor's or an adapter's threads): the one
+    parser connection is used by one thread at a time, and every thread's expression works."""
+    from concurrent.futures import ThreadPoolExecutor
+    t = pa.table({"a": pa.array([1, 2, 3], pa.int64())})
+    texts = [f"a * {k} + {k}" for k in range(200)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda x: vectors.compile_expr(x).fn(_env(t)).tolist(), texts))
+    assert got == [[v * k + k for v in (1, 2, 3)] for k in range(200)]
