@@ -414,7 +414,7 @@ def _function(n: dict) -> Compiled:
     if name == "-" and len(args) == 1:
         return _unary(args[0], _negate)
     if name == "abs" and len(args) == 1:
-        return _unary(args[0], lambda c: _arith(lambda x, _: np.abs(x), c, c, bound=_max_abs))
+        return _unary(args[0], lambda c: _exact_unary(np.abs, c))
     if name == "nullif" and len(args) == 2:
         return _nary(args, _nullif)
     if name == "coalesce":
@@ -460,7 +460,7 @@ def _max_abs(values: np.ndarray) -> int:
     return max(abs(int(values.max())), abs(int(values.min())))
 
 
-def _arith(op: Callable, a: Col, b: Col, bound: Callable | None = None) -> Col:
+def _arith(op: Callable, a: Col, b: Col) -> Col:
     typ = _num_type(a, b)
     x, y = a.values, b.values
     if typ == DOUBLE:
@@ -468,7 +468,7 @@ def _arith(op: Callable, a: Col, b: Col, bound: Callable | None = None) -> Col:
     if typ == HUGEINT and x.dtype != object and y.dtype != object:
         # exact: 64 bits only when the operands' magnitudes prove the result fits
         mx, my = _max_abs(x), _max_abs(y)
-        worst = mx * my if op is operator.mul else mx + my if bound is None else mx
+        worst = mx * my if op is operator.mul else mx + my
         if worst >= _INT64:
             x, y = x.astype(object), y.astype(object)
     elif typ == HUGEINT:
@@ -479,8 +479,17 @@ def _arith(op: Callable, a: Col, b: Col, bound: Callable | None = None) -> Col:
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
+def _exact_unary(fn: Callable, c: Col) -> Col:
+    """``fn`` (negation, absolute value) of one column; a hugeint whose magnitude reaches 2**63
+    goes to Python integers first, as `_arith` does."""
+    x = c.values
+    if c.typ == HUGEINT and x.dtype != object and _max_abs(x) >= _INT64:
+        x = x.astype(object)
+    return Col(fn(x), c.valid, c.typ)
+
+
 def _negate(c: Col) -> Col:
-    return _arith(lambda x, _: -x, c, c, bound=_max_abs)
+    return _exact_unary(operator.neg, c)
 
 
 def _divide(a: Col, b: Col) -> Col:
@@ -507,11 +516,22 @@ _COMPARE = {"COMPARE_EQUAL": operator.eq, "COMPARE_NOTEQUAL": operator.ne,
             "COMPARE_GREATERTHANOREQUALTO": operator.ge}
 
 
+def _known(c: Col) -> np.ndarray:
+    """Where ``c`` is not NULL, as an array of its shape."""
+    return np.ones(np.shape(c.values), bool) if c.valid is None else c.valid
+
+
+def _common(a: Col, b: Col) -> tuple[str, np.ndarray, np.ndarray]:
+    """The type two columns meet in (a NULL literal takes the other's) and their values in it."""
+    typ = _num_type(a, b) if NULL not in (a.typ, b.typ) else (a.typ if b.typ == NULL else b.typ)
+    return typ, _like(a.values, typ, b.values), _like(b.values, typ, a.values)
+
+
 def _truth(c: Col) -> tuple[np.ndarray, np.ndarray]:
     """(true here, known here) of a boolean column."""
     v = c.values.astype(bool, copy=False)
     if c.valid is None:
-        return v, np.ones_like(v, dtype=bool)
+        return v, _known(c)
     return v & c.valid, c.valid
 
 
@@ -559,24 +579,18 @@ def _like(values: np.ndarray, typ: str, other: np.ndarray) -> np.ndarray:
 
 def _pick(cond: np.ndarray, a: Col, b: Col) -> Col:
     """Where ``cond``: ``a``, else ``b`` (values and validity)."""
-    typ = _num_type(a, b) if NULL not in (a.typ, b.typ) else (a.typ if b.typ == NULL else b.typ)
-    x, y = _like(a.values, typ, b.values), _like(b.values, typ, a.values)
-    va = np.ones(np.shape(a.values), bool) if a.valid is None else a.valid
-    vb = np.ones(np.shape(b.values), bool) if b.valid is None else b.valid
-    valid = np.where(cond, va, vb)
-    return Col(np.where(cond, x, y), valid, typ)
+    typ, x, y = _common(a, b)
+    return Col(np.where(cond, x, y), np.where(cond, _known(a), _known(b)), typ)
 
 
 def _extremum(pick: np.ufunc, a: Col, b: Col) -> Col:
     """``greatest`` / ``least`` of two columns, as DuckDB's: NULL is passed over (NULL only
     where both are)."""
-    typ = _num_type(a, b) if NULL not in (a.typ, b.typ) else (a.typ if b.typ == NULL else b.typ)
-    x, y = _like(a.values, typ, b.values), _like(b.values, typ, a.values)
+    typ, x, y = _common(a, b)
     both = pick(x, y)
     if a.valid is None and b.valid is None:
         return Col(both, None, typ)
-    va = np.ones(np.shape(x), bool) if a.valid is None else a.valid
-    vb = np.ones(np.shape(y), bool) if b.valid is None else b.valid
+    va, vb = _known(a), _known(b)
     return Col(np.where(va & vb, both, np.where(va, x, y)), va | vb, typ)
 
 
