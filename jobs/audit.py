@@ -21,6 +21,8 @@ from typing import Annotated, Any
 
 import typer
 
+from jobs.cli import LakeArg, LakeOpt
+
 SHOWN_ROWS = 5
 # the audits listing selections or rows over their bound, some of which a strategy allows (each
 # row carries the strategy its selection recorded)
@@ -156,10 +158,8 @@ def _allowed(audit: str, rows: list[dict], strategies: dict[str, str]) -> dict[s
 
 
 def main(
-    lake_arg: Annotated[Path | None, typer.Argument(
-        metavar="LAKE", help="the lake directory (or give --lake)", show_default=False)] = None,
-    lake_opt: Annotated[Path | None, typer.Option(
-        "--lake", metavar="DIR", help="the lake directory (same as LAKE)")] = None,
+    lake_arg: LakeArg = None,
+    lake_opt: LakeOpt = None,
     threshold: Annotated[int | None, typer.Option(
         "--threshold", min=1,
         help="hold every selection to this one staleness bound instead of the bounds the "

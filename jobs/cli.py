@@ -23,7 +23,7 @@ import textwrap
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import click
 import typer
@@ -219,9 +219,16 @@ def fail(text: str) -> NoReturn:
     raise typer.Exit(USER_EXIT)
 
 
+# the lake a command reads or maintains, given as its LAKE argument or with --lake (`one_lake`)
+LakeArg = Annotated[Path | None, typer.Argument(
+    metavar="LAKE", help="the lake directory (or give --lake)", show_default=False)]
+LakeOpt = Annotated[Path | None, typer.Option(
+    "--lake", metavar="DIR", help="the lake directory (same as LAKE)")]
+
+
 def one_lake(command: str, positional: Path | None, option: Path | None) -> Path:
-    """The lake a command was given, as its LAKE argument or with --lake (both work, as for
-    `replaylake report`); refused when missing or named twice differently."""
+    """The lake a command was given (`LakeArg` / `LakeOpt`): as its LAKE argument or with
+    --lake, both alike; refused when missing or named twice differently."""
     if positional is None and option is None:
         fail(f"missing the lake: `replaylake {command} LAKE` or `--lake LAKE` "
              f"(try: replaylake {command} --help)")

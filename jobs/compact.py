@@ -8,20 +8,23 @@ one compaction or retention per lake at a time. Prints what it did and its throu
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from jobs.cli import LakeArg, LakeOpt, one_lake
+
 
 def main(
-    lake: Annotated[Path, typer.Option("--lake", help="the lake directory")],
+    lake_arg: LakeArg = None,
+    lake_opt: LakeOpt = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Compact every sealed segment of a lake into Parquet (safe while a buffer writes).
 
     Examples:
         replaylake compact --lake runs/demo/latest/lake
+        replaylake compact runs/demo/latest/lake
     """
     from tqdm import tqdm
 
@@ -29,6 +32,7 @@ def main(
     from jobs.progress import hidden
     from pipeline.lake import compact, require_lake
 
+    lake = one_lake("compact", lake_arg, lake_opt)
     require_lake(lake)                       # before the progress bar starts
     start = time.perf_counter()
     with tqdm(unit="segment", desc="compact", disable=hidden(progress)) as bar:

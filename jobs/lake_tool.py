@@ -13,15 +13,12 @@ and their bytes stay in the quarantine.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
 
-LakeOption = Annotated[Path, typer.Option("--lake", help="the lake directory")]
+from jobs.cli import LakeArg, LakeOpt, one_lake
 
 
-def check(lake: LakeOption) -> None:
+def check(lake_arg: LakeArg = None, lake_opt: LakeOpt = None) -> None:
     """List damaged, missing and torn files of a lake; exit code 1 when any is damaged/missing.
 
     Examples:
@@ -29,7 +26,7 @@ def check(lake: LakeOption) -> None:
     """
     from pipeline.lake import check as run_check
     from pipeline.lake import describe, require_lake
-    report = run_check(require_lake(lake))
+    report = run_check(require_lake(one_lake("lake check", lake_arg, lake_opt)))
     for line in describe(report):
         typer.echo(line)
     bad = report.damaged
@@ -40,7 +37,7 @@ def check(lake: LakeOption) -> None:
         raise typer.Exit(1)
 
 
-def salvage(lake: LakeOption) -> None:
+def salvage(lake_arg: LakeArg = None, lake_opt: LakeOpt = None) -> None:
     """Quarantine what is damaged, keep every write that verifies (the lake must be closed).
 
     Examples:
@@ -48,7 +45,7 @@ def salvage(lake: LakeOption) -> None:
     """
     from pipeline.lake import describe, require_lake
     from pipeline.lake import salvage as run_salvage
-    report = run_salvage(require_lake(lake))
+    report = run_salvage(require_lake(one_lake("lake salvage", lake_arg, lake_opt)))
     for line in describe(report):
         typer.echo(line)
     if not report.damaged:

@@ -14,12 +14,12 @@ from typing import Annotated
 
 import typer
 
+from jobs.cli import LakeArg, LakeOpt, one_lake
+
 
 def main(
-    lake_arg: Annotated[Path | None, typer.Argument(
-        metavar="LAKE", help="the lake directory (or give --lake)", show_default=False)] = None,
-    lake: Annotated[Path | None, typer.Option(
-        "--lake", metavar="DIR", help="the lake directory (same as LAKE)")] = None,
+    lake_arg: LakeArg = None,
+    lake: LakeOpt = None,
     out: Annotated[Path, typer.Option(
         "--out", "-o", metavar="FILE", help="the HTML file to write")] = Path("report.html"),
     steps: Annotated[str | None, typer.Option(
@@ -41,11 +41,7 @@ def main(
     from pipeline.analysis.report import QUERIES, gather, parse_steps
     from pipeline.lake import require_lake
 
-    root = lake_arg or lake
-    if root is None or (lake_arg is not None and lake is not None and lake_arg != lake):
-        typer.echo("error: name the lake once: `replaylake report LAKE` or `--lake LAKE`",
-                   err=True)
-        raise typer.Exit(2)
+    root = one_lake("report", lake_arg, lake)
     require_lake(root)                       # before the progress bar starts
     if out.is_dir():                         # refused before any work: the page is one file
         typer.echo(f"error: -o {out} is a directory; name the HTML file to write, e.g. "

@@ -7,24 +7,27 @@ Compacts first (only compacted files are rewritten). Safe while a buffer writes,
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from jobs.cli import LakeArg, LakeOpt, one_lake
+
 
 def main(
-    lake: Annotated[Path, typer.Option("--lake", help="the lake directory")],
     older_than: Annotated[int, typer.Option(
         "--older-than", metavar="STEPS",
         help="drop the payload of groups whose release/eviction/discard is more than STEPS "
              "steps older than the newest step in the lake")],
+    lake_arg: LakeArg = None,
+    lake_opt: LakeOpt = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Physically drop the token payload of groups gone for more than STEPS steps.
 
     Examples:
         replaylake retain --lake runs/demo/latest/lake --older-than 100
+        replaylake retain runs/demo/latest/lake --older-than 100
     """
     from tqdm import tqdm
 
@@ -34,6 +37,7 @@ def main(
 
     if older_than < 0:                       # checked, like the lake, before the progress bar
         raise typer.BadParameter(f"--older-than {older_than}: give a number of steps >= 0")
+    lake = one_lake("retain", lake_arg, lake_opt)
     require_lake(lake)
     with tqdm(unit="file", desc="retain", disable=hidden(progress)) as bar:
         def tick(done: int, total: int) -> None:

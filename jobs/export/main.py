@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import typer
 
+from jobs.cli import LakeArg, LakeOpt
 from jobs.export.local import LocalRows
 from jobs.export.manifest import (
     MANIFEST_FORMAT,
@@ -281,11 +282,8 @@ def export(cfg: ExportConfig, source: Any = None) -> dict[str, Any]:
 
 
 def main(
-    lake_arg: Annotated[Path | None, typer.Argument(
-        metavar="LAKE", help="the lake directory to read (or give --lake)", show_default=False)]
-        = None,
-    lake_opt: Annotated[Path | None, typer.Option(
-        "--lake", metavar="DIR", help="the lake directory to read (same as LAKE)")] = None,
+    lake_arg: LakeArg = None,
+    lake_opt: LakeOpt = None,
     out: Annotated[Path | None, typer.Option(metavar="DIR",
                                              help="directory for the shards and manifest.json "
                                              "(required)")] = None,

@@ -211,7 +211,8 @@ def test_a_window_without_batches_a_missing_lake_and_an_unknown_partition_are_cl
     assert "the run trained steps 1..8 (partitions train 1..8, val 3..6)" in out
     assert "no lake at" in _cli_error(str(tmp_path / "nowhere"))
     assert "no partition 'test'" in _cli_error(str(lake), "--partition", "test")
-    assert "name the lake once" in _cli_error()
+    assert "missing the lake" in _cli_error()
+    assert "name the lake once" in _cli_error(str(lake), "--lake", str(tmp_path))
 
 
 def test_the_help_shows_an_example() -> None:

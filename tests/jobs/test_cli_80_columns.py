@@ -113,6 +113,24 @@ def test_audit_and_export_take_the_lake_as_an_argument_too(tmp_path: Path) -> No
     assert "missing the lake" in run("audit").output
 
 
+def test_the_maintenance_commands_take_the_lake_as_an_argument_too(tmp_path: Path) -> None:
+    import shutil
+    copy = tmp_path / "lake"
+    shutil.copytree(lake(), copy)          # compact and retain rewrite files: not the shared lake
+    for args in (("compact", str(copy), "--no-progress"),
+                 ("retain", str(copy), "--older-than", "1000", "--no-progress"),
+                 ("lake", "check", str(copy))):
+        res = run(*args)
+        assert res.exit_code == 0, (args, res.output)
+    assert "compacted 0 segment(s)" in run("compact", str(copy), "--no-progress").output
+    both = run("compact", str(copy), "--lake", str(tmp_path))
+    assert both.exit_code == 2 and "name the lake once: `replaylake compact LAKE`" in both.output
+    for args in (("compact",), ("retain", "--older-than", "3"), ("lake", "check"),
+                 ("lake", "salvage")):
+        res = run(*args)
+        assert res.exit_code == 2 and "missing the lake" in res.output, (args, res.output)
+
+
 def test_export_summary_and_option_mismatch_speak_the_clis_terms(tmp_path: Path) -> None:
     out = str(tmp_path / "e")
     res = run("export", "--lake", lake(), "--out", out, "--no-progress", "--rows-per-shard", "2")
