@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pipeline.arguments import INT64_MAX, count_arg, flag_arg, seconds_arg
 from pipeline.config import rule_knobs
-from pipeline.config.partitions import is_validation
+from pipeline.config.partitions import is_validation, takes_partition
 from pipeline.config.stale_bounds import StaleBounds, parse
 from pipeline.decide import RuleUse
 from pipeline.decide.policies import (
@@ -37,12 +37,11 @@ from pipeline.decide.policies import (
     WaitGate,
 )
 from pipeline.decide.policies import selection_order as selection_order_of
+from pipeline.decide.policies.stale import ADMIT, DROP, MASK, STRATEGIES, WAIT
 from pipeline.errors import ConfigError
 
 DEFAULT_THRESHOLD = 8
 DEFAULT_POLL_INTERVAL = 2.0
-# every valid max_off_policy_strategy, in the order the error message lists them
-STRATEGIES = ("drop", "wait", "admit", "mask")
 
 
 class StrategyError(ConfigError):
@@ -70,6 +69,12 @@ class BufferConfig:
     empty_batch_is_error: bool = False   # sync: a batch without any trajectory raises
     preset: str = "custom"
     order: SelectionOrder | None = None
+    # whether refill_fn takes a `partition` keyword: read from its signature once, here
+    refill_takes_partition: bool = field(init=False, default=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "refill_takes_partition",
+                           self.refill_fn is not None and takes_partition(self.refill_fn))
 
     @property
     def selection_order(self) -> str:
@@ -159,7 +164,7 @@ def _filter_rules(filter_groups_metric: str | None, max_response_length: int | N
 
 
 def sync_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
-                max_off_policy_strategy: str = "drop", filter_groups_metric: str | None = None,
+                max_off_policy_strategy: str = DROP, filter_groups_metric: str | None = None,
                 refill_fn: Callable[[int], Any] | None = None,
                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False,
@@ -238,9 +243,9 @@ def async_config(*, max_off_policy_threshold: int | None = DEFAULT_THRESHOLD,
     train_batch_size = _optional_count("train_batch_size", train_batch_size,
                                        "(the groups trained per step), or None")
     bounds = parse(max_off_policy_threshold)
-    if bounds.by_dataset and max_off_policy_strategy in ("wait", "mask"):
+    if bounds.by_dataset and max_off_policy_strategy in (WAIT, MASK):
         why = ("the wait gate holds every sample on the oldest group in flight, whatever its "
-               "dataset" if max_off_policy_strategy == "wait" else
+               "dataset" if max_off_policy_strategy == WAIT else
                "the mask marks chosen groups by one bound")
         raise ConfigError(
             f"max_off_policy_threshold={bounds.given()!r} with max_off_policy_strategy="
@@ -285,7 +290,7 @@ def _stale_rule(bounds: StaleBounds) -> RuleUse:
 def _admission(strategy: str, threshold: int | None, train_batch_size: Any) -> Admit | Unpaced:
     """The admission value of the async preset: `admit` paces refills to the dispatch capacity,
     which counts places per step, so it needs the batch a step trains and a bound."""
-    if strategy != "admit":
+    if strategy != ADMIT:
         return Unpaced()
     train_batch_size = count_arg("train_batch_size", train_batch_size,
                                  "with max_off_policy_strategy='admit' (the groups trained per "

@@ -24,17 +24,19 @@ def metric_prefix(partition: str) -> str:
     return "training" if partition == TRAINING else "validation"
 
 
-def ask_refill(refill_fn: Callable[..., Any], n: int, partition: str) -> None:
+def ask_refill(refill_fn: Callable[..., Any], n: int, partition: str, with_partition: bool) -> None:
     """Ask ``refill_fn`` for ``n`` prompts of ``partition``: ``refill_fn(n, partition=...)`` when
-    it takes a ``partition`` keyword (or ``**kwargs``), so one function can route the prompts of
-    several training partitions; plain ``refill_fn(n)`` otherwise (verl's form)."""
-    if _takes_partition(refill_fn):
+    it takes a ``partition`` keyword (``with_partition``, read once by `takes_partition`), so one
+    function can route the prompts of several training partitions; plain ``refill_fn(n)``
+    otherwise (verl's form)."""
+    if with_partition:
         refill_fn(n, partition=partition)
     else:
         refill_fn(n)
 
 
-def _takes_partition(fn: Callable[..., Any]) -> bool:
+def takes_partition(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a ``partition`` keyword (named, or through ``**kwargs``)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):       # a builtin without a readable signature

@@ -219,7 +219,8 @@ class _Call:
 
         def ask() -> None:
             try:
-                ask_refill(self.cfg.refill_fn, dispatch, self.ctx.partition)
+                ask_refill(self.cfg.refill_fn, dispatch, self.ctx.partition,
+                           self.cfg.refill_takes_partition)
             except BaseException as exc:
                 with self.state.locked():
                     part.refill_asking = False

@@ -27,12 +27,11 @@ from pipeline.decide.metrics import (
     off_policy_metrics,
 )
 from pipeline.decide.policies import PollContext
-from pipeline.decide.policies.stale import MASKED
+from pipeline.decide.policies.stale import MASK, MASKED
 from pipeline.errors import EmptyBatchError, InvariantError
 from pipeline.state import BufferState, PartitionState, decision_rows
 
 log = logging.getLogger("replaylake")
-MASK_STRATEGY = "mask"   # the strategy a masking selection records
 
 
 # the `replaylake_event` of that warning's log record, so a caller can tell it by structure (a
@@ -184,7 +183,7 @@ def held(part: PartitionState, batch_id: int) -> Batch:
     table = with_provenance(payload, rows, per_row(status, owner, pa.string()),
                             np.array([u in stale for u in chosen], bool)[owner] if stale else None)
     opm, weights = off_policy_metrics(rows, prefix=metric_prefix(part.partition))
-    if strategy == MASK_STRATEGY:        # the selection masked (or could have): reported as then
+    if strategy == MASK:        # the selection masked (or could have): reported as then
         opm[f"{metric_prefix(part.partition)}/{MASKED_SAMPLES}"] = masked_rows(table)
     bounds = {u: marks.get(u, (None, None))[1] for u in chosen}
     known = [b for b in bounds.values() if b is not None]

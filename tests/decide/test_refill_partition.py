@@ -40,7 +40,8 @@ def test_other_refill_fns_are_called_as_they_take_it(kind) -> None:
             asked.append((n, kw))
     else:                                                # no readable signature needed
         refill = asked.append
-    _two_partitions(refill)
+    buf = _two_partitions(refill)
+    assert buf.config.refill_takes_partition is (kind == "kwargs")   # read once, with the config
     want = {"plain": [1, 1], "builtin": [1, 1],
             "kwargs": [(1, {"partition": "math"}), (1, {"partition": "code"})]}[kind]
     assert asked == want

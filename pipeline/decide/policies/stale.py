@@ -23,6 +23,8 @@ from pipeline.decide import compile as declared
 from pipeline.decide import rules, vectors
 
 GATE = "wait_gate_blockers"
+# every valid max_off_policy_strategy (in the order an error message lists them), each named once
+STRATEGIES = DROP, WAIT, ADMIT, MASK = ("drop", "wait", "admit", "mask")
 MASKED = "stale"   # the rule whose predicate marks a group (and the reason its `select` row records)
 
 
@@ -106,13 +108,13 @@ class StalePolicy:
 
     def gate(self) -> WaitGate | None:
         """The wait gate these settings ask for (``wait`` with a threshold), or None."""
-        if self.strategy == "wait" and self.threshold is not None:
+        if self.strategy == WAIT and self.threshold is not None:
             return WaitGate(self.threshold)
         return None
 
     def mask(self) -> StaleMask | None:
         """The stale mark these settings ask for (``mask`` with a threshold), or None."""
-        if self.strategy == "mask" and self.threshold is not None:
+        if self.strategy == MASK and self.threshold is not None:
             return StaleMask(self.threshold)
         return None
 
@@ -120,4 +122,4 @@ class StalePolicy:
         """The span no selected group may exceed (the `drop` rule's threshold), or None.
         `admit` keeps the rule on as a safety net: admission paces dispatches so that it
         should never fire, and a group that finished late still cannot be trained stale."""
-        return self.threshold if self.strategy in ("drop", "admit") else None
+        return self.threshold if self.strategy in (DROP, ADMIT) else None
