@@ -32,7 +32,7 @@ import operator
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -257,10 +257,11 @@ def aggregates(items: Mapping[str, Compiled], env: Env) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Segments:
-    """A frame's rows in groups: ``order`` sorts the rows by group, ``starts`` is each group's
-    first row in that order and ``counts`` its number of rows (every group has one)."""
+    """A frame's rows in groups: ``order`` sorts the rows by group (None: they are in order
+    already), ``starts`` is each group's first row in that order and ``counts`` its number of
+    rows (every group has one)."""
 
-    order: np.ndarray
+    order: np.ndarray | None
     starts: np.ndarray
     counts: np.ndarray
 
@@ -390,7 +391,7 @@ def _function(n: dict) -> Compiled:
     if name in _AGGREGATES:
         if any(a.aggregate for a in args):
             raise SqlError(f"an aggregate inside {name}() is not supported")
-        reduce, per_group = _AGGREGATES[name], _GROUPED[name]
+        per_group = _AGGREGATES[name]
         if name == "count_star":
             def count_star(env: Env) -> Col:
                 seg = env.get(SEGMENTS)
@@ -403,7 +404,7 @@ def _function(n: dict) -> Compiled:
         def aggregate(env: Env) -> Col:
             seg = env.get(SEGMENTS)
             if seg is None:
-                return reduce(inner(env), _height(env))
+                return _whole(name, inner(env), _height(env))
             return per_group(_in_groups(inner(env), seg), seg)
         return Compiled(aggregate, True)
     if name in _ARITH and len(args) == 2:
@@ -644,112 +645,73 @@ def _cast(c: Col, typ: str) -> Col:
     return Col(values.astype(np.int64, copy=False), c.valid, BIGINT)
 
 
-# --- aggregates ---------------------------------------------------------------------------------
-def _live(c: Col, n: int) -> np.ndarray:
-    values = c.values if np.ndim(c.values) else np.full(n, c.values)
-    if c.valid is None:
-        return values
-    valid = c.valid if np.ndim(c.valid) else np.full(n, bool(c.valid))
-    return values[valid]
-
-
-def _one(value: Any, typ: str) -> Col:
-    if value is None:
-        return Col(np.array(0, dtype=np.int64), np.array(False), typ)
-    return Col(np.array(value, dtype=object if isinstance(value, int) and typ == HUGEINT
-                        else None), None, typ)
-
-
-def _exact_sum(values: np.ndarray) -> int:
-    if values.dtype != object and _max_abs(values) * len(values) < _INT64:
-        return int(values.sum())
-    return sum(int(v) for v in values.flat)
-
-
-def _sum(c: Col, n: int) -> Col:
-    live = _live(c, n)
-    if live.size == 0:
-        return _one(None, c.typ)
-    if c.typ == DOUBLE:
-        return _one(float(live.sum()), DOUBLE)
-    return _one(_exact_sum(live), HUGEINT)      # the sum of integers is a 128-bit integer
-
-
-def _avg(c: Col, n: int) -> Col:
-    live = _live(c, n)
-    if live.size == 0:
-        return _one(None, DOUBLE)
-    if c.typ == DOUBLE:
-        return _one(float(live.sum()) / live.size, DOUBLE)
-    return _one(_exact_sum(live) / live.size, DOUBLE)
-
-
-def _extreme(pick: Callable) -> Callable[[Col, int], Col]:
-    def reduce(c: Col, n: int) -> Col:
-        live = _live(c, n)
-        if live.size == 0:
-            return _one(None, c.typ)
-        v = pick(live)
-        return _one(float(v) if c.typ == DOUBLE else bool(v) if c.typ == BOOLEAN else int(v), c.typ)
-    return reduce
-
-
-def _count(c: Col, n: int) -> Col:
-    return Col(np.array(_live(c, n).size, dtype=np.int64), None, BIGINT)
-
-
-_AGGREGATES = {"sum": _sum, "avg": _avg, "mean": _avg, "min": _extreme(np.min),
-               "max": _extreme(np.max), "count": _count, "count_star": None}
-
-
 # --- aggregates per group -----------------------------------------------------------------------
 def _in_groups(c: Col, seg: Segments) -> Col:
     """``c``'s rows in group order (a one-value column spread to every row)."""
-    n = len(seg.order)
-    values = c.values[seg.order] if np.ndim(c.values) else np.full(n, c.values)
+    order = seg.order
+    if order is None and np.ndim(c.values) and (c.valid is None or np.ndim(c.valid)):
+        return c
+    n = len(order) if order is not None else int(seg.counts[0])
+    values = (c.values if order is None else c.values[order]) if np.ndim(c.values) else \
+        np.full(n, c.values)
     if c.valid is None:
         return Col(values, None, c.typ)
-    valid = c.valid[seg.order] if np.ndim(c.valid) else np.full(n, bool(c.valid))
+    valid = (c.valid if order is None else c.valid[order]) if np.ndim(c.valid) else \
+        np.full(n, bool(c.valid))
     return Col(values, valid, c.typ)
+
+
+def _reduce(ufunc: np.ufunc, values: np.ndarray, seg: Segments) -> np.ndarray:
+    """``ufunc`` over each group's rows (in group order): one value per group. One group (a
+    whole frame) is reduced whole, pairwise for a float sum, as numpy's ``sum``."""
+    if len(seg.starts) == 1:
+        return ufunc.reduce(values, keepdims=True)
+    return ufunc.reduceat(values, seg.starts)
 
 
 def _g_count(c: Col, seg: Segments) -> np.ndarray:
     if c.valid is None:
         return seg.counts
+    if len(seg.starts) == 1:
+        return np.array([np.count_nonzero(c.valid)], np.int64)
     return np.add.reduceat(c.valid.astype(np.int64), seg.starts)
 
 
-def _some(counts: np.ndarray) -> np.ndarray | None:
-    """Valid where a group had a value (None: every group had one)."""
-    return None if counts.all() else counts > 0
+def _some(counts: np.ndarray, c: Col) -> np.ndarray | None:
+    """Valid where a group had a value of ``c`` (None: every group had one, as every group
+    has a row)."""
+    return None if c.valid is None or counts.all() else counts > 0
 
 
-def _g_sums(c: Col, seg: Segments) -> tuple[np.ndarray, np.ndarray]:
-    """(each group's exact sum, its count of values)."""
+def _g_sums(c: Col, seg: Segments) -> tuple[np.ndarray, np.ndarray, float]:
+    """(each group's exact sum, its count of values, a bound on every sum's magnitude: inf for
+    doubles and for sums past 64 bits)."""
     counts = _g_count(c, seg)
     values = c.values if c.valid is None else np.where(c.valid, c.values, 0)
     if c.typ == DOUBLE:
-        return np.add.reduceat(values.astype(np.float64), seg.starts), counts
-    if values.dtype != object and _max_abs(values) * int(seg.counts.max()) < _INT64:
-        return np.add.reduceat(values.astype(np.int64), seg.starts), counts
+        return _reduce(np.add, values.astype(np.float64, copy=False), seg), counts, math.inf
+    if values.dtype != object:
+        bound = _max_abs(values) * int(seg.counts.max())
+        if bound < _INT64:
+            return _reduce(np.add, values.astype(np.int64, copy=False), seg), counts, bound
     ends = [*seg.starts[1:].tolist(), len(values)]
     return np.array([sum(int(v) for v in values[a:b]) for a, b in
-                     zip(seg.starts.tolist(), ends)], dtype=object), counts
+                     zip(seg.starts.tolist(), ends)], dtype=object), counts, math.inf
 
 
 def _g_sum(c: Col, seg: Segments) -> Col:
-    sums, counts = _g_sums(c, seg)
-    return Col(sums, _some(counts), DOUBLE if c.typ == DOUBLE else HUGEINT)
+    sums, counts, _ = _g_sums(c, seg)
+    return Col(sums, _some(counts, c), _result_type("sum", c.typ))
 
 
 def _g_avg(c: Col, seg: Segments) -> Col:
-    sums, counts = _g_sums(c, seg)
+    sums, counts, bound = _g_sums(c, seg)
     div = np.maximum(counts, 1)
-    if sums.dtype == np.float64 or (sums.dtype != object and _max_abs(sums) < 2 ** 53):
+    if sums.dtype == np.float64 or bound < 2 ** 53:
         means = sums / div       # integers below 2**53 convert exactly: one rounding, as Python's
     else:
         means = np.array([int(a) / int(b) for a, b in zip(sums.tolist(), div.tolist())])
-    return Col(means.astype(np.float64), _some(counts), DOUBLE)
+    return Col(means.astype(np.float64, copy=False), _some(counts, c), DOUBLE)
 
 
 def _g_extreme(ufunc: np.ufunc, low: bool) -> Callable[[Col, Segments], Col]:
@@ -762,7 +724,7 @@ def _g_extreme(ufunc: np.ufunc, low: bool) -> Callable[[Col, Segments], Col]:
             pick = min if low else max
             out = [pick((int(v) for v, k in zip(values[a:b], valid[a:b]) if k), default=0)
                    for a, b in zip(seg.starts.tolist(), ends)]
-            return Col(np.array(out, dtype=object), _some(counts), c.typ)
+            return Col(np.array(out, dtype=object), _some(counts, c), c.typ)
         if c.typ == BOOLEAN:
             values = values.astype(np.int8)
         if c.valid is not None:
@@ -772,10 +734,10 @@ def _g_extreme(ufunc: np.ufunc, low: bool) -> Callable[[Col, Segments], Col]:
                 info = np.iinfo(values.dtype)
                 fill = info.max if low else info.min
             values = np.where(c.valid, values, fill)
-        out = ufunc.reduceat(values, seg.starts)
+        out = _reduce(ufunc, values, seg)
         if c.typ == BOOLEAN:
             out = out.astype(bool)
-        return Col(out, _some(counts), c.typ)
+        return Col(out, _some(counts, c), c.typ)
     return reduce
 
 
@@ -783,5 +745,34 @@ def _g_count_col(c: Col, seg: Segments) -> Col:
     return Col(np.asarray(_g_count(c, seg), dtype=np.int64), None, BIGINT)
 
 
-_GROUPED = {"sum": _g_sum, "avg": _g_avg, "mean": _g_avg, "min": _g_extreme(np.minimum, True),
-            "max": _g_extreme(np.maximum, False), "count": _g_count_col, "count_star": None}
+# each aggregate once, per group; over a whole frame it is the one group of all its rows (`_whole`)
+_AGGREGATES = {"sum": _g_sum, "avg": _g_avg, "mean": _g_avg, "min": _g_extreme(np.minimum, True),
+               "max": _g_extreme(np.maximum, False), "count": _g_count_col, "count_star": None}
+
+
+def _result_type(name: str, typ: str) -> str:
+    """The type of aggregate ``name`` over a column of ``typ`` (DuckDB's: a sum of integers is
+    hugeint, a mean double, a count bigint, a minimum or maximum its column's)."""
+    if name == "sum":
+        return DOUBLE if typ == DOUBLE else HUGEINT
+    return {"avg": DOUBLE, "mean": DOUBLE, "count": BIGINT}.get(name, typ)
+
+
+@lru_cache(maxsize=256)
+def _one_group(n: int) -> Segments:
+    """The rows of a frame of ``n`` rows as one group, in order."""
+    return Segments(None, np.zeros(1, np.int64), np.array([n], np.int64))
+
+
+def _whole(name: str, c: Col, n: int) -> Col:
+    """Aggregate ``name`` over a whole frame of ``n`` rows: the per-group reducer over the one
+    group of all its rows, its value as one value (a 0-d column). A frame of no rows has no
+    group: its count is 0, any other aggregate NULL."""
+    if n == 0:
+        if name == "count":
+            return Col(np.array(0, dtype=np.int64), None, BIGINT)
+        return Col(np.array(0, dtype=np.int64), np.array(False), _result_type(name, c.typ))
+    seg = _one_group(n)
+    out = _AGGREGATES[name](_in_groups(c, seg), seg)
+    valid = None if out.valid is None or out.valid[0] else np.array(False)
+    return Col(out.values[0, ...], valid, out.typ)
