@@ -30,7 +30,6 @@ EVICTION_KEYS = {"stale": "training/off_policy/evicted_samples",
                  "zero_variance": "training/filter_groups/evicted_samples",
                  "failure": "training/rollout_failure/evicted_samples"}
 STALENESS_KEY = "training/off_policy/trajectory_staleness/mean"
-SPAN_KEY = "training/off_policy/trajectory_spans/mean"
 
 
 TIS_KEYS = ("train/tis_weight_mean", "train/tis_truncated_fraction",

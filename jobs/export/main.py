@@ -62,13 +62,12 @@ from jobs.export.rows import (
     attach_provenance,
     refuse_dropped_payload,
     trained_groups,
-    trained_rows,
 )
 from pipeline.lake import mkdir_durably, read_table, require_lake
 from schemas import BATCH_PROVENANCE, TRAJECTORIES
 
 __all__ = ["ExportConfig", "ExportError", "LocalRows", "attach_provenance", "export", "main",
-           "parse_steps", "trained_groups", "trained_rows", "write_shard"]
+           "parse_steps", "trained_groups", "write_shard"]
 
 FORMATS = ("parquet", "pt")
 

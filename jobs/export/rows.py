@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.export.manifest import ExportError
+from pipeline.decide import row_provenance
 from pipeline.lake import read_table
 from schemas import BATCH_PROVENANCE
 
@@ -55,29 +56,15 @@ def attach_provenance(traj: pa.Table, groups: pa.Table) -> pa.Table:
     out = traj.take(pa.array(rows["row"].to_numpy().astype(np.int64)))
     step = rows["step"].to_numpy().astype(np.int64)
     gs = rows["gs"].to_numpy().astype(np.int64)
-    mn = out.column("min_global_steps").to_numpy()
-    mx = out.column("max_global_steps").to_numpy()
     cols = {"batch_id": rows["batch_id"].to_numpy(), "step": step, "global_steps": gs,
             "status": rows["status"].fill_null("finished").to_list(),
-            "span": mx - mn + 1, "staleness": (step - 1) - mx, "staleness_worst": (step - 1) - mn,
-            "group_span": step - gs + 1, "times_sampled": np.ones(len(step), np.int32),
+            "times_sampled": np.ones(len(step), np.int32),
             "is_stale": rows["is_stale"].to_numpy().astype(bool)}
+    cols.update(row_provenance(step, gs, *(out.column(c).to_numpy().astype(np.int64, copy=False)
+                                           for c in ("min_global_steps", "max_global_steps"))))
     for f in BATCH_PROVENANCE:
         out = out.append_column(f, pa.array(cols[f.name], type=f.type))
     return out
-
-
-def trained_rows(lake: Path, partition: str, selects: pa.Table) -> pa.Table:
-    """The trajectories of the selected groups, with the provenance their Batch carried.
-
-    A group's rows are those that arrived after its last (re)registration before the select and
-    before the select itself (a `reissued` event drops the partial rows that came before it)."""
-    groups = trained_groups(lake, partition, selects)
-    # filter each segment as it is read: the payload of groups never trained on is not loaded
-    uids = groups.column("uid").combine_chunks()
-    traj = read_table(lake, "trajectories", [partition],
-                      keep=lambda seg: pc.is_in(seg.column("uid"), value_set=uids))
-    return attach_provenance(traj, groups)
 
 
 def dropped_payload(rows: pa.Table) -> pa.Array:

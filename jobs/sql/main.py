@@ -17,7 +17,8 @@ from typing import Annotated
 
 import typer
 
-FORMATS = ("table", "vertical", "csv", "json", "parquet")
+from jobs.sql.render import DEFAULT_MAX_ROWS, FORMATS
+
 EPILOG = """Examples:
     replaylake sql --lake runs/demo/latest/lake "select * from groups limit 5"
     replaylake sql --lake runs/demo/latest/lake --name staleness_by_step
@@ -106,7 +107,7 @@ def main(
     = None,
     max_rows: Annotated[int, typer.Option(
         "--max-rows", metavar="N", help="rows a table shows (0: all); csv/json/files get all")]
-    = 40,
+    = DEFAULT_MAX_ROWS,
     filter_metric: Annotated[str, typer.Option(
         "--filter-metric", metavar="NAME", help="the run's zero-variance metric")] = "reward",
     list_: Annotated[bool, typer.Option(

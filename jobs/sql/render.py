@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 FORMATS = ("table", "vertical", "csv", "json", "parquet")
+DEFAULT_MAX_ROWS = 40      # rows a table shows unless --max-rows says otherwise
 TERMINAL = ("auto", "table", "vertical")   # the layouts printed to the terminal ("auto": default)
 NULL = "NULL"
 MIN_CUT = 40           # a cell cut to fit keeps at least this many characters (or its header's)

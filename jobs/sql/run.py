@@ -15,8 +15,6 @@ import duckdb
 from jobs.sql import render as sql_render
 from pipeline.analysis import statements
 
-DEFAULT_MAX_ROWS = 40
-
 
 def fetch(con: Any, text: str, limit: int | None, kind: str = "SELECT") -> tuple[Any, int] | None:
     """The statement's rows (at most ``limit``; None = all) and how many rows the whole result

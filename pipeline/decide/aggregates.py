@@ -42,7 +42,7 @@ _STATUS_INPUTS = {"last_event": pl.String, "n_traj": pl.Int64}
 def empty_aggregates() -> tuple:
     """The aggregates of a group without trajectories, in `group_aggregates` order: the
     `candidates` view's final items evaluated with every aggregate null (no aggregates row)."""
-    names = list(declared.compiled_items(QUERY))
+    names = list(vectors.compiled_items(QUERY))     # the numpy compile the poll uses (cached)
     items = declared.compiled_items("candidates", "final")
     missing = [n for n in names if n not in items]
     if missing:
@@ -177,9 +177,6 @@ def complete(part: PartitionState) -> None:
         rows.append((part.partition, uid, gs, term_seq, effective_status(status, a[n_at]), *a,
                      part.groups[uid].dataset))
     part.candidates.complete(rows, keys if keyed else None)
-
-
-_KEY = "__order_key"
 
 
 @cache

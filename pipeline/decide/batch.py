@@ -149,6 +149,19 @@ def with_provenance(payload: pa.Table, rows: Rows, status: pa.Array,
         schema, tuple(sorted(meta.items())) if meta else ()))
 
 
+def row_provenance(step: np.ndarray, global_steps: np.ndarray, min_global_steps: np.ndarray,
+                   max_global_steps: np.ndarray) -> dict[str, np.ndarray]:
+    """The BATCH_PROVENANCE columns the declared formulas give (span, staleness, worst
+    staleness, group span) for rows of any mix of batches: each row's training step, its
+    group's dispatch step and its oldest and newest weight version (int64 arrays)."""
+    env = {"step": vectors.of(step), "global_steps": vectors.of(global_steps),
+           "min_global_steps": vectors.of(min_global_steps),
+           "max_global_steps": vectors.of(max_global_steps)}
+    wanted = {f.name for f in BATCH_PROVENANCE}
+    return {name: c.fn(env).values for name, c in vectors.compiled_items(PROVENANCE).items()
+            if name in wanted}
+
+
 @lru_cache(maxsize=16)
 def _with_provenance(schema: pa.Schema, metadata: tuple) -> pa.Schema:
     """The payload's schema followed by BATCH_PROVENANCE (a batch's schema: built once per

@@ -1,23 +1,25 @@
-"""Declarations written once in SQL: the pieces of their text the live buffer compiles, and
-their compilation for the polars engine.
+"""Declarations written once in SQL: the pieces of their text the live buffer compiles (for
+either engine), and their compilation for the polars engine.
 
 A declaration is a named query file under `sql/` (a rule, the group aggregates, the provenance
 formulas, the off-policy metrics). DuckDB runs the file as it is, over the lake. The live buffer
 compiles parts of the *same text*, once per process: for numpy what a poll evaluates
 (`pipeline.decide.vectors`), into polars expressions what is evaluated once per value and
-remembered (a rule's horizon, the wait gate, a group's effective status). The parts are:
+remembered (a rule's horizon, the wait gate, a group's effective status, the aggregates of a
+group without trajectories) or off the poll (a batch's certificate). The parts are:
 
 - the predicate of a rule or check: the text between `where (` and its closing `)`;
 - the items of a select list written `<expression> as <name>` (plain column names are skipped):
   the query's first select list, or that of one named step (`<step> as (select ...)`);
 - the sort key of a ranking window (`row_number() over (partition by ... order by a, b)`), which
-  the polars engine's own order is derived from.
+  the live buffer's candidate index orders by (and checks against the declared ranking).
 
-Parameters (`$name` in the text) become literal columns `__p_name` that the caller adds to the
-frame right before evaluating (`with_params`), so a compiled expression never has to be rebuilt
-when a step or a threshold changes. An expression over parameters alone (a rule's horizon) is
-instead compiled with its values written in as literals and evaluated without a frame
-(`evaluate_bound`). The SQL text is the definition; nothing here restates a rule.
+Parameters (`$name` in the text) become columns `__p_name` (`param_column`) that the caller adds
+to the frame right before evaluating (`with_params` here, `vectors.bind` for numpy), so a
+compiled expression never has to be rebuilt when a step or a threshold changes. An expression
+over parameters alone (a rule's horizon) is instead compiled with its values written in as
+literals and evaluated without a frame (`evaluate_bound`). The SQL text is the definition;
+nothing here restates a rule.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def param_column(name: str) -> str:
-    """The literal column a parameter becomes in the polars engine."""
+    """The column a parameter ``$name`` reads in either engine."""
     return f"__p_{name}"
 
 

@@ -13,7 +13,6 @@ from functools import cache, lru_cache
 import numpy as np
 
 from pipeline.decide import aggregates, rules, vectors
-from pipeline.decide import compile as declared
 from pipeline.decide.rules import RuleUse
 from pipeline.errors import MissingMetricError
 from pipeline.state import PartitionState, candidates
@@ -129,9 +128,7 @@ def rule_frame(rows: list[tuple], uses: tuple[RuleUse, ...], params: dict,
     """Candidate rows as the frame compiled rules read: the candidate columns (``columns`` of
     them, or all), one column per parameter (``params``: the rules' bound values, the step
     included) and the columns each rule's lookup joins."""
-    frame = candidates.columns(rows, columns)
-    for k, v in params.items():
-        frame[declared.param_column(k)] = vectors.scalar(v)
+    frame = vectors.bind(candidates.columns(rows, columns), params)
     rules.add_lookups(frame, uses, len(rows))
     return frame
 

@@ -212,9 +212,16 @@ def _parse(text: str) -> dict:
     return item
 
 
+def bind(frame: dict[str, Col], params: Mapping[str, Any]) -> dict[str, Col]:
+    """``frame`` with each parameter's value as the one-value column its ``$name`` reads."""
+    for k, v in params.items():
+        frame[declared.param_column(k)] = scalar(v)
+    return frame
+
+
 def compile_expr(text: str) -> Compiled:
     """Compile one SQL expression for numpy. A parameter ``$name`` reads the column
-    `compile.param_column(name)`, which the caller puts in the frame (`scalar(value)`)."""
+    `compile.param_column(name)`, which the caller puts in the frame (`bind`)."""
     try:
         tree = _parse(loader.PLACEHOLDER.sub(lambda m: declared.param_column(m.group(1)), text))
         c = _node(tree)
@@ -346,7 +353,12 @@ def _literal(lit: dict) -> Col:
     if kind == "NULL_LITERAL":
         return Col(np.array(0, dtype=np.int64), np.array(False), NULL)
     if kind in ("INTEGER", "BIGINT"):
-        return Col(np.array(int(text), dtype=np.int64), None, BIGINT)
+        value = int(text)
+        if -_INT64 <= value < _INT64:
+            return Col(np.array(value, dtype=np.int64), None, BIGINT)
+        if -2 ** 127 <= value < 2 ** 127:      # DuckDB reads it as a hugeint
+            return Col(np.array(value, dtype=object), None, HUGEINT)
+        raise SqlError(f"the integer literal {text} does not fit in 128 bits")
     if kind in ("NUMERIC", "DECIMAL", "DOUBLE", "FLOAT"):
         return Col(np.array(float(text)), None, DOUBLE)
     if kind == "BOOLEAN":
@@ -418,8 +430,6 @@ def _function(n: dict) -> Compiled:
         return _unary(args[0], lambda c: _exact_unary(np.abs, c))
     if name == "nullif" and len(args) == 2:
         return _nary(args, _nullif)
-    if name == "coalesce":
-        return _nary(args, lambda *cs: _fold(_coalesce, cs))
     if name in ("greatest", "least") and args:
         pick = np.maximum if name == "greatest" else np.minimum
         return _nary(args, lambda *cs: _fold(lambda a, b: _extremum(pick, a, b), cs))

@@ -26,7 +26,7 @@ from schemas.tables import N_RESPONSE_TOKENS
 STATUSES = ("pending", "running", "finished", "failure")
 # Every step and weight version is below this (4611686018427387904): spans, staleness and group
 # spans are differences of two steps plus one, which then always fit in a signed 64-bit integer,
-# so the live buffer (polars, which wraps on overflow) and DuckDB over the lake (which refuses)
+# so the live buffer (numpy, whose int64 wraps on overflow) and DuckDB over the lake (which refuses)
 # compute the same values; the token-weighted sums are computed in 128 bits by both.
 STEP_LIMIT = 2**62
 STEP_RULE = "must be an integer >= 0 and < 2**62 (4611686018427387904)"

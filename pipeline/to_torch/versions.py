@@ -28,7 +28,6 @@ import pyarrow.compute as pc
 from pipeline.to_torch.ragged import BatchFormatError, describe_rows
 
 VERSIONS, STALENESS = "token_versions", "token_staleness"
-PADDED = (VERSIONS, STALENESS)
 RESPONSES = ("responses_token_versions", "responses_token_staleness")
 _SHOWN = 5
 

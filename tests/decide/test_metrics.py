@@ -126,7 +126,7 @@ _SPANS = [{"version": 2, "n_tokens": 1}, {"version": 4, "n_tokens": 1}]
 
 
 @pytest.mark.parametrize("spans", [
-    [None, None, None],                 # no row reported spans: the exact aggregates are fixed
+    [None, None, None],                 # no row reported spans: the exact aggregates are NULL
     [_SPANS, None, None],               # one did: every aggregate is evaluated
     [None, None, _SPANS],               # only the padding row did: null over the kept rows
 ], ids=["none", "one", "padding-only"])

@@ -146,6 +146,23 @@ def test_nothing_to_aggregate_is_null_and_count_is_zero() -> None:
     assert vectors.compile_expr("count(*)").fn(env).item() == 2
     empty = vectors.where(env, np.zeros(2, bool))
     assert vectors.compile_expr("count(*)").fn(empty).item() == 0
+    assert vectors.compile_expr("count(a)").fn(empty).item() == 0
+    for text, typ in (("sum(a)", vectors.HUGEINT), ("avg(a)", vectors.DOUBLE),
+                      ("min(a)", vectors.BIGINT), ("max(a)", vectors.BIGINT)):
+        got = vectors.compile_expr(text).fn(empty)     # no row at all: NULL, typed as over rows
+        assert (got.item(), got.typ) == (None, typ), text
+
+
+def test_integer_literals_past_64_bits_are_hugeints_as_in_duckdb() -> None:
+    t = pa.table({"a": pa.array([1, -2, None], pa.int64())})
+    con = duckdb.connect()
+    con.register("t", t)
+    for text in ("a + 99999999999999999999", "a * -170141183460469231731687303715884105727 < 0",
+                 "a - 9223372036854775808"):
+        theirs = [r[0] for r in con.execute(f"select {text} from t").fetchall()]
+        assert vectors.compile_expr(text).fn(_env(t)).tolist() == theirs, text
+    with pytest.raises(SqlError, match="does not fit in 128 bits"):
+        vectors.compile_expr("a + 999999999999999999999999999999999999999999")
 
 
 @pytest.mark.parametrize("text, message", [

@@ -49,7 +49,6 @@ import pyarrow.dataset as ds
 from pipeline.errors import LakeError
 from schemas import TRAJECTORIES_INPUT
 
-TABLES = ("group_events", "trajectories", "decisions")
 # the per-token columns a replay does not read (the buffer gets a stand-in for them)
 PAYLOAD = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
 LENGTH = "n_response_tokens"

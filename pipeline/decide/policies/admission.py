@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.decide import compile as declared
 from pipeline.decide import vectors
 from pipeline.decide.policies.context import PollContext, PollOutcome
 from pipeline.errors import RefillLimitError
@@ -36,8 +35,7 @@ def capacity(threshold: int, batch_size: int, selected: int, sampleable: int,
     for numpy (one value: a polars evaluation would cost far more than the arithmetic it
     stands for)."""
     frame = {c: vectors.scalar(v) for c, v in zip(_COUNTS, (selected, sampleable, inflight))}
-    for k, v in (("threshold", threshold), ("batch_size", batch_size)):
-        frame[declared.param_column(k)] = vectors.scalar(v)
+    vectors.bind(frame, {"threshold": threshold, "batch_size": batch_size})
     return int(vectors.compiled_items(DECLARATION, "final")["capacity"].fn(frame).item())
 
 

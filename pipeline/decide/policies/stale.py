@@ -5,8 +5,9 @@ stale mark.
 is a `StaleMask`, the same rule's predicate applied to the chosen groups as a mark instead of an
 eviction (a marked group is trained with its loss switched off, nothing is re-generated); `wait(T)`
 is a `WaitGate`, whose comparison is the predicate of `sql/policies/wait_gate_blockers.sql`,
-compiled for polars like a rule: the lake's engine lists the groups that block, the polars engine
-asks whether the oldest in-flight group does, and both read the one text. The strategy string is
+compiled for polars (its answer is remembered per step and dispatch step): the lake's engine lists
+the groups that block, the live buffer asks whether the oldest in-flight group does, and both read
+the one text. The strategy string is
 read here, once, when the settings are made; the poll loop only sees a gate or None, and the
 selection a mask or None.
 """
@@ -70,8 +71,7 @@ def marked(step: int, global_steps: int, status: str, threshold: int) -> bool:
     `stale_bounds` lookup is null and the threshold decides."""
     frame = {"global_steps": vectors.scalar(global_steps), "status": vectors.scalar(status),
              "bound": vectors.scalar(None)}
-    for k, v in {"step": step, "threshold": threshold, "tightest": threshold}.items():
-        frame[declared.param_column(k)] = vectors.scalar(v)
+    vectors.bind(frame, {"step": step, "threshold": threshold, "tightest": threshold})
     return bool(vectors.true(rules.get(MASKED).expr.fn(frame)))
 
 

@@ -22,7 +22,7 @@ def test_export_help_fits_80_columns_with_a_readable_description_column() -> Non
     for option, text in [("--rows-per-shard", "rows per shard"),
                          ("--pad-token-id", "pad id of padded .pt shards"),
                          ("--no-progress", "no progress bar (for cron jobs and logs)"),
-                         ("--lake", "the lake directory to read")]:
+                         ("--lake", "the lake directory (same as LAKE)")]:
         line = next(line for line in out.splitlines()
                     if line.startswith("│") and f" {option} " in line)
         assert text in line, (option, line)           # on the option's own line, unbroken
