@@ -431,7 +431,8 @@ def _function(n: dict) -> Compiled:
     if name == "nullif" and len(args) == 2:
         return _nary(args, _nullif)
     if name in ("greatest", "least") and args:
-        pick = np.maximum if name == "greatest" else np.minimum
+        # NaN, above every number in SQL, wins a greatest and loses a least
+        pick = np.maximum if name == "greatest" else np.fmin
         return _nary(args, lambda *cs: _fold(lambda a, b: _extremum(pick, a, b), cs))
     raise SqlError(f"function {name}() is not supported")
 
@@ -474,8 +475,9 @@ def _max_abs(values: np.ndarray) -> int:
 def _arith(op: Callable, a: Col, b: Col) -> Col:
     typ = _num_type(a, b)
     x, y = a.values, b.values
-    if typ == DOUBLE:
-        return Col(op(x.astype(np.float64), y.astype(np.float64)), _valid(a, b), DOUBLE)
+    if typ == DOUBLE:        # IEEE, as SQL's doubles: inf - inf is NaN, an overflow inf, silently
+        with np.errstate(over="ignore", invalid="ignore"):
+            return Col(op(x.astype(np.float64), y.astype(np.float64)), _valid(a, b), DOUBLE)
     if typ == HUGEINT and x.dtype != object and y.dtype != object:
         # exact: 64 bits only when the operands' magnitudes prove the result fits
         mx, my = _max_abs(x), _max_abs(y)
@@ -518,7 +520,34 @@ def _divide(a: Col, b: Col) -> Col:
 
 
 def _compare(op: Callable, a: Col, b: Col) -> Col:
-    return Col(op(a.values, b.values), _valid(a, b), BOOLEAN)
+    x, y = a.values, b.values
+    nx, ny = _nans(x), _nans(y)
+    if nx is not None or ny is not None:
+        return Col(_sql_order(op, x, y, nx, ny), _valid(a, b), BOOLEAN)
+    return Col(op(x, y), _valid(a, b), BOOLEAN)
+
+
+def _nans(x: np.ndarray) -> np.ndarray | None:
+    """Where a double column holds NaN (None: nowhere)."""
+    if x.dtype.kind != "f":
+        return None
+    nan = np.isnan(x)
+    return nan if nan.any() else None
+
+
+def _sql_order(op: Callable, x: np.ndarray, y: np.ndarray, nx: np.ndarray | None,
+               ny: np.ndarray | None) -> np.ndarray:
+    """A comparison in SQL's order of doubles, where NaN is above every number (+inf
+    included) and equal to itself; IEEE's, which numpy follows, has every comparison with NaN
+    false (but ``<>``)."""
+    nx = np.zeros(np.shape(x), bool) if nx is None else nx
+    ny = np.zeros(np.shape(y), bool) if ny is None else ny
+    with np.errstate(invalid="ignore"):
+        eq = (nx == ny) & (nx | (x == y))
+        lt = (~nx & ny) | (~nx & ~ny & (x < y))
+        gt = (nx & ~ny) | (~nx & ~ny & (x > y))
+    return {operator.eq: eq, operator.ne: ~eq, operator.lt: lt, operator.gt: gt,
+            operator.le: lt | eq, operator.ge: gt | eq}[op]
 
 
 _COMPARE = {"COMPARE_EQUAL": operator.eq, "COMPARE_NOTEQUAL": operator.ne,
@@ -674,9 +703,10 @@ def _in_groups(c: Col, seg: Segments) -> Col:
 def _reduce(ufunc: np.ufunc, values: np.ndarray, seg: Segments) -> np.ndarray:
     """``ufunc`` over each group's rows (in group order): one value per group. One group (a
     whole frame) is reduced whole, pairwise for a float sum, as numpy's ``sum``."""
-    if len(seg.starts) == 1:
-        return ufunc.reduce(values, keepdims=True)
-    return ufunc.reduceat(values, seg.starts)
+    with np.errstate(over="ignore", invalid="ignore"):     # IEEE sums, silently (`_arith`)
+        if len(seg.starts) == 1:
+            return ufunc.reduce(values, keepdims=True)
+        return ufunc.reduceat(values, seg.starts)
 
 
 def _g_count(c: Col, seg: Segments) -> np.ndarray:
@@ -738,8 +768,8 @@ def _g_extreme(ufunc: np.ufunc, low: bool) -> Callable[[Col, Segments], Col]:
         if c.typ == BOOLEAN:
             values = values.astype(np.int8)
         if c.valid is not None:
-            if values.dtype.kind == "f":
-                fill = np.inf if low else -np.inf
+            if values.dtype.kind == "f":      # fmin passes a NaN over, maximum loses to -inf
+                fill = np.nan if low else -np.inf
             else:
                 info = np.iinfo(values.dtype)
                 fill = info.max if low else info.min
@@ -756,7 +786,9 @@ def _g_count_col(c: Col, seg: Segments) -> Col:
 
 
 # each aggregate once, per group; over a whole frame it is the one group of all its rows (`_whole`)
-_AGGREGATES = {"sum": _g_sum, "avg": _g_avg, "mean": _g_avg, "min": _g_extreme(np.minimum, True),
+# (NaN is above every number in SQL: a max with one is NaN, a min passes it over unless it is
+# all there is; numpy's maximum and fmin do just that)
+_AGGREGATES = {"sum": _g_sum, "avg": _g_avg, "mean": _g_avg, "min": _g_extreme(np.fmin, True),
                "max": _g_extreme(np.maximum, False), "count": _g_count_col, "count_star": None}
 
 

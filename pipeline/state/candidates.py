@@ -64,6 +64,31 @@ _ENTRY_SEQ, _ENTRY_UID = ORDER.index("term_seq"), ORDER.index("uid")   # within 
 _RANKED_SEQ, _RANKED_UID = 1, 2    # within an entry `(key, term_seq, uid)` of a declared order
 
 
+class _NaNLast:
+    """A NaN order key as SQL orders it: after every number (DuckDB sorts NaN above +inf), equal
+    only to itself, so two NaN keys fall through to the tie-breaks. A Python float NaN compares
+    false both ways and would leave the heap's order undefined. (A spread of a group whose
+    metric is infinite in every trajectory, inf - inf, is one.)"""
+
+    __slots__ = ()
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return other is not self
+
+    def __repr__(self) -> str:
+        return "NaN"
+
+
+NAN_LAST = _NaNLast()
+
+
+def _ranked_key(key: Any) -> Any:
+    return NAN_LAST if key != key else key       # only NaN differs from itself
+
+
 class _Rows(dict):
     """uid -> candidate row. A dict subclass on purpose: CPython's collector stops tracking an
     exact dict whose keys and values hold no containers (our rows are tuples of scalars, which it
@@ -112,7 +137,7 @@ class CandidateIndex:
             self.unaggregated = {}
         if self.order is not None and rows:
             for key, r in zip(self._keys(rows) if keys is None else keys, rows):
-                heapq.heappush(self._ranked, (key, r[_TERM_SEQ], r[1]))
+                heapq.heappush(self._ranked, (_ranked_key(key), r[_TERM_SEQ], r[1]))
 
     def _keys(self, rows: list[tuple]) -> list:
         """The declared order's key of each row: one evaluation over a frame of only the columns

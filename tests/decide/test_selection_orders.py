@@ -88,6 +88,26 @@ def test_spread_first_takes_the_widest_spread_and_breaks_ties_by_seq_then_uid() 
         == want
 
 
+def test_a_nan_spread_ranks_after_every_number_as_in_duckdb() -> None:
+    """A group whose metric is infinite in every trajectory has spread inf - inf = NaN: SQL
+    orders it after every number (and after the key 1 of a group without the metric), ties
+    by seq then uid. A float NaN in the heap compared false both ways and came out first."""
+    inf = float("inf")
+
+    def row(uid: str, seq: int, lo: float | None, hi: float | None) -> tuple:
+        return ("train", uid, 0, seq, "finished" if lo is not None else "failure",
+                2 if lo is not None else 0, lo, hi, 0, None, None, None, None, None, None)
+    rows = [row("nan_b", 1, inf, inf), row("wide", 9, 0.0, 1.0), row("nan_a", 1, -inf, -inf),
+            row("none", 0, None, None), row("inf", 8, -inf, 0.0), row("flat", 3, 0.5, 0.5)]
+    want = ["inf", "wide", "flat", "none", "nan_a", "nan_b"]
+    for k in (1, 2, 5, 6):
+        assert _index("spread_first", rows).first(k) == _duckdb_first("spread_first", rows, k) \
+            == want[:k], k
+    index = _index("spread_first", rows)
+    index.remove(["inf", "wide", "flat"])
+    assert index.first(1) == ["none"] and index.first(None) == ["none", "nan_a", "nan_b"]
+
+
 def test_oldest_version_takes_the_oldest_weights_not_the_oldest_dispatch() -> None:
     def row(uid: str, gs: int, seq: int, lo: int | None) -> tuple:
         return ("train", uid, gs, seq, "finished", 2, None, None, 0, None, None, None, lo, lo, None)
@@ -188,6 +208,26 @@ def _produce(buf: ReplayBuffer, step: int, rng: random.Random, n: int = 6) -> No
                          "response_ids": [3] * rng.randint(1, 4), "is_padding": False})
     buf.put(rows)
     buf.update_status(partition="train", uids=uids, status="finished")
+
+
+def test_a_group_with_infinite_rewards_is_sampled_where_duckdb_ranks_it(tmp_path: Path) -> None:
+    """Rewards of +-inf are accepted; a group scoring +inf in every trajectory has spread NaN,
+    which the lake orders after every other group: the live buffer too, and silently."""
+    lake = tmp_path / "lake"
+    inf = float("inf")
+    with ReplayBuffer.async_(lake=lake, max_off_policy_threshold=None, poll_interval=0.001,
+                             selection_order="spread_first") as buf:
+        for uid, rewards in {"all_inf": [inf, inf], "wide": [1.0, 0.0], "flat": [0.5, 0.5],
+                             "inf_gap": [-inf, 0.0]}.items():
+            buf.register(partition="train", uids=[uid], global_steps=1, n=2)
+            buf.put([{"partition": "train", "uid": uid, "session_id": s, "min_global_steps": 0,
+                      "max_global_steps": 0, "reward": r, "prompt_ids": [1], "response_ids": [2]}
+                     for s, r in enumerate(rewards)])
+            buf.update_status(partition="train", uids=[uid], status="finished")
+        buf.prepare("train")
+        assert _lake_first(lake, "spread_first", 4) == buf.sampleable_uids("train") == [
+            "inf_gap", "wide", "flat", "all_inf"]
+        assert buf.sample(1, "train", 3, timeout=5).uids == ["inf_gap", "wide", "flat"]
 
 
 def _lake_first(lake: Path, order: str, k: int) -> list[str]:

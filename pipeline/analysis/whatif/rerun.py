@@ -97,9 +97,15 @@ class _RefillFailed(Exception):
     """The recorded refill_fn raised at this poll; the replay's raises as it did."""
 
 
+# the refill knobs a configuration records in its `refill` block, given back as keywords
+REFILL_KEYWORDS = ("train_batch_size", "gen_batch_size", "max_inflight_gen_batches",
+                   "max_num_gen_batches")
+
+
 def recorded_settings(lake: Path) -> dict[str, Any]:
     """The sample settings recorded in the lake's configuration (`async`/`sync` keywords, the
-    opt-in rules as ``rules``; a lake from before the mapping records its rules the same way)."""
+    opt-in rules as ``rules``; a lake from before the mapping records its rules the same way),
+    with the refill knobs the run's refill policy recorded (`_refill_keywords`)."""
     from pipeline.config import opt_in_rules
     from pipeline.lake import config as lake_config
     from pipeline.lake import require_lake
@@ -118,7 +124,20 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
     # the opt-in rules as a `rules=` mapping; the others follow from the keywords above; a lake
     # recorded before the selection order was a setting chose oldest first
     return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules")),
-            "selection_order": cfg.get("selection_order", "oldest")}
+            "selection_order": cfg.get("selection_order", "oldest"), **_refill_keywords(cfg)}
+
+
+def _refill_keywords(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The keywords behind the recorded refill policy: the batch sizes and limits it records
+    (sync DAPO's credit counts with them; async's refill limit is `max_num_gen_batches`), and
+    for the sync preset `sync_refill_failed_groups=True` when it evicted failures (only that
+    switch does there, and it replaces them one prompt at a time: gen_batch_size 1)."""
+    refill = cfg.get("refill") or {}
+    out = {k: refill[k] for k in REFILL_KEYWORDS if refill.get(k) is not None}
+    if cfg["preset"] == "sync" and "failure" in (cfg.get("rules") or {}):
+        out["sync_refill_failed_groups"] = True
+        out.setdefault("gen_batch_size", 1)
+    return out
 
 
 # settings whose None is a value of its own (no filter, no bound), kept when given as None
