@@ -192,7 +192,7 @@ def decide_figures(s: Sizes) -> list[dict[str, Any]]:
     for n in s.decide_sizes:
         r = run_size(n, s.decide_repeats, rng)
         # "after a count": get_sampleable_count ran first; "alone": sample pays the new groups'
-        # aggregates itself. Goals: <= 2 ms at 10k (the whole poll in a few polars evaluations;
+        # aggregates itself. Goals: <= 2 ms at 10k (the whole poll fused into a few evaluations;
         # 5 ms was the first goal, and still is with a staleness policy or order on), <= 1.3x
         # the 10k time at 1M.
         for how, key, speed in (("after a count", "ours_sample_ms", "speedup_sample"),
