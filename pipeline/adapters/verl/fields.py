@@ -70,10 +70,17 @@ def _rows(value: Any) -> list[Any]:
 
 def reward_of(row: Any) -> float | None:
     """verl's reward of one trajectory: the float32 sum of its `rm_scores` row, as a float
-    (summed by torch exactly as verl sums it, so equal rewards classify equally)."""
+    (summed by torch exactly as verl sums it, so equal rewards classify equally); a plain
+    number written instead of a tensor is that number. Raises TypeError for anything else."""
     if row is MISSING or row is NOT_READY or row is None:
         return None
-    return float(row.sum().item())
+    if hasattr(row, "sum") and hasattr(row, "dim"):
+        return float(row.sum().item())
+    value = as_float(row) if not isinstance(row, (str, bytes)) else None
+    if value is None:
+        raise TypeError(f"rm_scores is {type(row).__name__} {row!r:.60}, not a tensor of "
+                        "per-token scores or a number")
+    return value
 
 
 def extra_of(row: Any) -> dict[str, Any] | None:

@@ -6,21 +6,29 @@ import copy
 from typing import Any
 
 from pipeline.errors import IngestError
+from pipeline.ingest import STEP_LIMIT
 
 # what the partition mirror knows a listed key to be
 PROMPT, TRAJ, WAITING, IGNORED, UNTAGGED = "prompt", "traj", "waiting", "ignored", "untagged"
 
 
+_MAX_NUMBER = 2 ** 31      # session and index are int32 in the trajectory schema
+
+
 def parse_key(key: str) -> tuple[str, int, int] | None:
     """`{uid}_{session}_{index}` -> (uid, session, index); uid is the text before the first `_`
-    (verl's rule, so uids must not contain `_`). None for anything else."""
+    (verl's rule, so uids must not contain `_`); session and index are ASCII digits, each below
+    2**31. None for anything else (such a key is left alone)."""
     uid, sep, rest = key.partition("_")
     if not sep or not uid:
         return None
     s, sep, x = rest.partition("_")
-    if not sep or not s.isdigit() or not x.isdigit():
+    if not (sep and s.isascii() and s.isdigit() and x.isascii() and x.isdigit()):
+        return None       # (str.isdigit alone takes '²', which int() refuses)
+    session, index = int(s), int(x)
+    if session >= _MAX_NUMBER or index >= _MAX_NUMBER:
         return None
-    return uid, int(s), int(x)
+    return uid, session, index
 
 
 def check_prompts(partition: str, known: dict[str, Any], listing: dict[str, dict]) -> None:
@@ -38,8 +46,15 @@ def check_prompts(partition: str, known: dict[str, Any], listing: dict[str, dict
         if "global_steps" not in tag:
             problems.append(f"prompt key {k!r} has no 'global_steps' tag (verl's trainer "
                             "always sets it)")
+        else:
+            gs = tag["global_steps"]
+            if type(gs) is not int or not 0 <= gs < STEP_LIMIT:
+                problems.append(f"prompt key {k!r} has global_steps {gs!r} "
+                                f"({type(gs).__name__}): the step it was dispatched at must be "
+                                f"an int >= 0 and < 2**62, as verl's trainer writes it")
     if problems:
-        raise IngestError(f"verl prompt keys of partition {partition!r}", problems)
+        raise IngestError(f"verl prompt keys of partition {partition!r} (rewrite these tags "
+                          "or kv_clear the keys, and the next poll goes on)", problems)
 
 
 def clear(tq: Any, partition: str, keys: list[str]) -> None:

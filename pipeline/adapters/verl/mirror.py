@@ -7,7 +7,9 @@ the *difference* since the last listing to the core, in the order the core needs
 are registered, new trajectories put, then status changes applied (a group's trajectories are
 always written before its terminal status, and one listing is a consistent snapshot, so this
 order never rejects a trajectory verl would have used). Keys of selected groups that disappear
-(the trainer clears them after the step) release the batch.
+(the trainer clears them after the step) release the batch; taken-in trajectory keys of a group
+not selected that disappear (someone else cleared them) retire the group as `vanished`, since
+the core would otherwise train rows TransferQueue no longer holds.
 
 Keys the core must not accept are *orphans*: a late write that re-creates the key of a
 removed group (e.g. a status written after the prompt key was cleared), or a trajectory of a group
@@ -83,6 +85,15 @@ def refused_groups(exc: IngestError, keys: list[str]) -> dict[str, tuple[list[st
     return out or None
 
 
+def _tagless(key: str, listing: dict[str, dict]) -> bool:
+    """A key listed without tags whose group's terminal status is listed: a group's
+    trajectories are written, tags included, before its status, so the key was written without
+    any tag (its versions then come from `extra_fields`), not caught between its put's two
+    writes."""
+    tag = listing.get(key.partition("_")[0])
+    return tag is not None and tag.get("status") in _TERMINAL
+
+
 class PartitionMirror:
     """What the adapter knows of one partition's keys, and how to bring the core up to date.
 
@@ -113,6 +124,7 @@ class PartitionMirror:
         for batch_id, keys in core.held_batches(partition).items():   # restored from a lake
             self.batches[batch_id] = [f"{u}_{s}_{x}" for u, s, x in keys]
         self.orphans_cleared = 0
+        self._warned_status: dict[str, Any] = {}   # uid -> the unknown status warned about
         self.rolled_back: dict[str, str] = {}   # removed uid whose prompt key came back -> fate
         self._new_rolled_back: list[str] = []
         self.failed_refused = 0     # groups failed because the core refused a trajectory of theirs
@@ -151,6 +163,7 @@ class PartitionMirror:
         self.listing = listing
         gone = self.kind.keys() - listing.keys() if len(self.kind) else ()
         vanished = [k for k in gone if self.kind[k] == PROMPT]
+        lost = self._lost_trajectories(gone)
         self._forget(gone)
         if vanished:
             retired = self.core.retire(self.partition, vanished, reason="vanished")
@@ -158,9 +171,18 @@ class PartitionMirror:
                 log.warning("verl adapter: %d group(s) of partition %r vanished from "
                             "TransferQueue and were retired: %s", len(retired), self.partition,
                             retired[:5])
+        if lost:
+            retired = self.core.retire(self.partition, list(lost), reason="vanished")
+            if retired:
+                log.warning(
+                    "verl adapter: %d group(s) of partition %r lost trajectory keys the buffer "
+                    "had taken in (cleared by something other than the trainer's batch "
+                    "clear): %s; the buffer cannot train a group without them, so they were "
+                    "retired as 'vanished' and their other keys cleared",
+                    len(retired), self.partition, {u: lost[u][:3] for u in retired[:5]})
         new = self._new_keys(listing)
         if self.untagged:
-            ready = [k for k in self.untagged if listing[k]]     # gone ones were forgotten
+            ready = [k for k in self.untagged if listing[k] or _tagless(k, listing)]
             for k in ready:
                 del self.untagged[k], self.kind[k]
             new = ready + new          # listed before the new tail: listing order is kept
@@ -195,6 +217,19 @@ class PartitionMirror:
             self._clear_orphans()
         self.listed_at = began
         self.fresh_epoch = self.epoch
+
+    def _lost_trajectories(self, gone: Any) -> dict[str, list[str]]:
+        """Mirrored trajectory keys that left TransferQueue while their group is still live
+        (its prompt key listed, never selected): uid -> those keys. The trainer clears only
+        selected groups' keys, so someone else cleared these; the core holds their rows, and a
+        group cannot be trained on rows TransferQueue no longer has."""
+        kind, out = self.kind, {}
+        for k in gone:
+            if kind[k] == TRAJ:
+                uid = k.partition("_")[0]
+                if kind.get(uid) == PROMPT and uid not in gone:
+                    out.setdefault(uid, []).append(k)
+        return out
 
     def _datasets(self, uids: list[str]) -> list[str | None]:
         """Each new prompt's dataset: its ``dataset_field`` field (one read for all of them). A
@@ -237,7 +272,7 @@ class PartitionMirror:
         reissue: int | None = None
         kind, waiting, by_uid = self.kind, self.waiting, self.by_uid
         for k in new:
-            if not listing[k]:                       # its put has not written the tags yet
+            if not listing[k] and not _tagless(k, listing):   # its put has not written them yet
                 kind[k] = UNTAGGED
                 self.untagged[k] = None
                 continue
@@ -262,7 +297,8 @@ class PartitionMirror:
                 if g is not None and g.removed:
                     self._orphan(k, "key of a removed group re-created by a late tag write")
                 else:
-                    self._ignore(k, "neither a prompt key nor {uid}_{session}_{index}")
+                    self._ignore(k, "neither a prompt key nor {uid}_{session}_{index} with "
+                                    "session and index in ASCII digits below 2**31")
                 continue
             kind[k] = WAITING
             waiting[k] = parsed
@@ -374,7 +410,10 @@ class PartitionMirror:
             if tag is None:
                 continue          # cleared by someone else: verl forgets it; we keep its state
             s = tag.get("status")
-            if s == cur or (s in _RANK and cur in _RANK and _RANK[s] < _RANK[cur]):
+            if s not in _RANK:
+                self._unknown_status(uid, s)
+                continue
+            if s == cur or (cur in _RANK and _RANK[s] < _RANK[cur]):
                 continue
             if s in _TERMINAL and (uid in held or (self.waiting and self._has_waiting(uid))):
                 continue          # a trajectory of it is not readable yet: next poll
@@ -389,6 +428,16 @@ class PartitionMirror:
                 del self.watch[u]
             else:
                 self.watch[u] = s
+
+    def _unknown_status(self, uid: str, status: Any) -> None:
+        """A prompt key whose `status` tag is none of verl's: the group keeps the status it has
+        (verl, too, only acts on the ones it knows); one warning per key and value."""
+        if status is None or self._warned_status.get(uid) == status:
+            return
+        self._warned_status[uid] = status
+        log.warning("verl adapter: prompt key %r of partition %r has status %r, none of %s; "
+                    "the group stays %r until a status verl writes is listed", uid,
+                    self.partition, status, list(_RANK), self.watch.get(uid))
 
     def _has_waiting(self, uid: str) -> bool:
         return any(self.kind.get(k) == WAITING for k in self.by_uid.get(uid, ()))
@@ -531,6 +580,7 @@ class PartitionMirror:
             untagged.pop(k, None)
             if kind.pop(k) == PROMPT:
                 watch.pop(k, None)
+                self._warned_status.pop(k, None)
                 continue
             uid = k.partition("_")[0]     # parse_key's uid; a key it rejects is in no list
             keys = by_uid.get(uid)

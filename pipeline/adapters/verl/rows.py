@@ -73,6 +73,7 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
            rm_rows: list, extra_rows: list, tokens: dict[str, list],
            filter_metric: str | None) -> pa.Table:
     uid, session, index, lo, hi, reward, info, padding, inferred = ([] for _ in range(9))
+    bad_rm: list[Problem] = []
     versions_of, extra_of, reward_of = vf.versions_of, vf.extra_of, vf.reward_of
     reward_info_of = vf.reward_info_of
     for i in keep:     # one pass, locals only: this loop runs once per new trajectory
@@ -93,11 +94,16 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
             lo.append(v[0])
             hi.append(v[1])
             inferred.append(v[2])
-        r = None if rm is None else reward_of(rm)
-        reward.append(0.0 if r is None else r)              # no rm_scores written yet
+        try:
+            r = None if rm is None else reward_of(rm)
+        except TypeError as exc:       # no reward can be read from it: its group is refused
+            r = None
+            bad_rm.append(Problem("rm_scores", (i,), f"key {todo[i][0]!r}: {exc}; write a 1-D "
+                                  "float tensor, as verl's reward loop does"))
+        reward.append(0.0 if r is None else r)              # not read, or not written yet
         info.append(None if extra is None else reward_info_of(extra))
         padding.append(bool(tag.get("is_padding", False)))
-    problems = _version_problems(keep, lo, hi)
+    problems = _version_problems(keep, lo, hi) + bad_rm
     if filter_metric not in (None, "reward"):
         problems += _metric_problems(todo, keep, extra_rows, filter_metric)
     if problems:           # before pyarrow sees the versions
