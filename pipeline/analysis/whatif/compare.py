@@ -32,7 +32,13 @@ from typing import Any
 
 from pipeline.analysis.whatif.headline import approximations
 from pipeline.analysis.whatif.outcome import Outcome
-from pipeline.analysis.whatif.rerun import chosen_settings, recorded, recorded_settings, replay
+from pipeline.analysis.whatif.rerun import (
+    chosen_settings,
+    new_lake,
+    recorded,
+    recorded_settings,
+    replay,
+)
 from pipeline.errors import ConfigError
 
 # the single-policy flags' names for the buffer's keywords
@@ -171,6 +177,8 @@ def compare(lake: str | Path, texts: list[str], out: str | Path | None = None,
     base = recorded_settings(lake)
     rec = recorded(lake)
     root = Path(out) / "replays" if out is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
+    for i in range(len(policies) + 1):       # every replay's lake, checked before the first runs
+        new_lake(root / f"p{i}" / "lake", lake)
     recorded_lake = lake
     if max_calls is not None:
         rec.batches = rec.batches[:max_calls]

@@ -82,7 +82,8 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
     same_evictions = recorded_evicted is None or recorded_evicted == after["evicted"]
     if identical == calls and not outcome.refill_shortfall and same_evictions:
         return []
-    out = ["arrivals: every rollout keeps its recorded arrival order and weight version; a "
+    out = [outcome.settings_changed] if outcome.settings_changed else []
+    out += ["arrivals: every rollout keeps its recorded arrival order and weight version; a "
            "replay cannot re-time generation (a live run with these settings would also have "
            "dispatched differently)"]
     if chosen.get("max_off_policy_strategy") == "wait" and after["over_bound_rows"]:

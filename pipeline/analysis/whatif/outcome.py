@@ -37,6 +37,7 @@ class Outcome:
     waited: list[int] = field(default_factory=list)   # steps of calls that polled past the record
     lake: Path | None = None
     future_rows: dict[int, int] = field(default_factory=dict)   # step -> rows newer than it
+    settings_changed: str | None = None   # the record's settings changed at a reopen (note)
 
 
 def future_rows(table: pa.Table) -> int:

@@ -106,7 +106,6 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
     """The sample settings recorded in the lake's configuration (`async`/`sync` keywords, the
     opt-in rules as ``rules``; a lake from before the mapping records its rules the same way),
     with the refill knobs the run's refill policy recorded (`_refill_keywords`)."""
-    from pipeline.config import opt_in_rules
     from pipeline.lake import config as lake_config
     from pipeline.lake import require_lake
     cfg = lake_config.current(require_lake(lake))
@@ -115,16 +114,45 @@ def recorded_settings(lake: Path) -> dict[str, Any]:
                         "the run under the settings it was made with, changing only those you "
                         "give, so it needs that file; restore it from a backup (a copy or sync "
                         "tool that skips names starting with `_` leaves it out)")
-    keys = ("preset", "max_off_policy_threshold", "max_off_policy_strategy",
-            "filter_groups_metric")
-    missing = [k for k in keys if k not in cfg]
+    missing = [k for k in _KEYWORDS if k not in cfg]
     if missing:
         raise LakeError(f"{Path(lake) / lake_config.FILE} records no {', '.join(missing)}: the replay needs "
                         "the settings the run was made with; restore the file from a backup")
-    # the opt-in rules as a `rules=` mapping; the others follow from the keywords above; a lake
-    # recorded before the selection order was a setting chose oldest first
-    return {**{k: cfg[k] for k in keys}, "rules": opt_in_rules(cfg.get("rules")),
+    return _settings_of(cfg)
+
+
+_KEYWORDS = ("preset", "max_off_policy_threshold", "max_off_policy_strategy",
+             "filter_groups_metric")
+
+
+def _settings_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The replay's settings of one recorded configuration: the opt-in rules as a `rules=`
+    mapping (the others follow from the keywords); a lake recorded before the selection order
+    was a setting chose oldest first."""
+    from pipeline.config import opt_in_rules
+    return {**{k: cfg.get(k) for k in _KEYWORDS}, "rules": opt_in_rules(cfg.get("rules")),
             "selection_order": cfg.get("selection_order", "oldest"), **_refill_keywords(cfg)}
+
+
+def settings_changed(lake: Path) -> str | None:
+    """When the run was reopened under other settings (the lake recorded several
+    configurations that a replay would run differently), one sentence saying so: a replay runs
+    the whole record under one set of settings, the newest (plus those given)."""
+    from pipeline.lake import config as lake_config
+    rec = lake_config.read(lake)
+    versions = rec["versions"] if rec else []
+    changes = []
+    for before, after in zip(versions, versions[1:]):
+        a, b = _settings_of(before["config"]), _settings_of(after["config"])
+        diff = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in dict.fromkeys([*a, *b])
+                if a.get(k) != b.get(k)]
+        if diff:
+            changes.append(f"from seq {after.get('from_seq')}: {', '.join(diff)}")
+    if not changes:
+        return None
+    return (f"settings: the run was reopened under other settings ({'; '.join(changes)}); a "
+            "replay runs the whole record under one set, the newest (with any you give), so "
+            "the calls made under the earlier settings need not come out as recorded")
 
 
 def _refill_keywords(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -191,13 +219,14 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
     if max_calls is not None and max_calls < 1:
         raise ConfigError(f"max_calls={max_calls}: give a number of sample calls >= 1")
     out = Path(out_lake) if out_lake is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
+    new_lake(out / "lake", lake)
     holder: dict[str, Any] = {}
     make = ReplayBuffer.async_ if preset == "async" else ReplayBuffer.sync
     # a run recorded without refill_fn is replayed without one (unless the settings need it): a
     # refill the record cannot serve would end the poll, and the next one sees later rows, which
     # changes the batch of any order that does not rank new groups last
     refill_fn = (lambda n: holder["polls"].refill(n)) if _refills(lake, kwargs) else None
-    result = Outcome(lake=out / "lake")
+    result = Outcome(lake=out / "lake", settings_changed=settings_changed(lake))
     with Record(lake) as record:
         record.check()
         calls, released = record.calls()
@@ -220,6 +249,19 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
             result.refill_undrawn, result.refill_late = feed.undrawn, feed.late
             result.refill_later, result.refill_earlier = feed.asked_later, feed.asked_earlier
     return result
+
+
+def new_lake(path: Path, recorded: Path) -> None:
+    """Refuse to write a replay's lake where a lake already is: a buffer opened there would
+    append to it (a replay of the same settings into an earlier replay's lake fails half-way,
+    and one whose directory holds the recorded lake would write into the record)."""
+    if path.exists() and path.resolve() == recorded.resolve():
+        raise ConfigError(f"the replay's lake would be {path}, which is the recorded lake: give "
+                          f"--out a directory of its own (the replay writes its lake to "
+                          f"OUT/lake)")
+    if path.exists() and any(path.iterdir()):
+        raise ConfigError(f"{path} already holds a lake (an earlier replay's, or another): give "
+                          f"--out a new directory, or remove {path} first")
 
 
 def _window(calls: list[Call], max_calls: int) -> list[Call]:
