@@ -355,11 +355,16 @@ class ReplayBuffer:
 
     # --- the consumer --------------------------------------------------------------------------
     def _context(self, where: str, global_steps: Any, partition: str | None,
-                 partition_id: str | None, batch_size: Any, size_name: str = "batch_size"
-                 ) -> PollContext:
+                 partition_id: str | None, batch_size: Any, size_name: str = "batch_size",
+                 mirrored: bool = False) -> PollContext:
+        """The call's context; warns once of a partition with no group while others have some
+        (a misspelt name, most often), unless ``mirrored``: an adapter's ``before_poll`` brings
+        the partition's groups in at the first poll."""
         global_steps = step_arg(where, global_steps)
         p = partition_arg(partition, partition_id, where)
         batch_size = batch_size_arg(where, batch_size, size_name)
+        if mirrored:
+            return PollContext(global_steps, p, batch_size)
         with self._state.locked():
             known = self._state.find(p)
             with_groups = [q for q, s in self._state.partitions() if s.groups]
@@ -378,7 +383,8 @@ class ReplayBuffer:
         Blocks until the preset's condition holds; ``timeout`` (seconds) raises `SampleTimeout`
         with the group counts. ``before_poll`` runs before every poll with the lock released
         (adapters mirror an external data plane into the buffer there)."""
-        ctx = self._context("sample", global_steps, partition, partition_id, batch_size)
+        ctx = self._context("sample", global_steps, partition, partition_id, batch_size,
+                            mirrored=before_poll is not None)
         return run_call(self._state, self.config, ctx, consume=True,
                         timeout=timeout_arg("sample", timeout),
                         before_poll=callback_arg("sample", "before_poll", before_poll))
@@ -392,7 +398,7 @@ class ReplayBuffer:
         the `target_count` oldest uids and the call's eviction metrics, whose ``reward_counts``
         attribute is the `{value: count}` of the zero-variance groups it evicted."""
         ctx = self._context("wait_for_sampleable", global_steps, partition, partition_id,
-                            target_count, "target_count")
+                            target_count, "target_count", mirrored=before_poll is not None)
         return run_call(self._state, self.config, ctx, consume=False,
                         timeout=timeout_arg("wait_for_sampleable", timeout),
                         before_poll=callback_arg("wait_for_sampleable", "before_poll",

@@ -243,3 +243,21 @@ def test_errors_with_extra_fields_survive_pickling():
     assert str(back) == str(err)
     t = pickle.loads(pickle.dumps(SampleTimeout("waited", {"pending": 2})))
     assert t.counts == {"pending": 2}
+
+
+def test_a_partition_without_groups_is_named_once_while_others_have_some(caplog) -> None:
+    """A misspelt partition waits like an empty one; one warning names the ones with groups
+    (an adapter's `before_poll`, which brings groups in at the first poll, turns it off)."""
+    import logging
+
+    from tests.support.policies import group
+    buf = ReplayBuffer.async_(max_off_policy_threshold=None)
+    group(buf, "u1", 1, [0.0, 1.0])
+    with caplog.at_level(logging.WARNING, logger="replaylake"):
+        for _ in range(2):
+            with pytest.raises(SampleTimeout):
+                buf.sample(1, "trian", 1, timeout=0.01)
+        with pytest.raises(SampleTimeout):
+            buf.sample(1, "other", 1, timeout=0.01, before_poll=lambda: None)
+    said = [r.getMessage() for r in caplog.records if "has no group yet" in r.getMessage()]
+    assert len(said) == 1 and "'trian'" in said[0] and "['train']" in said[0]

@@ -178,3 +178,19 @@ def test_a_status_verl_does_not_write_leaves_the_group_as_it_was(tq, rollout, ca
         assert uids_of(meta.keys) == ["odd"]
     finally:
         buf.close()
+
+
+def test_a_second_partition_is_not_called_empty_before_its_first_poll(tq, rollout, caplog):
+    """The core warns of a partition without groups while others have some (a misspelt name);
+    through the adapter a partition's groups arrive at its first poll, so no warning then."""
+    rollout.groups([G("t", 1)])
+    rollout.groups([G("v", 1)], partition="val")
+    buf = make()
+    try:
+        with caplog.at_level(logging.WARNING):
+            buf.sample(global_steps=1, partition_id="train", batch_size=1)
+            meta, _ = buf.sample(global_steps=1, partition_id="val", batch_size=1)
+        assert uids_of(meta.keys) == ["v"]
+        assert not [r for r in caplog.records if "has no group yet" in r.getMessage()]
+    finally:
+        buf.close()
