@@ -83,3 +83,16 @@ def test_an_async_dapo_run_replays_with_its_refill_limit(tmp_path: Path) -> None
         pass
     got = recorded_settings(lake)
     assert (got["max_num_gen_batches"], got["train_batch_size"]) == (3, 4)
+
+
+def test_staleness_settings_on_a_sync_run_are_said_to_change_nothing(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    _sync_run(lake, steps=3)
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--threshold", "1",
+                                   "--out", str(tmp_path / "w")], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "identical batches: 3 of 3" in said
+    assert "the sync preset ignores max_off_policy_threshold" in said
+    res = CliRunner().invoke(app, ["whatif", "--lake", str(lake), "--out", str(tmp_path / "r")])
+    assert "sync preset ignores" not in res.output        # nothing given: nothing to say

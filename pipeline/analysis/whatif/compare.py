@@ -229,7 +229,7 @@ def _notes(row: Row, result: Outcome, calls: int, chosen: dict[str, Any], admit:
            recorded_evicted: int) -> list[str]:
     notes = approximations(row.figures, result, calls, row.identical, chosen, unfilled=True,
                            recorded_evicted=recorded_evicted)
-    if not admit:
+    if not admit or chosen.get("preset") == "sync":     # (sync: the staleness note says it)
         return notes
     f = row.figures
     said = (f"admit: replayed as drop at the same bound (the stale rule is admit's safety net), "

@@ -80,9 +80,10 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
     evictions, as many evictions). ``unfilled``: name the sample calls whose batch never
     filled too (the single-policy line names them itself)."""
     same_evictions = recorded_evicted is None or recorded_evicted == after["evicted"]
+    unused = _unused(chosen)
     if identical == calls and not outcome.refill_shortfall and same_evictions:
-        return []
-    out = [outcome.settings_changed] if outcome.settings_changed else []
+        return unused
+    out = unused + ([outcome.settings_changed] if outcome.settings_changed else [])
     out += ["arrivals: every rollout keeps its recorded arrival order and weight version; a "
            "replay cannot re-time generation (a live run with these settings would also have "
            "dispatched differently)"]
@@ -108,6 +109,17 @@ def approximations(after: dict[str, Any], outcome: Outcome, calls: int, identica
     more = (refill_timing_summary(outcome), no_batch_summary(outcome), short,
             waited_summary(outcome, calls), future_summary(outcome, calls))
     return out + [x for x in more if x is not None]
+
+
+def _unused(chosen: dict[str, Any]) -> list[str]:
+    """Settings the chosen preset takes but does not act on (the sync preset and staleness)."""
+    given = [k for k in ("max_off_policy_threshold", "max_off_policy_strategy")
+             if chosen.get(k) is not None]
+    if chosen.get("preset") != "sync" or not given:
+        return []
+    return [f"staleness: the sync preset ignores {' and '.join(given)} (verl's sync buffer "
+            "trains on-policy: nothing is evicted, held or masked for staleness), so in this "
+            "replay they change nothing"]
 
 
 def _undrawn_summary(outcome: Outcome) -> str:
