@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from jobs.cli import app
 from pipeline import ReplayBuffer
 from pipeline.analysis.views import read_lake
+from pipeline.analysis.whatif import step_ranges
 from pipeline.analysis.whatif.rerun import recorded, replay
 from tests.support.sql_runs import shared_run
 
@@ -90,7 +91,7 @@ def test_a_replay_reaching_later_rollouts_sums_up_their_future_versions_in_one_l
     got = replay(lake, tmp_path / "again", max_off_policy_threshold=1)
     steps = sorted(got.future_rows)
     assert len(steps) >= 2 and all(n > 0 for n in got.future_rows.values())
-    assert f"{len(steps)} of 8 sample calls (steps {steps[0]} to {steps[-1]})" in future[0]
+    assert f"{len(steps)} of 8 sample calls (steps {step_ranges(steps)})" in future[0]
 
 
 def notes(output: str) -> list[str]:
