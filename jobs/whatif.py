@@ -49,9 +49,9 @@ def main(
         "spread_first (widest metric spread) or oldest_version (oldest weight version)")]
     = None,
     out: Annotated[Path | None, typer.Option(
-        "--out", metavar="DIR", help="keep the replay's lake in DIR/lake (a new one; default: a "
-        "temp dir); with --compare: write compare.parquet, datasets.parquet, whatif.html and the replays' lakes "
-        "(replays/) here")] = None,
+        "--out", metavar="DIR", help="keep the replay's lake in DIR/lake (a new one; "
+        "default: a temp dir); with --compare: write compare.parquet, datasets.parquet, "
+        "whatif.html and the replays' lakes (replays/) here")] = None,
     compare: Annotated[bool, typer.Option(
         "--compare", help="replay once per POLICY given after the options and print one table, "
         "one row per policy plus the recorded run")] = False,

@@ -103,10 +103,10 @@ def future_summary(outcome: Outcome, calls: int) -> str | None:
     return (f"weight versions from the future: {len(steps)} of {calls} sample calls (step"
             f"{'s' if len(steps) > 1 else ''} {step_ranges(steps)}) trained {rows:,} row(s) "
             "whose newest weight version is not older than the step. The replay keeps each "
-            "rollout's recorded version; with these settings it reached rollouts the recorded run generated later with newer "
-            "weights, so their staleness reads lower (below zero) than a real run would have "
-            "had. The staleness cells marked '>=' count those rows at staleness 0, the least a "
-            "live run could have trained them at")
+            "rollout's recorded version; with these settings it reached rollouts the recorded "
+            "run generated later with newer weights, so their staleness reads lower (below "
+            "zero) than a real run would have had. The staleness cells marked '>=' count those "
+            "rows at staleness 0, the least a live run could have trained them at")
 
 
 def waited_summary(outcome: Outcome, calls: int) -> str | None:
