@@ -550,8 +550,9 @@ class PartitionMirror:
             "verl adapter: TransferQueue partition %r holds %d group(s) the buffer has already "
             "sampled or removed: %s (their prompt keys are back with their dispatch tags: a "
             "TransferQueue checkpoint older than the lake was loaded, e.g. verl resumed from an "
-            "earlier step; or a uid was used twice). The lake's decisions stand: their keys are "
-            "cleared and they are not trained again. To train them again, restore the lake "
+            "earlier step; or a uid was used twice). The lake's decisions stand: they are not "
+            "trained again, and their keys are cleared (except those of a batch the trainer "
+            "still holds). To train them again, restore the lake "
             "together with the checkpoint (copy lake_dir when verl saves one), or give lake_dir "
             "a new directory on resume.",
             self.partition, len(found), {u: self.rolled_back[u] for u in found[:5]})
