@@ -82,3 +82,15 @@ def test_a_run_reopened_under_other_settings_says_so_in_what_the_replay_approxim
 
 def test_a_run_never_reopened_has_no_such_note(lake: Path, tmp_path: Path) -> None:
     assert replay(lake, tmp_path / "r").settings_changed is None
+
+
+def test_compare_refuses_a_record_it_cannot_follow_before_it_announces_any_replay(
+        tmp_path: Path) -> None:
+    from pipeline import LakeError
+    from tests.support.sql_runs import simulate_sync_dapo
+    lake = tmp_path / "lake"
+    simulate_sync_dapo(lake)                  # a restart re-issues a group: no replay follows it
+    announced: list[str] = []
+    with pytest.raises(LakeError, match="re-issued"):
+        compare_policies(lake, ["threshold=1"], tmp_path / "out", progress=announced.append)
+    assert announced == [] and not (tmp_path / "out" / "replays").exists()

@@ -32,6 +32,7 @@ from typing import Any
 
 from pipeline.analysis.whatif.headline import approximations
 from pipeline.analysis.whatif.outcome import Outcome
+from pipeline.analysis.whatif.record import Record
 from pipeline.analysis.whatif.rerun import (
     chosen_settings,
     new_lake,
@@ -179,6 +180,8 @@ def compare(lake: str | Path, texts: list[str], out: str | Path | None = None,
     root = Path(out) / "replays" if out is not None else Path(tempfile.mkdtemp(prefix="whatif-"))
     for i in range(len(policies) + 1):       # every replay's lake, checked before the first runs
         new_lake(root / f"p{i}" / "lake", lake)
+    with Record(lake) as record:             # and a record no replay can follow, refused once
+        record.check()
     recorded_lake = lake
     if max_calls is not None:
         rec.batches = rec.batches[:max_calls]
