@@ -93,6 +93,11 @@ class Col:
         return pa.array(values, _ARROW.get(self.typ, pa.int64()), mask=mask)
 
 
+def _null(typ: str) -> Col:
+    """One NULL value of type ``typ``."""
+    return Col(np.array(0, dtype=np.int64), np.array(False), typ)
+
+
 def column(array: pa.Array | pa.ChunkedArray) -> Col:
     """An Arrow column as a `Col` (integers as bigint, floats as double, booleans)."""
     typ = array.type
@@ -122,7 +127,7 @@ def _widen(values: np.ndarray, kind: str) -> np.ndarray:
 def scalar(value: Any) -> Col:
     """One Python value (a parameter, the step) as a column of one value, its type its own."""
     if value is None:
-        return Col(np.array(0, dtype=np.int64), np.array(False), NULL)
+        return _null(NULL)
     if isinstance(value, bool):
         return Col(np.array(value), None, BOOLEAN)
     if isinstance(value, int):
@@ -351,7 +356,7 @@ def _node(n: dict) -> Compiled:
 def _literal(lit: dict) -> Col:
     kind, text = lit["kind"], lit.get("text", "")
     if kind == "NULL_LITERAL":
-        return Col(np.array(0, dtype=np.int64), np.array(False), NULL)
+        return _null(NULL)
     if kind in ("INTEGER", "BIGINT"):
         value = int(text)
         if -_INT64 <= value < _INT64:
@@ -652,7 +657,7 @@ def _case(n: dict) -> Compiled:
     checks = [(_node(c["when_expr"]), _node(c["then_expr"])) for c in n["case_checks"]]
     other = _node(n["else_expr"]) if n.get("else_expr") else None
     parts = [c for pair in checks for c in pair] + ([other] if other else [])
-    null = Col(np.array(0, dtype=np.int64), np.array(False), NULL)
+    null = _null(NULL)
 
     def case(env: Env) -> Col:
         out = other.fn(env) if other is not None else null
@@ -813,7 +818,7 @@ def _whole(name: str, c: Col, n: int) -> Col:
     if n == 0:
         if name == "count":
             return Col(np.array(0, dtype=np.int64), None, BIGINT)
-        return Col(np.array(0, dtype=np.int64), np.array(False), _result_type(name, c.typ))
+        return _null(_result_type(name, c.typ))
     seg = _one_group(n)
     out = _AGGREGATES[name](_in_groups(c, seg), seg)
     valid = None if out.valid is None or out.valid[0] else np.array(False)
