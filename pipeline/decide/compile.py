@@ -5,8 +5,8 @@ A declaration is a named query file under `sql/` (a rule, the group aggregates, 
 formulas, the off-policy metrics). DuckDB runs the file as it is, over the lake. The live buffer
 compiles parts of the *same text*, once per process: for numpy what a poll evaluates
 (`pipeline.decide.vectors`), into polars expressions what is evaluated once per value and
-remembered (a rule's horizon, the wait gate, a group's effective status, the aggregates of a
-group without trajectories) or off the poll (a batch's certificate). The parts are:
+remembered (a rule's horizon, a group's effective status, the aggregates of a group without
+trajectories) or off the poll (a batch's certificate). The parts are:
 
 - the predicate of a rule or check: the text between `where (` and its closing `)`;
 - the items of a select list written `<expression> as <name>` (plain column names are skipped):
@@ -15,8 +15,8 @@ group without trajectories) or off the poll (a batch's certificate). The parts a
   the live buffer's candidate index orders by (and checks against the declared ranking).
 
 Parameters (`$name` in the text) become columns `__p_name` (`param_column`) that the caller adds
-to the frame right before evaluating (`with_params` here, `vectors.bind` for numpy), so a
-compiled expression never has to be rebuilt when a step or a threshold changes. An expression
+to the frame right before evaluating (`vectors.bind`), so a compiled expression never has to be
+rebuilt when a step or a threshold changes. An expression
 over parameters alone (a rule's horizon) is instead compiled with its values written in as
 literals and evaluated without a frame (`evaluate_bound`). The SQL text is the definition;
 nothing here restates a rule.
@@ -49,16 +49,6 @@ def param_column(name: str) -> str:
 def to_polars(text: str) -> pl.Expr:
     """Compile one SQL expression (with `$name` parameters) into a polars expression."""
     return pl.sql_expr(loader.PLACEHOLDER.sub(lambda m: param_column(m.group(1)), text))
-
-
-def with_params(frame: pl.DataFrame, params: Mapping[str, Any]) -> pl.DataFrame:
-    """``frame`` with one literal column per parameter, for compiled expressions to read."""
-    if not params:
-        return frame
-    # columns put beside the frame's (no polars evaluation: its fixed cost holds even for one row);
-    # each takes its value's own type (an int is Int64, matching the declared BIGINT)
-    return frame.hstack([pl.Series(param_column(k), [v]).new_from_index(0, frame.height)
-                         for k, v in params.items()])
 
 
 def _sql_literal(value: Any) -> str:
@@ -172,9 +162,3 @@ def compiled_items(name: str, step: str | None = None) -> dict[str, pl.Expr]:
     """The select items of the named query (or of one of its steps), compiled (cached per
     process)."""
     return {k: to_polars(v) for k, v in select_items(loader.load(name), step).items()}
-
-
-@cache
-def compiled_predicate(name: str) -> pl.Expr:
-    """The predicate of the named query, compiled (cached per process)."""
-    return to_polars(predicate(loader.load(name)))

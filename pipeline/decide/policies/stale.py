@@ -5,22 +5,18 @@ stale mark.
 is a `StaleMask`, the same rule's predicate applied to the chosen groups as a mark instead of an
 eviction (a marked group is trained with its loss switched off, nothing is re-generated); `wait(T)`
 is a `WaitGate`, whose comparison is the predicate of `sql/policies/wait_gate_blockers.sql`,
-compiled for polars (its answer is remembered per step and dispatch step): the lake's engine lists
-the groups that block, the live buffer asks whether the oldest in-flight group does, and both read
-the one text. The strategy string is
-read here, once, when the settings are made; the poll loop only sees a gate or None, and the
-selection a mask or None.
+compiled for numpy like a rule (its answer remembered per step and dispatch step): the lake's
+engine lists the groups that block, the live buffer asks whether the oldest in-flight group does,
+and both read the one text. The strategy string is read here, once, when the settings are made;
+the poll loop only sees a gate or None, and the selection a mask or None.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Literal
 
-import polars as pl
-
 from pipeline.config.stale_bounds import StaleBounds
-from pipeline.decide import compile as declared
 from pipeline.decide import rules, vectors
 
 GATE = "wait_gate_blockers"
@@ -29,22 +25,15 @@ STRATEGIES = DROP, WAIT, ADMIT, MASK = ("drop", "wait", "admit", "mask")
 MASKED = "stale"   # the rule whose predicate marks a group (and the reason its `select` row records)
 
 
-@cache
-def _gate_predicate() -> pl.Expr:
-    """The declared blocking predicate over one in-flight group (`global_steps`), compiled."""
-    return declared.compiled_predicate(GATE)
-
-
 @lru_cache(maxsize=4096)
 def blocks(step: int, global_steps: int, threshold: int) -> bool:
-    """Whether an in-flight group dispatched at ``global_steps`` blocks a sample at ``step``.
+    """Whether an in-flight group dispatched at ``global_steps`` blocks a sample at ``step``:
+    the declared blocking predicate over that one group (NULL does not block).
 
-    Cached: a waiting call asks the same question at every poll, and one evaluation by polars
-    costs far more than the comparison it stands for."""
-    frame = declared.with_params(pl.DataFrame({"global_steps": [global_steps]},
-                                              schema={"global_steps": pl.Int64}),
-                                 {"step": step, "threshold": threshold})
-    return bool(frame.select(_gate_predicate().fill_null(False)).item())
+    Cached: a waiting call asks the same question at every poll."""
+    frame = vectors.bind({"global_steps": vectors.scalar(global_steps)},
+                         {"step": step, "threshold": threshold})
+    return bool(vectors.true(vectors.compiled_predicate(GATE).fn(frame)))
 
 
 @dataclass(frozen=True)
