@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from jobs.export.manifest import ExportError
 from pipeline.decide import row_provenance
-from pipeline.lake import read_table
+from pipeline.lake import dropped_payload, read_table
 from schemas import BATCH_PROVENANCE
 
 
@@ -65,20 +65,6 @@ def attach_provenance(traj: pa.Table, groups: pa.Table) -> pa.Table:
     for f in BATCH_PROVENANCE:
         out = out.append_column(f, pa.array(cols[f.name], type=f.type))
     return out
-
-
-def dropped_payload(rows: pa.Table) -> pa.Array:
-    """Per row: whether `replaylake retain` dropped its token payload. Ingest stores each
-    trajectory's response length (`n_response_tokens`) beside its tokens and retention keeps it
-    while it empties `prompt_ids` and `response_ids`, so a row whose `response_ids` hold fewer
-    tokens than that no longer holds what the trainer received. A retained row that had no
-    response tokens lost its prompt ids only, so a row with neither prompt nor response tokens
-    counts as dropped too: it would hand a trainer nothing, and loudly refusing a row that never
-    had tokens is the safe side of the doubt."""
-    held = pc.list_value_length(rows.column("response_ids")).cast(pa.int64())
-    shorter = pc.not_equal(held, rows.column("n_response_tokens"))
-    empty = pc.and_(pc.equal(held, 0), pc.equal(pc.list_value_length(rows.column("prompt_ids")), 0))
-    return pc.or_(shorter, empty).fill_null(False)
 
 
 KEYS = ("batch_id", "seq", "step", "n_response_tokens")

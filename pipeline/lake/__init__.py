@@ -21,6 +21,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'salvage': 'recovery',
     'compact': 'compaction',
     'retain': 'retention',
+    'dropped_payload': 'retention',
     'LakeScan': 'scan',
     'scan_lake': 'scan',
     'cut_seq': 'scan',

@@ -152,4 +152,21 @@ def retain(root: str | os.PathLike, older_than: int,
     return report
 
 
-__all__ = ["RetainReport", "retain", "EMPTIED", "NULLED"]
+def dropped_payload(rows: pa.Table, tokenless: bool = True) -> pa.Array:
+    """Per row: whether `replaylake retain` dropped its token payload. Ingest stores each
+    trajectory's response length (`n_response_tokens`) beside its tokens and retention keeps it
+    while it empties `prompt_ids` and `response_ids`, so a row whose `response_ids` hold fewer
+    tokens than that no longer holds what the trainer received. A retained row that had no
+    response tokens lost its prompt ids only, so a row with neither prompt nor response tokens
+    counts as dropped too: it would hand a trainer nothing, and loudly refusing a row that never
+    had tokens is the safe side of the doubt (``tokenless=False`` leaves such rows out: a
+    batch's own conversion takes rows without tokens as they are)."""
+    held = pc.list_value_length(rows.column("response_ids")).cast(pa.int64())
+    shorter = pc.not_equal(held, rows.column("n_response_tokens")).fill_null(False)
+    if not tokenless:
+        return shorter
+    empty = pc.and_(pc.equal(held, 0), pc.equal(pc.list_value_length(rows.column("prompt_ids")), 0))
+    return pc.or_(shorter, empty).fill_null(False)
+
+
+__all__ = ["RetainReport", "retain", "EMPTIED", "NULLED", "dropped_payload"]

@@ -182,6 +182,24 @@ def _packed(pin: bool, p: np.ndarray, r: np.ndarray, row_copy: bool,
     return tensors
 
 
+def _refuse_dropped_payload(table: pa.Table) -> None:
+    """Refuse rows whose token payload `replaylake retain` dropped (rows read back from a lake
+    past its retention horizon): they would turn into empty tensors where the rows say there
+    were tokens."""
+    if "n_response_tokens" not in table.column_names or table.num_rows == 0:
+        return
+    from pipeline.lake import dropped_payload
+    dropped = np.flatnonzero(np.asarray(dropped_payload(table, tokenless=False)))
+    if dropped.size:
+        shown = dropped[:5].tolist()
+        raise BatchFormatError(
+            f"column 'response_ids': in rows {shown}{' ...' if dropped.size > 5 else ''} "
+            f"({dropped.size} in all) it holds fewer tokens than n_response_tokens says: "
+            "`replaylake retain` dropped their token payload (rows read back from a lake past "
+            "its retention horizon), so they cannot be converted; convert rows that still hold "
+            "their tokens (a live batch, or a lake's rows before retention)")
+
+
 def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
                    pin_memory: bool = False, pad_token_id: int = 0,
                    pool: TensorPool | None = None, token_versions: bool = False,
@@ -212,6 +230,7 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
     if pool is not None and not isinstance(pool, TensorPool):
         raise BatchFormatError(f"pool={pool!r} must be a TensorPool or None")
     target = _target_device(device)
+    _refuse_dropped_payload(table)
     if require_log_probs_when_stale:
         to_torch_versions.refuse_stale_without_log_probs(
             table, _lengths(table, "response_ids"))

@@ -353,3 +353,32 @@ def test_replay_buffer_sample_to_torch_matches_the_naive_path(tmp_path, layout: 
         assert out["staleness"].tolist() == [1, 1, 1, 1, 0, 0]
         assert out["global_steps"].tolist() == [1, 1, 1, 1, 2, 2]
         buf.release(batch)
+
+
+def test_rows_whose_payload_retention_dropped_are_refused_naming_them() -> None:
+    """A row read back from a lake past its retention horizon keeps `n_response_tokens` while
+    retention empties its token lists (EMPTIED) and nulls the per-token fields (NULLED): it is
+    refused, where it became empty tensors. A row that never had tokens converts as before."""
+    from pipeline import ReplayBuffer
+    from pipeline.lake.retention import EMPTIED, NULLED
+    from tests.support.policies import group
+    buf = ReplayBuffer.async_(max_off_policy_threshold=None)
+    group(buf, "g", 1, [0.0, 1.0])
+    table = buf.sample(1, "train", 1, timeout=5).table
+    assert batch_to_torch(table)["response_lengths"].tolist() == [
+        len(r) for r in table.column("response_ids").to_pylist()]
+    retained = table
+    for name in EMPTIED:
+        typ = table.schema.field(name).type
+        retained = retained.set_column(retained.schema.get_field_index(name), name,
+                                       pa.array([[] for _ in range(table.num_rows)], typ))
+    for name in NULLED:
+        typ = table.schema.field(name).type
+        retained = retained.set_column(retained.schema.get_field_index(name), name,
+                                       pa.nulls(table.num_rows, typ))
+    for layout in ("packed", "padded"):
+        with pytest.raises(BatchFormatError, match=r"response_ids.*rows \[0, 1\].*retain"):
+            batch_to_torch(retained, layout=layout)
+    never = retained.set_column(retained.schema.get_field_index("n_response_tokens"),
+                                "n_response_tokens", pa.array([0, 0], pa.int64()))
+    assert batch_to_torch(never)["response_lengths"].tolist() == [0, 0]

@@ -193,10 +193,21 @@ def completion_row(request_output: Any, completion: Any, *, partition: str, uid:
                    index: int = 0, global_steps: int | None = None,
                    version_of: Callable[[Any], int] = default_version_of,
                    mask_truncated: bool = False) -> dict[str, Any]:
-    """One finished `CompletionOutput` of ``request_output`` as a trajectory row."""
+    """One finished `CompletionOutput` of ``request_output`` as a trajectory row. A completion
+    without a finish reason (streamed, not finished yet: with n > 1 a request streams its
+    finished children while others run) and a request without prompt token ids are refused:
+    either would be stored as a whole trajectory it is not."""
+    where = f"{partition}/{uid} session {session_id}"
+    if getattr(completion, "finish_reason", "") is None:
+        raise VllmOutputError(f"{where}: the completion has no finish_reason (a streamed output "
+                              "that has not finished); store it once it has finished")
+    if request_output.prompt_token_ids is None:
+        raise VllmOutputError(f"{where}: RequestOutput.prompt_token_ids is None (a prompt given "
+                              "as text or embeddings vLLM did not tokenize into the output?); "
+                              "the trajectory needs the prompt's token ids")
     return trajectory_row(
         partition=partition, uid=uid, session_id=session_id,
-        prompt_ids=list(request_output.prompt_token_ids or ()),
+        prompt_ids=list(request_output.prompt_token_ids),
         response_ids=list(completion.token_ids), logprobs=sampled_logprobs(completion),
         spans=completion_spans(completion, version_of=version_of),
         finish_reason=finish_info(completion)[0], reward=reward, reward_info=reward_info,

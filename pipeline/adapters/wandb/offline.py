@@ -165,9 +165,9 @@ def read_run(run_dir: str | os.PathLike) -> OfflineRun:
                 key = it.key or "/".join(it.nested_key)
                 if key == "_wandb":                # wandb's own bookkeeping, not the user's
                     continue
-                value = json.loads(it.value_json)
-                # wandb stores each config entry as {"value": ...} (plus a description slot)
-                run.config[key] = value.get("value") if isinstance(value, dict) else value
+                # the entry's value as JSON, as given (a dict value stays a dict: the
+                # {"value": ...} wrapping is config.yaml's, not these records')
+                run.config[key] = json.loads(it.value_json)
         elif kind == "exit":
             run.finished = True
     return run

@@ -38,6 +38,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.errors import ConfigError
 
 TABLE_KEY = "training/filter_groups/filtered_reward_counts"
@@ -51,12 +53,16 @@ def format_reward_counts(counts: Mapping[float, int]) -> str:
 
 
 def _number(name: str, value: Any, kind: type = float) -> Any:
-    """``value`` as the ``kind`` (float or int) W&B stores; a value that is not a number is
-    refused, naming it."""
+    """``value`` as the ``kind`` (float or int) W&B stores; a value that is not a number, or
+    for an int one with a fraction, is refused, naming it (never rounded to another)."""
     try:
-        return kind(value)
+        out = kind(value)
+        if kind is int and not isinstance(value, (int, np.integer)) and float(value) != out:
+            raise ValueError            # 1.9 is no step and 2.7 no count of groups
+        return out
     except (TypeError, ValueError, OverflowError, RuntimeError):
-        raise ConfigError(f"{name}={value!r} is not a number; log a {kind.__name__} (leave the key "
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{name}={value!r} is not {what}; log a {kind.__name__} (leave the key "
                           "out at a step that has no value for it)") from None
 
 
@@ -67,6 +73,9 @@ def _reward_counts(counts: Mapping[float, int]) -> dict[float, int]:
     for value, count in counts.items():
         reward = _number("filtered_reward_counts key", value)
         n = _number(f"filtered_reward_counts[{value!r}]", count, int)
+        if n < 0:
+            raise ConfigError(f"filtered_reward_counts[{value!r}]={count!r}: a count of groups "
+                              "is >= 0")
         if n:
             out[reward] = n
     return out
@@ -129,7 +138,7 @@ class WandbTracker:
         the same step is taken)."""
         if self._run is None:
             raise ConfigError("this WandbTracker is finished; make a new one to log again")
-        step = int(step)
+        step = _number("step", step, int)
         row: dict[str, Any] = {k: _number(f"metrics[{k!r}]", v) for k, v in metrics.items()}
         counts = _reward_counts(filtered_reward_counts or {})
         if self._last_step is not None and step <= self._last_step:

@@ -116,6 +116,24 @@ def test_partial_generations_are_refused_as_rows(reason):
                        reward=0.0)
 
 
+def test_a_completion_still_streaming_is_refused_as_a_row():
+    """A streamed completion without a finish reason yet (its weight versions come with the
+    final output) is not a whole trajectory; it was stored as one."""
+    c = OUT.completion([1], spans=[("1", 0, 1)], finish_reason=None)
+    with pytest.raises(VllmOutputError, match="train/g0 session 0: the completion has no "
+                                              "finish_reason"):
+        completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g0", session_id=0,
+                       reward=0.0)
+
+
+def test_a_request_without_prompt_token_ids_is_refused_not_stored_promptless():
+    c = OUT.completion([1, 2], spans=[("1", 0, 2)], finish_reason="stop")
+    req = OUT.k.RequestOutput(request_id="req-0", prompt=None, prompt_token_ids=None,
+                              prompt_logprobs=None, outputs=[c], finished=True)
+    with pytest.raises(VllmOutputError, match="prompt_token_ids is None"):
+        completion_row(req, c, partition="train", uid="g0", session_id=0, reward=0.0)
+
+
 def test_truncated_response_is_masked_out_of_the_loss_only_when_asked():
     c = OUT.completion([1, 2, 3], spans=[("1", 0, 3)], finish_reason="length")
     req = OUT.request(PROMPT, [c])

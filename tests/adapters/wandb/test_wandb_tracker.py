@@ -118,6 +118,29 @@ def test_a_value_that_is_not_a_number_is_refused_by_key_and_the_step_can_be_retr
     assert run.table_rows(TABLE_KEY) == [[2, "0:3"]]
 
 
+def test_a_step_or_a_count_with_a_fraction_or_a_negative_count_is_refused_not_rounded(tmp_path):
+    import numpy as np
+    with WandbTracker(dir=tmp_path) as tracker:
+        with pytest.raises(ConfigError, match=r"step=1.9 is not a whole number"):
+            tracker.log_step(1.9, {"x": 1.0})
+        with pytest.raises(ConfigError, match=r"filtered_reward_counts\[0.5\]=2.7 is not a whole"):
+            tracker.log_step(1, {"x": 1.0}, {0.5: 2.7})
+        with pytest.raises(ConfigError, match=r"filtered_reward_counts\[0.0\]=-3: a count"):
+            tracker.log_step(1, {"x": 1.0}, {0.0: -3})
+        tracker.log_step(np.int64(1), {"x": 1.0}, {0.5: 2.0, 1.0: np.int64(1)})   # whole: taken
+        run_dir = tracker.run_dir
+    run = read_run(run_dir)
+    assert run.values("x") == {1: 1.0} and run.table_rows(TABLE_KEY) == [[1, "0.5:2, 1:1"]]
+
+
+def test_the_run_config_reads_back_as_given_dict_values_included(tmp_path):
+    config = {"opt": {"lr": 1e-6}, "w": {"value": 3, "x": 1}, "n": 5, "name": "grpo"}
+    with WandbTracker(dir=tmp_path, config=config) as tracker:
+        tracker.log_step(1, {"x": 1.0})
+        run_dir = tracker.run_dir
+    assert read_run(run_dir).config == config
+
+
 def test_wandb_mode_set_by_the_user_is_respected_and_an_explicit_mode_wins(tmp_path,
                                                                             monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
