@@ -16,10 +16,9 @@ trajectories) or off the poll (a batch's certificate). The parts are:
 
 Parameters (`$name` in the text) become columns `__p_name` (`param_column`) that the caller adds
 to the frame right before evaluating (`vectors.bind`), so a compiled expression never has to be
-rebuilt when a step or a threshold changes. An expression
-over parameters alone (a rule's horizon) is instead compiled with its values written in as
-literals and evaluated without a frame (`evaluate_bound`). The SQL text is the definition;
-nothing here restates a rule.
+rebuilt when a step or a threshold changes. An expression over parameters alone (a rule's
+horizon) is instead compiled with its values written in as literals and evaluated without a frame
+(`evaluate_bound`). The SQL text is the definition; nothing here restates a rule.
 """
 from __future__ import annotations
 

@@ -189,12 +189,11 @@ def _refuse_dropped_payload(table: pa.Table) -> None:
     if "n_response_tokens" not in table.column_names or table.num_rows == 0:
         return
     from pipeline.lake import dropped_payload
-    dropped = np.flatnonzero(np.asarray(dropped_payload(table, tokenless=False)))
-    if dropped.size:
-        shown = dropped[:5].tolist()
+    dropped = np.asarray(dropped_payload(table, tokenless=False))
+    if dropped.any():
         raise BatchFormatError(
-            f"column 'response_ids': in rows {shown}{' ...' if dropped.size > 5 else ''} "
-            f"({dropped.size} in all) it holds fewer tokens than n_response_tokens says: "
+            f"column 'response_ids': in {describe_rows(dropped)} it holds fewer tokens than "
+            "n_response_tokens says: "
             "`replaylake retain` dropped their token payload (rows read back from a lake past "
             "its retention horizon), so they cannot be converted; convert rows that still hold "
             "their tokens (a live batch, or a lake's rows before retention)")
