@@ -123,6 +123,21 @@ def callback_arg(where: str, name: str, fn: Any) -> Any:
     return fn
 
 
+REQUEST_MAX_CHARS = 200
+
+
+def request_arg(where: str, request: Any) -> str | None:
+    """The key a caller names a `sample` with: None, or a non-empty str of at most
+    `REQUEST_MAX_CHARS` characters."""
+    if request is None:
+        return None
+    if not isinstance(request, str) or not request or len(request) > REQUEST_MAX_CHARS:
+        raise ConfigError(f"{where}: request={request!r} must be a non-empty str of at most "
+                          f"{REQUEST_MAX_CHARS} characters naming this call (e.g. "
+                          "f'train-step-{global_steps}'), or None")
+    return request
+
+
 def uid_list(where: str, uids: Any) -> list[str]:
     """A list of uids for the keyword shorthands: a list or tuple, or an array / Series (a lone
     string is refused, not iterated; a dict or set too: its keys, in no order the caller chose,

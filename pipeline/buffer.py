@@ -27,6 +27,7 @@ from pipeline.arguments import (
     flag_arg,
     partition_arg,
     prompt_id_list,
+    request_arg,
     step_arg,
     timeout_arg,
     uid_list,
@@ -356,7 +357,7 @@ class ReplayBuffer:
     # --- the consumer --------------------------------------------------------------------------
     def _context(self, where: str, global_steps: Any, partition: str | None,
                  partition_id: str | None, batch_size: Any, size_name: str = "batch_size",
-                 mirrored: bool = False) -> PollContext:
+                 mirrored: bool = False, request: str | None = None) -> PollContext:
         """The call's context; warns once of a partition with no group while others have some
         (a misspelt name, most often), unless ``mirrored``: an adapter's ``before_poll`` brings
         the partition's groups in at the first poll."""
@@ -364,7 +365,7 @@ class ReplayBuffer:
         p = partition_arg(partition, partition_id, where)
         batch_size = batch_size_arg(where, batch_size, size_name)
         if mirrored:
-            return PollContext(global_steps, p, batch_size)
+            return PollContext(global_steps, p, batch_size, request)
         with self._state.locked():
             known = self._state.find(p)
             with_groups = [q for q, s in self._state.partitions() if s.groups]
@@ -372,19 +373,27 @@ class ReplayBuffer:
                 self._warned.add(p)
                 log.warning("%s: partition %r has no group yet (known: %s); waiting for one",
                             where, p, with_groups)
-        return PollContext(global_steps, p, batch_size)
+        return PollContext(global_steps, p, batch_size, request)
 
     def sample(self, global_steps: int, partition: str | None = None,
                batch_size: int | None = None, timeout: float | None = None, *,
                partition_id: str | None = None,
-               before_poll: Callable[[], None] | None = None) -> Batch:
+               before_poll: Callable[[], None] | None = None,
+               request: str | None = None) -> Batch:
         """Whole groups, oldest dispatch first, after the configured evictions and refills.
 
         Blocks until the preset's condition holds; ``timeout`` (seconds) raises `SampleTimeout`
         with the group counts. ``before_poll`` runs before every poll with the lock released
-        (adapters mirror an external data plane into the buffer there)."""
+        (adapters mirror an external data plane into the buffer there).
+
+        ``request`` names the call (a str, unique per call): should the caller not receive the
+        batch (its process, or the buffer's, died with the call in flight), the call sent again
+        with the same ``request`` returns the very batch it chose, as long as that batch is
+        held (not released), after a restart on the same lake too, instead of choosing
+        another. The key of a held batch with another step or batch size is refused."""
         ctx = self._context("sample", global_steps, partition, partition_id, batch_size,
-                            mirrored=before_poll is not None)
+                            mirrored=before_poll is not None,
+                            request=request_arg("sample", request))
         return run_call(self._state, self.config, ctx, consume=True,
                         timeout=timeout_arg("sample", timeout),
                         before_poll=callback_arg("sample", "before_poll", before_poll))

@@ -140,6 +140,11 @@ DECISIONS = schema(
           "select: the max_off_policy_strategy that set `bound` (drop | wait | admit | mask); "
           "null when "
           "`bound` is", nullable=True),
+    field("request", pa.string(),
+          "select: the key the `sample` call was named with (`sample(request=...)`; the Ray "
+          "client names every call), so that the call sent again after its reply was lost gets "
+          "this batch back; null when the call named none, on other kinds, or in a lake "
+          "written before this column", nullable=True),
     _SEQ, _TS,
 )
 

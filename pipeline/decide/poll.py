@@ -25,8 +25,8 @@ from pipeline.decide.batch import Batch
 from pipeline.decide.metrics import CallMetrics, EvictionMetrics
 from pipeline.decide.policies import CallState, PollContext, PollOutcome
 from pipeline.decide.policies.stale import WaitGate, blocks
-from pipeline.decide.selection import deliver, select
-from pipeline.errors import SampleTimeout
+from pipeline.decide.selection import again, deliver, select
+from pipeline.errors import ConfigError, SampleTimeout
 from pipeline.state import BufferState, PartitionState, decision_rows
 
 log = logging.getLogger("replaylake")
@@ -92,6 +92,8 @@ class _Call:
             if part.restored_evictions:     # a restored lake's evictions no batch reported
                 self.acc.add_rows(part.restored_evictions)
                 part.restored_evictions = []
+            self.acc.discarded += part.restored_discards    # ... and its discards
+            part.restored_discards = 0
 
     def run(self, before_poll: Callable[[], None] | None) -> Batch | Ready:
         try:
@@ -112,6 +114,10 @@ class _Call:
                 part = state.part(self.ctx.partition)
                 if self.consume and part.undelivered is not None:
                     batch = self._undelivered(part)
+                    if batch is not None:
+                        return batch
+                if self.consume and poll == 0 and self.ctx.request is not None:
+                    batch = self._requested(part)
                     if batch is not None:
                         return batch
                 with interrupts.held():
@@ -143,6 +149,25 @@ class _Call:
                         "release it or train on it)", self.ctx.step, self.ctx.partition,
                         batch.batch_id, batch.step)
         return None
+
+    def _requested(self, part: PartitionState) -> Batch | None:
+        """The held batch a `sample` named with this call's ``request`` chose: this call is that
+        one sent again, its caller never having received the batch (see `selection.again`)."""
+        ctx = self.ctx
+        batch_id = part.requested(ctx.request)
+        if batch_id is None:
+            return None
+        chosen = (part.batch_step[batch_id], len(part.batches[batch_id]))
+        if chosen != (ctx.step, ctx.batch_size):
+            raise ConfigError(
+                f"sample(global_steps={ctx.step}, batch_size={ctx.batch_size}): "
+                f"request={ctx.request!r} names held batch {batch_id} of partition "
+                f"{ctx.partition!r}, chosen at global_steps={chosen[0]} with {chosen[1]} "
+                "group(s); a request names one call: send it again with the same arguments, or "
+                "name a new call with a new request")
+        if self.acc.counts or self.acc.discarded:    # evictions of later calls: a later batch's
+            part.unreported, self.acc = self.acc, EvictionMetrics()
+        return again(self.state, part, batch_id)
 
     def _poll(self, part: PartitionState, poll: int
               ) -> tuple[Batch | Ready | None, int, float | None]:

@@ -5,14 +5,18 @@ Why the batch is built whole before its selection is written: from that write on
 the caller's. Should the call raise before returning it (Ctrl-C, a failing write of its metric
 rows), `PartitionState.undelivered` keeps it, with the metric rows still to write, and the retry
 (`sample` of that partition at the same step) writes them and returns that very batch: chosen
-once, trained once.
+once, trained once. A call named by its caller (`sample(request=...)`) records the key with its
+selection, so the same call sent again, even to a process that restored the lake after the one
+that chose died, gets that batch back (`again`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.config import BufferConfig, metric_prefix
 from pipeline.decide import aggregates
@@ -29,7 +33,8 @@ from pipeline.decide.metrics import (
 from pipeline.decide.policies import PollContext
 from pipeline.decide.policies.stale import MASK, MASKED
 from pipeline.errors import EmptyBatchError, InvariantError
-from pipeline.state import BufferState, PartitionState, decision_rows
+from pipeline.lake import read_table
+from pipeline.state import BufferState, PartitionState, Unreported, decision_rows
 
 log = logging.getLogger("replaylake")
 
@@ -150,8 +155,10 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         "select", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
         uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id,
         reason=[marks[u][0] for u in chosen] if stale else None,
-        bound=[marks[u][1] for u in chosen], strategy=strategy))
+        bound=[marks[u][1] for u in chosen], strategy=strategy, request=ctx.request))
     part.batch_marks[batch_id] = (marks, strategy)
+    if ctx.request is not None:        # for this call sent again (see `again`)
+        part.batch_reported[batch_id] = (dict(evm), dict(acc.reward_counts))
     part.undelivered = (batch, metric_rows, call_id)
     deliver(state, part)
     return batch
@@ -190,3 +197,40 @@ def held(part: PartitionState, batch_id: int) -> Batch:
     return Batch(table, batch_id, step, part.partition, list(chosen), {}, opm, weights,
                  bound=max(known) if known else None, strategy=strategy,
                  masked=[u for u in chosen if u in stale], group_bounds=bounds)
+
+
+def again(state: BufferState, part: PartitionState, batch_id: int) -> Batch:
+    """The held batch a `sample` named by its ``request`` chose, for that call sent again (its
+    caller never received it): as `held` rebuilds it, with the eviction metrics and zero-variance
+    reward counts the call reported.
+
+    After a restore, the metrics are the call's rows in the lake's `metrics` table (what it
+    reported) and the reward counts those of the evictions it reported (the decision log). Should
+    the process have died between the selection's write and its metric rows', the metrics are
+    computed from those evictions and discards, and their rows written now."""
+    batch = held(part, batch_id)
+    reported = part.batch_reported.get(batch_id)
+    if isinstance(reported, Unreported):
+        reported = part.batch_reported[batch_id] = _reported_in_lake(state, batch, reported)
+    evm, counts = reported if reported is not None else ({}, {})
+    return dataclasses.replace(batch, eviction_metrics=dict(evm),
+                               filtered_reward_counts=dict(counts))
+
+
+def _reported_in_lake(state: BufferState, batch: Batch, unreported: Unreported
+                      ) -> tuple[dict[str, float], dict[float, int]]:
+    acc = EvictionMetrics()
+    acc.add_rows(unreported.evictions)
+    acc.discarded = unreported.discards
+    stored = read_table(state.lake.root, "metrics", partitions=[batch.partition],
+                        keep=lambda t: pc.equal(t["batch_id"], batch.batch_id),
+                        columns=["name", "value", "seq"])
+    if stored.num_rows:
+        evm = {n: v for n, v in zip(stored["name"].to_pylist(), stored["value"].to_pylist())
+               if n not in batch.off_policy_metrics}
+    else:
+        evm = acc.scalars(metric_prefix(batch.partition))
+        state.commit("metrics", [{"partition": batch.partition, "step": batch.step,
+                                  "batch_id": batch.batch_id, "name": k, "value": float(v)}
+                                 for k, v in {**evm, **batch.off_policy_metrics}.items()])
+    return evm, dict(acc.reward_counts)

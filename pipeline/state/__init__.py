@@ -12,6 +12,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'by_column': 'journal',
     'GroupView': 'partition',
     'PartitionState': 'partition',
+    'Unreported': 'partition',
     'view': 'partition',
     'restore': 'rebuild',
 })

@@ -23,7 +23,7 @@ from pipeline import interrupts
 from pipeline.errors import InvariantError
 from pipeline.state.decisions import decision_rows
 from pipeline.state.journal import Journal
-from pipeline.state.partition import PartitionState
+from pipeline.state.partition import PartitionState, Unreported
 
 if TYPE_CHECKING:
     from pipeline.decide.policies import SelectionOrder
@@ -303,11 +303,20 @@ class BufferState:
                     self._restored_evictions(part, rows.slice(at - len(run), len(run)))
             elif kind == "discard":
                 part.apply_removed(uids, "discarded")
+                if effects is None:        # restore: reported with the call's batch, if any
+                    part.restored_discards += len(uids)
             elif kind == "select":
                 part.apply_removed(uids, "sampled", batch_id, step)
-                part.restored_evictions.clear()    # reported with this batch's metrics
+                request = rows.column("request")[at - len(run)].as_py()
+                if request is not None:
+                    part.batch_request[batch_id] = request
                 if effects is None:   # restore; a live selection keeps its own (`select`)
                     self._batch_marks(part, batch_id, rows.slice(at - len(run), len(run)))
+                    if request is not None:     # what the call reported, should it be sent again
+                        part.batch_reported[batch_id] = Unreported(
+                            list(part.restored_evictions), part.restored_discards)
+                part.restored_evictions.clear()    # reported with this batch's metrics
+                part.restored_discards = 0
             elif kind == "release":
                 uids = part.apply_released(batch_id)
             else:

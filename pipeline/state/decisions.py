@@ -24,7 +24,8 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
                   call_id: int = OUTSIDE_A_CALL, poll: int = 0,
                   uids: Sequence[str] | None = None, reason: Any = None, group_span: Any = None,
                   value: Any = None, batch_id: int | None = None, count: int = 1,
-                  replaces: Any = None, bound: Any = None, strategy: Any = None) -> pa.Table:
+                  replaces: Any = None, bound: Any = None, strategy: Any = None,
+                  request: str | None = None) -> pa.Table:
     """The rows of one decision, ready for `BufferState.commit("decisions", ...)`.
 
     A group decision (evict, select, discard, release) has one row per uid of ``uids``; its
@@ -32,7 +33,7 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
     either one value shared by every row or a list of one value per row (None: null). A refill
     (or a failed one) is one row without a uid: ``count`` prompts, ``replaces`` the evicted uids
     they replace; a `refill_deferred` row, the prompts admission held back (owed, asked by the
-    next refill)."""
+    next refill). ``request``: the key a `sample` was named with (its selection's rows)."""
     if kind not in KINDS:
         raise InvariantError(f"unknown decision kind {kind!r}; kinds: {', '.join(KINDS)}")
     if (kind in _ONE_ROW) != (uids is None):
@@ -48,7 +49,7 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
         "partition": partition, "step": _each(step), "call_id": call_id, "poll": poll,
         "kind": kind, "uid": uids, "reason": _each(reason), "group_span": _each(group_span),
         "value": _each(value), "batch_id": batch_id, "count": count, "replaces": replaces,
-        "bound": _each(bound), "strategy": _each(strategy)})
+        "bound": _each(bound), "strategy": _each(strategy), "request": request})
 
 
 def _each(v: Any) -> Any:

@@ -120,6 +120,16 @@ def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
                      g.prompt_id, g.dataset)
 
 
+@dataclass(frozen=True)
+class Unreported:
+    """What a restored lake says of the eviction metrics a held batch's `sample` reported: the
+    evictions and discards of the calls it reported (read back from the decision log); its
+    metric rows are read from the lake only if that call is sent again."""
+
+    evictions: list[tuple[str, int | None, float | None]]    # (reason, group span, value)
+    discards: int
+
+
 class PartitionState:
     """Groups, in-flight set, candidate index and trajectory payload of one partition."""
 
@@ -137,6 +147,11 @@ class PartitionState:
         # batch id -> what its selection recorded per group: uid -> (reason, bound), and the
         # strategy (a held batch is rebuilt from these, never from today's configuration)
         self.batch_marks: dict[int, tuple[dict[str, tuple[str | None, int | None]], str | None]] = {}
+        # batch id -> the request key its `sample` named, and what that call reported (eviction
+        # metrics, zero-variance reward counts), or after a restore what the lake says of it
+        # (`pipeline.decide.selection.again`); held batches only
+        self.batch_request: dict[int, str] = {}
+        self.batch_reported: dict[int, Any] = {}
         self.selected_at: dict[int, int] = {}    # step -> groups selected at it (released too)
         self._selected_ascending = True          # selected_at's keys came in ascending order
         self.removed_uids: set[str] = set()           # removed uids: never accepted again
@@ -150,6 +165,8 @@ class PartitionState:
         #                  group registered after (owed again by `reissue` / `resume`)
         self.restored_evictions: list[tuple[str, int | None, float | None]] = []   # restore:
         #                  (reason, group span, value) of evictions by calls no batch reported
+        self.restored_discards = 0               # restore: groups discarded by calls no batch
+        #                  reported (a crash between a call's discard and its selection)
         self._unregistered = (-1, 0)             # (step, prompts) asked at it, not registered yet
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.refill_done: Any = None             # ... and the threading.Event it sets on return
@@ -345,9 +362,15 @@ class PartitionState:
             total += at[s]
         return total
 
+    def requested(self, request: str) -> int | None:
+        """The held batch a `sample` named ``request`` chose, if any."""
+        return next((b for b, r in self.batch_request.items() if r == request), None)
+
     def apply_released(self, batch_id: int) -> list[str]:
         self.batch_step.pop(batch_id, None)
         self.batch_marks.pop(batch_id, None)
+        self.batch_request.pop(batch_id, None)
+        self.batch_reported.pop(batch_id, None)
         uids = self.batches.pop(batch_id, [])
         groups = self.groups
         self.rows.drop_all([groups.pop(u).rows for u in uids])

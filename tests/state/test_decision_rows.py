@@ -19,7 +19,8 @@ def test_a_refill_is_one_row_without_a_uid_and_its_replaces_are_that_rows_list()
     assert rows.to_pylist() == [{
         "partition": "train", "step": 3, "call_id": 2, "poll": 1, "kind": "refill", "uid": None,
         "reason": "ReplaceEvicted", "group_span": None, "value": None, "batch_id": None,
-        "count": 4, "replaces": ["a", "b"], "bound": None, "strategy": None}]
+        "count": 4, "replaces": ["a", "b"], "bound": None, "strategy": None,
+        "request": None}]
 
 
 def test_a_group_decision_needs_uids_and_a_refill_names_none() -> None:

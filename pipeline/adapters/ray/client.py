@@ -345,17 +345,22 @@ class RayReplayBuffer:
     # --- the consumer --------------------------------------------------------------------------
     def sample(self, global_steps: int, partition: str | None = None,
                batch_size: int | None = None, timeout: float | None = None, *,
-               partition_id: str | None = None, before_poll: Any = None) -> Batch:
+               partition_id: str | None = None, before_poll: Any = None,
+               request: str | None = None) -> Batch:
         """`ReplayBuffer.sample` in the actor. A `sample` interrupted (Ctrl-C) while it waited
         is given up in the actor too; the next `sample` of that partition at the same step
-        returns the batch it chose, if it chose one (see docs/ray.md)."""
+        returns the batch it chose, if it chose one. Every call is named (``request``, else a
+        fresh key), so the call sent again after the actor died under it gets the batch the
+        lost attempt chose (see docs/ray.md)."""
         _local_only("sample", before_poll)
+        token = uuid.uuid4().hex
         kwargs = {"global_steps": global_steps, "partition": partition,
-                  "batch_size": batch_size, "timeout": timeout, "partition_id": partition_id}
+                  "batch_size": batch_size, "timeout": timeout, "partition_id": partition_id,
+                  "request": token if request is None else request}
         chosen = self._interrupted_batch(kwargs)
         if chosen is not None:
             return chosen
-        payload, meta = self._call("sample", kwargs, uuid.uuid4().hex)
+        payload, meta = self._call("sample", kwargs, token)
         return batch_from_wire(payload, meta)
 
     def _interrupted_batch(self, kwargs: dict[str, Any]) -> Batch | None:

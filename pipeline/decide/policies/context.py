@@ -11,6 +11,7 @@ class PollContext:
     step: int
     partition: str
     batch_size: int
+    request: str | None = None    # the key the caller named the call with (`sample(request=)`)
 
 
 @dataclass(frozen=True)

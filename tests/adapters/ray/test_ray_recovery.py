@@ -161,6 +161,36 @@ def test_a_node_whose_raylet_dies_takes_the_actor_down_and_it_comes_back_on_anot
             ray_local_cluster.kill_raylet(spare)
 
 
+def test_a_sample_whose_reply_died_with_the_actor_gets_its_batch_when_sent_again(tmp_path,
+                                                                             ray_cluster):
+    """The actor's process SIGKILLs itself right after the sample's selection and metric rows
+    are in the lake, before its reply leaves (a lake kill point, set in the actor's
+    environment): the client sends the call again under the same key, and the restarted actor
+    answers with that batch, instead of choosing another while the first stays held."""
+    lake = tmp_path / "lake"
+    client = RayReplayBuffer.start(
+        lake=lake, name=f"reply-{uuid.uuid4().hex[:8]}", place_on="lake", poll_interval=0.05,
+        retry_wait=120,
+        actor_options={"runtime_env": {"env_vars": {"REPLAYLAKE_KILL_AT": "metrics.acked:1"}}})
+    try:
+        for uid in ("a", "b", "c"):
+            _finished(client, uid)
+        first = client.info()
+        batch = client.sample(1, "train", 2, timeout=60)
+        after = client.info()
+        assert after["restarted"] and after["pid"] != first["pid"] and client.retries > 0
+        assert batch.uids == ["a", "b"] and batch.off_policy_metrics
+        assert client.held_batches("train") == {batch.batch_id: [
+            (u, s, 0) for u in ("a", "b") for s in range(GROUP)]}
+        assert client.counts("train") == {"pending": 0, "running": 0, "finished": 1,
+                                          "failure": 0, "sampled": 2}
+        client.release(batch)
+        client.close()
+        assert not [a.name for a in run_audits(lake) if a.status == "FAIL"]
+    finally:
+        ray_cluster.kill(client.handle)
+
+
 def test_an_actor_dead_for_good_fails_every_call_at_once_and_kill_then_does_nothing(
         tmp_path, ray_cluster):
     """No restart left (killed with max_restarts=0, or ended by `kill`): a call fails at once,

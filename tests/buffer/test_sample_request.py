@@ -1,0 +1,161 @@
+"""`sample(request=...)`: a call named by its caller and sent again, because its caller never
+received the answer (its process, or the buffer's, died with the call in flight), returns the batch
+the lost attempt chose, with the metrics it reported, instead of choosing a second one while the
+first stays held forever."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pyarrow.compute as pc
+import pytest
+
+from jobs.audit import run_audits
+from pipeline import ConfigError, ReplayBuffer, SampleTimeout
+from pipeline.lake import read_table
+from tests.support.lake import ROOT, python_env, write_script
+from tests.support.policies import group
+
+TRAINER = """
+    import sys
+    from pipeline import ReplayBuffer
+    from tests.support.policies import group
+
+    def refill(n):                        # the prompts asked for stay pending (in flight)
+        for _ in range(n):
+            made.append(f"r{len(made)}")
+            buf.register(partition="train", uids=[made[-1]], global_steps=3)
+
+    made = []
+    buf = ReplayBuffer.async_(lake=sys.argv[1], filter_groups_metric="reward", refill_fn=refill,
+                              max_off_policy_threshold=2)
+    group(buf, "old", 0, [0.0, 1.0])      # group span 4 at step 3: stale
+    group(buf, "z", 1, [1.0, 1.0])        # zero variance
+    group(buf, "a", 1, [0.0, 1.0])        # span 3: stale
+    group(buf, "y", 1, [0.5, 0.5])        # zero variance and stale
+    group(buf, "b", 2, [0.0, 1.0])
+    group(buf, "c", 2, [0.0, 1.0])
+    group(buf, "d", 2, [0.0, 1.0])
+    batch = buf.sample(3, "train", 2, request="step-3")
+    print(batch.batch_id, batch.uids, flush=True)
+"""
+# the sample's writes: its evictions, its refill, its selection (decisions 1-3), its metrics
+AFTER_SELECTION, AFTER_METRICS = "decisions.acked:3", "metrics.acked:1"
+
+
+def _open(lake) -> ReplayBuffer:
+    return ReplayBuffer.async_(lake=lake, filter_groups_metric="reward", refill_fn=lambda n: None,
+                               max_off_policy_threshold=2)
+
+
+def _run(tmp_path, name: str, kill_at: str | None):
+    script, lake = write_script(tmp_path, "trainer.py", TRAINER), tmp_path / name
+    env = python_env(**({"REPLAYLAKE_KILL_AT": kill_at} if kill_at else {}))
+    return subprocess.run([sys.executable, str(script), str(lake)], cwd=ROOT, capture_output=True,
+                          text=True, env=env, timeout=120), lake
+
+
+def _metric_rows(lake, batch_id: int) -> int:
+    return read_table(lake, "metrics", keep=lambda t: pc.equal(t["batch_id"], batch_id)).num_rows
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The batch the untouched run's `sample` returned, as its caller received it."""
+    proc, lake = _run(tmp_path_factory.mktemp("reference"), "lake", None)
+    assert proc.returncode == 0, proc.stderr
+    with _open(lake) as buf:
+        return buf.sample(3, "train", 2, request="step-3")
+
+
+@pytest.mark.parametrize("kill_at", [AFTER_SELECTION, AFTER_METRICS])
+def test_the_call_sent_again_after_a_crash_gets_the_batch_the_lost_attempt_chose(
+        tmp_path, reference, kill_at):
+    proc, lake = _run(tmp_path, "lake", kill_at)
+    assert proc.returncode == -signal.SIGKILL and proc.stdout == "", proc.stderr   # never answered
+    buf = _open(lake)
+    assert list(buf.held_batches("train")) == [reference.batch_id]
+    # killed between the selection's write and its metric rows': none in the lake yet
+    assert _metric_rows(lake, reference.batch_id) == (0 if kill_at == AFTER_SELECTION else
+                                                      len(reference.metrics))
+    got = buf.sample(3, "train", 2, request="step-3", timeout=5)
+    assert (got.batch_id, got.step, got.uids) == (reference.batch_id, 3, ["b", "c"])
+    assert got.table.drop_columns(["ts"]).equals(reference.table.drop_columns(["ts"]))
+    assert got.eviction_metrics == reference.eviction_metrics != {}
+    assert got.off_policy_metrics == reference.off_policy_metrics
+    assert got.filtered_reward_counts == reference.filtered_reward_counts == {1.0: 1, 0.5: 1}
+    assert _metric_rows(lake, got.batch_id) == len(reference.metrics)   # written once
+    assert buf.sample(3, "train", 2, request="step-3").batch_id == got.batch_id   # still held
+    buf.release(got)
+    nxt = buf.sample(3, "train", 1, request="step-3, second batch", timeout=5)
+    assert nxt.uids == ["d"] and nxt.eviction_metrics == {}     # nothing reported twice
+    buf.release(nxt)
+    buf.close()
+    assert not [a.name for a in run_audits(lake) if a.status == "FAIL"]
+
+
+def test_a_request_of_a_held_batch_returns_it_in_the_same_process_and_a_new_one_after_release():
+    buf = ReplayBuffer.sync(poll_interval=0.01)
+    for uid in ("a", "b", "c"):
+        group(buf, uid, 1, [0.0, 1.0])
+    first = buf.sample(1, "train", 1, request="k")
+    again = buf.sample(1, "train", 1, request="k")
+    assert (again.batch_id, again.uids) == (first.batch_id, ["a"])
+    assert again.table.drop_columns(["ts"]).equals(first.table.drop_columns(["ts"]))
+    assert again.metrics == first.metrics
+    other = buf.sample(1, "train", 1, request="other")
+    assert other.uids == ["b"]
+    buf.release(first)
+    assert buf.sample(1, "train", 1, request="k").uids == ["c"]   # a released key names no batch
+
+
+def test_evictions_after_the_batch_are_reported_by_the_next_batch_not_by_the_retry():
+    buf = ReplayBuffer.async_(max_off_policy_threshold=1, poll_interval=0.01)
+    group(buf, "a", 1, [0.0, 1.0])
+    first = buf.sample(1, "train", 1, request="k")
+    assert first.eviction_metrics == {}
+    group(buf, "old", 0, [0.0, 1.0])                   # stale at step 1: evicted by the next call
+    with pytest.raises(SampleTimeout):
+        buf.sample(1, "train", 1, timeout=0.05)
+    again = buf.sample(1, "train", 1, request="k")
+    assert again.batch_id == first.batch_id and again.eviction_metrics == {}
+    group(buf, "b", 1, [0.0, 1.0])
+    later = buf.sample(1, "train", 1)
+    assert later.uids == ["b"] and later.eviction_metrics["training/off_policy/evicted_samples"] == 1
+
+
+@pytest.mark.parametrize("call, named", [
+    (dict(global_steps=2, batch_size=1), "global_steps=2, batch_size=1"),
+    (dict(global_steps=1, batch_size=2), "global_steps=1, batch_size=2"),
+])
+def test_the_request_of_a_held_batch_with_other_arguments_is_refused(call, named):
+    buf = ReplayBuffer.sync(poll_interval=0.01)
+    for uid in ("a", "b", "c"):
+        group(buf, uid, 1, [0.0, 1.0])
+    held = buf.sample(1, "train", 1, request="k")
+    with pytest.raises(ConfigError, match=rf"^sample\({named}\): request='k' names held batch "
+                       rf"{held.batch_id} of partition 'train', chosen at global_steps=1 with 1 "
+                       "group"):
+        buf.sample(partition="train", request="k", timeout=1, **call)
+    assert buf.counts("train")["sampled"] == 1                # nothing chosen by the refusal
+
+
+@pytest.mark.parametrize("request_key", ["", 7, b"k", "x" * 201])
+def test_a_request_that_is_not_a_short_string_is_refused(request_key):
+    buf = ReplayBuffer.sync()
+    with pytest.raises(ConfigError, match=r"^sample: request=.* must be a non-empty str of at "
+                       "most 200 characters"):
+        buf.sample(1, "train", 1, request=request_key)
+
+
+def test_the_request_is_in_the_lake_beside_the_selection(tmp_path):
+    with ReplayBuffer.sync(lake=tmp_path) as buf:
+        group(buf, "a", 1, [0.0, 1.0])
+        group(buf, "b", 1, [0.0, 1.0])
+        buf.release(buf.sample(1, "train", 1, request="step-1"))
+        buf.release(buf.sample(1, "train", 1))
+    rows = read_table(tmp_path, "decisions").to_pylist()
+    assert [(r["kind"], r["uid"], r["request"]) for r in rows] == [
+        ("select", "a", "step-1"), ("release", "a", None), ("select", "b", None),
+        ("release", "b", None)]
