@@ -198,3 +198,40 @@ def test_evictions_of_a_call_that_raised_are_reported_after_a_restart(tmp_path) 
     group(again, "next", 5, [0.0, 1.0])
     assert "training/off_policy/evicted_samples" not in again.sample(5, "train", 1, timeout=5).metrics
     again.close()
+
+
+DISCARDER = """
+    import sys
+    from pipeline import ReplayBuffer
+    from tests.support.policies import group
+    buf = ReplayBuffer.sync(lake=sys.argv[1], filter_groups_metric="reward",
+                            refill_fn=lambda n: None, train_batch_size=2, gen_batch_size=3)
+    for uid in ("a", "b", "c"):
+        group(buf, uid, 1, [0.0, 1.0])
+    buf.sample(1, "train", 2)             # discards c, selects a and b
+"""
+
+
+def test_discards_of_a_call_that_died_before_its_selection_are_reported_after_a_restart(
+        tmp_path) -> None:
+    """Killed between its discard's write and its selection's (the sync DAPO surplus): the
+    restart knows c is gone and reports the discard with the partition's next batch, as the
+    same process reports the discards of a call that raised."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.lake import ROOT, python_env, write_script
+    script, lake = write_script(tmp_path, "discarder.py", DISCARDER), tmp_path / "lake"
+    proc = subprocess.run([sys.executable, str(script), str(lake)], cwd=ROOT, capture_output=True,
+                          text=True, env=python_env(REPLAYLAKE_KILL_AT="decisions.acked:1"),
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    kw = dict(lake=lake, filter_groups_metric="reward", refill_fn=lambda n: None,
+              train_batch_size=2, gen_batch_size=3)
+    with ReplayBuffer.sync(**kw) as again:
+        assert again.counts("train")["finished"] == 2        # c is gone
+        batch = again.sample(1, "train", 2, timeout=5)
+        assert batch.uids == ["a", "b"]
+        assert batch.eviction_metrics == {"training/filter_groups/discarded_surplus_samples": 1}
+        again.release(batch)
