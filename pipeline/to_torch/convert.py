@@ -135,8 +135,22 @@ def _per_row(table: pa.Table, pin: bool, p: np.ndarray, r: np.ndarray) -> dict[s
             isnull = col.is_null().to_numpy(zero_copy_only=False)
             raise BatchFormatError(f"column {name!r} is null in {describe_rows(isnull)}; "
                                    "it must not be")
-        out[key] = _small(col.to_numpy(), dtype, pin)
+        values = col.to_numpy()
+        if dtype is np.float32:
+            _fits_float32(name, values)
+        out[key] = _small(values, dtype, pin)
     return out
+
+
+def _fits_float32(name: str, values: np.ndarray) -> None:
+    """A finite value beyond float32's range would become inf in the float32 tensor: refused,
+    naming the rows (an inf or NaN stored as such is passed on as it is)."""
+    with np.errstate(over="ignore"):
+        over = np.isinf(values.astype(np.float32)) & np.isfinite(values)
+    if over.any():
+        raise BatchFormatError(
+            f"column {name!r} is beyond float32's range (|x| > 3.4e38) in {describe_rows(over)}; "
+            "its tensor is float32, where such a value becomes inf: scale the values down")
 
 
 def _padded(pin: bool, prompt: Ragged, resp: Ragged, mask: Pieces | float,

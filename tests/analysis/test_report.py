@@ -320,3 +320,16 @@ def test_an_out_that_is_a_directory_is_refused_up_front_and_leaves_no_temp_file(
     message = _cli_error(str(shared_run("async").lake), "-o", str(out))
     assert f"-o {out} is a directory" in message and str(out / "report.html") in message
     assert list(out.iterdir()) == [] and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_filtered_values_that_agree_in_six_digits_keep_a_legend_entry_each() -> None:
+    """Two metric values `:g` printed alike (0.123456) were drawn as one series with one
+    color; each keeps its own, labelled in full."""
+    from pipeline.analysis.report.data import PartitionData
+    from pipeline.analysis.report.figures import filtered
+    rows = [{"step": 1, "value": 0.1234561, "n_groups": 2},
+            {"step": 1, "value": 0.1234564, "n_groups": 3},
+            {"step": 2, "value": 1.0, "n_groups": 1}]
+    fig = filtered(PartitionData("train", {}, {"filtered_rewards": rows}))
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["all = 0.1234561 (2)", "all = 0.1234564 (3)", "all = 1 (1)"]

@@ -382,3 +382,15 @@ def test_rows_whose_payload_retention_dropped_are_refused_naming_them() -> None:
     never = retained.set_column(retained.schema.get_field_index("n_response_tokens"),
                                 "n_response_tokens", pa.array([0, 0], pa.int64()))
     assert batch_to_torch(never)["response_lengths"].tolist() == [0, 0]
+
+
+def test_a_reward_beyond_float32_is_refused_and_inf_or_the_largest_float32_pass() -> None:
+    """The rewards tensor is float32: 1e39 became inf there, silently."""
+    big = batch_table([row([1], [2], [1], reward=1.0), row([1], [2], [1], reward=-1e39),
+                       row([1], [2], [1], reward=1e39)])
+    with pytest.raises(BatchFormatError, match=r"'reward' is beyond float32's range .* rows "
+                       r"\[1, 2\]"):
+        batch_to_torch(big)
+    top = float(np.finfo(np.float32).max)
+    ok = batch_table([row([1], [2], [1], reward=top), row([1], [2], [1], reward=float("inf"))])
+    assert batch_to_torch(ok)["rewards"].tolist() == [top, float("inf")]

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
+from pipeline.numbers_text import value_text
 
 TABLE_KEY = "training/filter_groups/filtered_reward_counts"
 TABLE_COLUMNS = ["step", "reward_counts"]
@@ -48,8 +49,9 @@ DEFAULT_INCREMENTS_PER_TABLE = 100
 
 
 def format_reward_counts(counts: Mapping[float, int]) -> str:
-    """`{1.0: 2, 0.0: 3}` -> ``"0:3, 1:2"``: values ascending, each ``f"{value:g}:{count}"``."""
-    return ", ".join(f"{float(v):g}:{int(c)}" for v, c in sorted(counts.items()))
+    """`{1.0: 2, 0.0: 3}` -> ``"0:3, 1:2"``: values ascending, each ``value:count`` with the
+    value in the fewest digits that read back as it (`value_text`)."""
+    return ", ".join(f"{value_text(v)}:{int(c)}" for v, c in sorted(counts.items()))
 
 
 def _number(name: str, value: Any, kind: type = float) -> Any:

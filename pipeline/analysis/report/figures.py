@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from pipeline.analysis.report import plot
 from pipeline.analysis.report.data import PartitionData
 from pipeline.analysis.report.plot import png_base64
+from pipeline.numbers_text import value_text
 
 __all__ = ["FIGURES", "FigureSpec", "png_base64"]
 
@@ -88,9 +89,9 @@ def filtered(p: PartitionData) -> Figure:
     for r in rows:
         totals[r["value"]] = totals.get(r["value"], 0) + r["n_groups"]
     keep = sorted(sorted(totals, key=lambda v: -totals[v])[:6])
-    rows = [{**r, "value": f"{r['value']:g}" if r["value"] in keep else "other"} for r in rows]
+    rows = [{**r, "value": value_text(r["value"]) if r["value"] in keep else "other"} for r in rows]
     palette = ["#d62728", "#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#7f7f7f"]
-    colors = {f"{v:g}": palette[i] for i, v in enumerate(keep)} | {"other": palette[-1]}
+    colors = {value_text(v): palette[i] for i, v in enumerate(keep)} | {"other": palette[-1]}
     plot.stacked_bars(ax, rows, "value", "n_groups", colors)
     ax.set_ylabel("groups filtered")
     plot.integer_axis(ax.yaxis)

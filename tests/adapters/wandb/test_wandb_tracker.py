@@ -26,6 +26,9 @@ def test_reward_counts_cell_lists_values_ascending_as_value_colon_count():
     assert format_reward_counts({1.0: 2, 0.0: 3}) == "0:3, 1:2"
     assert format_reward_counts({0.5: 1, -1.0: 4, 2.25: 7}) == "-1:4, 0.5:1, 2.25:7"
     assert format_reward_counts({}) == ""
+    # two values that agree in 6 digits stay two values (`:g` printed both as 0.123456)
+    assert format_reward_counts({0.1234561: 1, 0.1234564: 2}) == "0.1234561:1, 0.1234564:2"
+    assert format_reward_counts({1e16: 1, -0.0001: 2, 100.0: 3}) == "-0.0001:2, 100:3, 1e+16:1"
 
 
 def test_importing_the_tracker_module_does_not_import_wandb():
