@@ -63,9 +63,11 @@ to fault in; see pipeline/to_torch/pool.py).
 """
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -140,6 +142,19 @@ def _per_row(table: pa.Table, pin: bool, p: np.ndarray, r: np.ndarray) -> dict[s
             _fits_float32(name, values)
         out[key] = _small(values, dtype, pin)
     return out
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1])
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package, for a warning raised in the
+    function that calls this one: the line of the user's code (`Batch.to_torch` or
+    `batch_to_torch`), not one of ours."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _fits_float32(name: str, values: np.ndarray) -> None:
@@ -250,7 +265,7 @@ def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,
     pin = bool(pin_memory)
     if pin and not _can_pin():
         warnings.warn("pin_memory=True but no accelerator is available: returning ordinary "
-                      "(pageable) host memory", stacklevel=2)
+                      "(pageable) host memory", stacklevel=_callers_level())
         pin = False
     plain = to_torch_packed.read(table) if layout == "packed" else None
     if plain is not None:             # the common batch, read straight from its buffers

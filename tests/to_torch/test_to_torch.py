@@ -289,9 +289,17 @@ def test_a_device_that_is_not_a_torch_device_is_refused_by_name() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback without an accelerator")
 def test_pin_memory_without_an_accelerator_warns_and_returns_ordinary_memory() -> None:
-    with pytest.warns(UserWarning, match="no accelerator"):
+    with pytest.warns(UserWarning, match="no accelerator") as direct:
         out = batch_to_torch(LITERAL, pin_memory=True)
     assert_same_tensors(out, batch_to_torch(LITERAL))
+    from pipeline import ReplayBuffer
+    from tests.support.policies import group
+    buf = ReplayBuffer.sync()
+    group(buf, "a", 1, [0.0, 1.0])
+    with pytest.warns(UserWarning, match="no accelerator") as via_batch:
+        buf.sample(1, "train", 1).to_torch(pin_memory=True)
+    # the warning names the caller's line (it named pipeline/decide/batch.py for Batch.to_torch)
+    assert [w.filename for w in (*direct, *via_batch)] == [__file__, __file__]
 
 
 @pytest.mark.parametrize("row_copy_min", [0, 1 << 30])
