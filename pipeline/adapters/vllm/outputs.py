@@ -98,6 +98,17 @@ def _missing(completion: Any, pos: int, tok: int) -> VllmOutputError:
                            f"its sampled token {tok}")
 
 
+def _version(version_of: Callable[[Any], int], label: Any, completion: Any) -> int:
+    """``version_of(label)``; what it raises becomes a `VllmOutputError` naming the label."""
+    try:
+        return version_of(label)
+    except VllmOutputError:
+        raise
+    except Exception as exc:
+        raise VllmOutputError(f"completion {completion.index}: version_of({label!r}) raised "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
 def merge_runs(runs: Iterable[tuple[int, int]]) -> Spans:
     """Concatenate ``(version, n_tokens)`` runs, joining neighbours of one version, dropping 0s."""
     out: Spans = []
@@ -125,7 +136,7 @@ def completion_spans(completion: Any, *, version_of: Callable[[Any], int] = defa
         if span.start != at or span.end < span.start:
             raise VllmOutputError(f"completion {completion.index}: weight_versions do not tile "
                                   f"the output tokens (span {span!r} after token {at})")
-        runs.append((version_of(span.version), span.end - span.start))
+        runs.append((_version(version_of, span.version, completion), span.end - span.start))
         at = span.end
     if at != n_tokens:
         raise VllmOutputError(f"completion {completion.index}: weight_versions cover {at} of "
@@ -205,11 +216,15 @@ def completion_row(request_output: Any, completion: Any, *, partition: str, uid:
         raise VllmOutputError(f"{where}: RequestOutput.prompt_token_ids is None (a prompt given "
                               "as text or embeddings vLLM did not tokenize into the output?); "
                               "the trajectory needs the prompt's token ids")
+    try:         # their errors name the completion; the row's name goes in front
+        logprobs = sampled_logprobs(completion)
+        spans = completion_spans(completion, version_of=version_of)
+    except VllmOutputError as exc:
+        raise VllmOutputError(f"{where}: {exc}") from exc.__cause__
     return trajectory_row(
         partition=partition, uid=uid, session_id=session_id,
         prompt_ids=list(request_output.prompt_token_ids),
-        response_ids=list(completion.token_ids), logprobs=sampled_logprobs(completion),
-        spans=completion_spans(completion, version_of=version_of),
+        response_ids=list(completion.token_ids), logprobs=logprobs, spans=spans,
         finish_reason=finish_info(completion)[0], reward=reward, reward_info=reward_info,
         index=index, global_steps=global_steps, mask_truncated=mask_truncated)
 

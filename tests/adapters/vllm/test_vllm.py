@@ -234,3 +234,25 @@ def test_vllm_shapes_match_vllm_field_for_field():
     import inspect
     assert list(inspect.signature(shapes.RequestOutput).parameters) == \
         [p for p in inspect.signature(real.RequestOutput).parameters if p != "kwargs"]
+
+
+def test_every_refusal_of_a_completion_row_names_its_partition_uid_and_session():
+    """Log-probs, spans and version labels were refused naming only the completion's index."""
+    lost = OUT.completion([1, 2], logprobs=[-1.0, -1.0])
+    lost.logprobs[1] = {999: lost.logprobs[1][2]}
+    short = OUT.completion([1, 2, 3], spans=[("2", 0, 2)])
+    text = OUT.completion([1, 2], spans=[("step-4", 0, 2)])
+    for c, why in [(lost, "position 1 has no logprob"), (short, "cover 2 of 3 output tokens"),
+                   (text, "label 'step-4' is not an integer step")]:
+        with pytest.raises(VllmOutputError, match=rf"^train/g7 session 3: .*{why}"):
+            completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g7",
+                           session_id=3, reward=0.0)
+
+
+def test_a_version_of_that_raises_is_a_vllm_output_error_naming_the_label():
+    c = OUT.completion([1, 2], spans=[("step-4", 0, 2)])
+    with pytest.raises(VllmOutputError, match=r"^train/g7 session 0: completion 0: "
+                       r"version_of\('step-4'\) raised KeyError: 'step-4'") as err:
+        completion_row(OUT.request(PROMPT, [c]), c, partition="train", uid="g7", session_id=0,
+                       reward=0.0, version_of={}.__getitem__)
+    assert isinstance(err.value.__cause__, KeyError)
