@@ -231,9 +231,6 @@ class BufferActor:
                 "took_over_from": None if lake is None else lake.lock.previous,
                 "reopen_error": None if down is None else str(down)}
 
-    def ping(self) -> str:
-        return "ok"
-
     # --- producers -----------------------------------------------------------------------------
     def register(self, kwargs: dict[str, Any], retry: bool = False) -> Envelope:
         return self._serve(lambda: self._left(self.buf.register, retried.register_left, kwargs,
@@ -257,9 +254,6 @@ class BufferActor:
 
     def take_refills(self, token: str | None = None) -> Envelope:
         return self._serve(lambda: self.refills.take(token))
-
-    def refills_requested(self) -> int:
-        return self.refills.total
 
     # --- the consumer --------------------------------------------------------------------------
     def sample(self, kwargs: dict[str, Any], token: str) -> Envelope:

@@ -96,14 +96,12 @@ class RefillRequests:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owed = 0
-        self._total = 0
         self._given: OrderedDict[str, int] = OrderedDict()   # token -> count it was handed
         self.ledger: RefillLedger | None = None
 
     def __call__(self, count: int) -> None:
         with self._lock:
             self._owed += int(count)
-            self._total += int(count)
 
     def keep_in(self, ledger: RefillLedger, asked: int, restarted: bool) -> None:
         """Record takes in ``ledger`` from now on; after a restart, owe again what the lake
@@ -115,7 +113,6 @@ class RefillRequests:
                 return
             owed, given = ledger.restart(asked)
             self._owed += owed
-            self._total = max(asked - ledger.before, 0)
             self._given = OrderedDict(given)
 
     def take(self, token: str | None = None) -> int:
@@ -141,8 +138,3 @@ class RefillRequests:
                     raise
             self._owed = 0
             return owed
-
-    @property
-    def total(self) -> int:
-        with self._lock:
-            return self._total
