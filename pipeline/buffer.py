@@ -39,7 +39,7 @@ from pipeline.decide import evaluate as decide
 from pipeline.decide import rules as declared_rules
 from pipeline.decide.policies import PollContext, capacity
 from pipeline.decide.selection import held as held_batch
-from pipeline.errors import BufferFullError, ConfigError, UnknownBatchError
+from pipeline.errors import BufferFullError, BufferUnavailableError, ConfigError, UnknownBatchError
 from pipeline.ingest import PutResult, validate_groups, validate_status, validate_trajectories
 from pipeline.lake import LakeWriter
 from pipeline.state import (
@@ -183,7 +183,10 @@ class ReplayBuffer:
     # --- producers -----------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn(kind, partition, uids, batch_id)`` after every evict / discard / select /
-        release, under the buffer's lock (adapters mirror these effects onto their data plane)."""
+        release, under the buffer's lock (adapters mirror these effects onto their data plane).
+        The change is written before ``fn`` is told; an exception ``fn`` raises leaves it
+        standing, and reaches the caller once the call's own work is done (a `sample` keeps its
+        batch for the retry)."""
         self._state.add_listener(fn)
 
     def register(self, data: Any = None, *, partition: str | None = None,
@@ -252,7 +255,8 @@ class ReplayBuffer:
         memory past it waits up to ``timeout`` seconds (None: as long as it takes) for the
         trainer to release batches, then raises `BufferFullError` (nothing of the call
         accepted). A single put larger than the whole budget is accepted when the buffer holds
-        nothing else, so it can never deadlock."""
+        nothing else, so it can never deadlock; one that finds every held byte in groups still
+        in flight raises at once (no batch can be released to make room)."""
         timeout = timeout_arg("put", timeout)
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._state.locked():
@@ -279,14 +283,37 @@ class ReplayBuffer:
                 f"{budget:,} budget ({live:,} held in memory), so waiting cannot make room: split "
                 "it into smaller puts or raise the budget; nothing of this call was accepted (a "
                 "put that large is accepted only while the buffer holds nothing else)")
+        if self._only_unfinishable():
+            raise BufferFullError(
+                f"put of {nbytes:,} payload bytes would exceed max_live_bytes={budget:,}, and "
+                f"the {live:,} bytes held all belong to groups still in flight that lack "
+                "sessions (pending or running): none of them can finish, be sampled and "
+                "released to make room without more puts, so waiting cannot help; raise "
+                "max_live_bytes so that every group in flight fits whole, or dispatch fewer "
+                "groups at a time; nothing of this call was accepted")
         left = deadline - time.monotonic()
         if left <= 0:
             raise BufferFullError(
                 f"put of {nbytes:,} payload bytes would exceed max_live_bytes={budget:,} "
                 f"({live:,} held in memory); sample and release batches, raise the budget, or "
                 "pass put(..., timeout=seconds) to wait; nothing of this call was accepted")
-        self._state.wait(None if left == math.inf else left)
+        if not self._state.closed:
+            self._state.wait(None if left == math.inf else left)
+        if self._state.closed:
+            raise BufferUnavailableError("put: the buffer was closed while this call waited for "
+                                         "room; nothing of this call was accepted")
         return False
+
+    def _only_unfinishable(self) -> bool:
+        """Whether every group memory holds is in flight and still lacks sessions of its known
+        ``n`` (a deadlock for a waiting put: no batch can be released, no group can finish
+        without the puts that wait). Call with the lock held."""
+        for _, part in self._state.partitions():
+            if len(part.inflight) != len(part.groups):     # a terminal or selected group
+                return False
+            if any(not _missing(part.groups[u]) for u in part.inflight):   # n unknown, or all in
+                return False
+        return True
 
     def reissue(self, global_steps: int, partition: str | None = None, *,
                 partition_id: str | None = None, release_held: bool = False
@@ -647,7 +674,10 @@ class ReplayBuffer:
 
     # --- the end ---------------------------------------------------------------------------------
     def close(self) -> None:
-        """Finish the lake's open segments and give its writer lock back (idempotent)."""
+        """Finish the lake's open segments and give its writer lock back (idempotent). A call
+        waiting in another thread (a `sample`, a `put` waiting for room) ends with
+        `BufferUnavailableError` instead of waiting on."""
+        self._state.close()
         if self._state.lake is not None:
             self._state.lake.close()
 

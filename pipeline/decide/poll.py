@@ -26,7 +26,7 @@ from pipeline.decide.metrics import CallMetrics, EvictionMetrics
 from pipeline.decide.policies import CallState, PollContext, PollOutcome
 from pipeline.decide.policies.stale import WaitGate, blocks
 from pipeline.decide.selection import again, deliver, select
-from pipeline.errors import ConfigError, SampleTimeout
+from pipeline.errors import BufferUnavailableError, ConfigError, SampleTimeout
 from pipeline.state import BufferState, PartitionState, decision_rows
 
 log = logging.getLogger("replaylake")
@@ -111,6 +111,10 @@ class _Call:
             if before_poll is not None:
                 before_poll()
             with state.locked():
+                if state.closed:
+                    raise BufferUnavailableError(
+                        f"{_call(self.ctx, self.consume)}: the buffer was closed while this "
+                        "call waited; nothing was chosen (open the lake again to go on)")
                 part = state.part(self.ctx.partition)
                 if self.consume and part.undelivered is not None:
                     batch = self._undelivered(part)
@@ -120,7 +124,7 @@ class _Call:
                     batch = self._requested(part)
                     if batch is not None:
                         return batch
-                with interrupts.held():
+                with interrupts.held(), state.listeners_after():
                     result, dispatch, wait = self._poll(part, poll)
                 if result is not None:
                     if self.consume:
@@ -234,15 +238,19 @@ class _Call:
         `refill_failed` row beside its `refill` row: readers count only served asks) and the
         prompts stay owed: the next poll, of this or a later call, asks again.
 
-        With a deadline, refill_fn runs in a helper thread that the call waits for until the
-        deadline only: a rollout side that stops answering ends `sample` in `SampleTimeout`
-        naming refill_fn, never holds it. The ask then stays in flight (`refill_asking`: no
-        poll asks again; what polls want meanwhile is owed) until refill_fn returns, which
-        settles it as if the call had waited."""
+        While it runs the ask is in flight (`refill_asking`): no poll of another call asks
+        again (what polls want meanwhile is owed, and asked once it has returned), and a call
+        that starts waits for it before its first poll. With a deadline, refill_fn runs in a
+        helper thread that the call waits for until the deadline only: a rollout side that
+        stops answering ends `sample` in `SampleTimeout` naming refill_fn, never holds it. The
+        ask then stays in flight until refill_fn returns, which settles it as if the call had
+        waited."""
         self.asked = None          # from here on, the ask's own end settles it
         replaced = len(part.refill_replaces)
+        done = threading.Event()
 
         def ask() -> None:
+            part.refill_thread = threading.get_ident()
             try:
                 ask_refill(self.cfg.refill_fn, dispatch, self.ctx.partition,
                            self.cfg.refill_takes_partition)
@@ -251,17 +259,24 @@ class _Call:
                     part.refill_asking = False
                 self._ask_failed(poll, dispatch, exc)
                 raise
+            finally:
+                part.refill_thread = None
             with self.state.locked(), interrupts.held():   # what was owed meanwhile stays owed
                 part.refill_asking = False
                 self.state.refill_served(self.ctx.partition, dispatch, replaced)
 
-        if self.deadline is None:
-            ask()
-            return
-        errors: list[BaseException] = []
-        done = threading.Event()
         with self.state.locked():
             part.refill_asking, part.refill_done = True, done
+        if self.deadline is None:
+            try:
+                ask()
+            finally:
+                with self.state.locked():
+                    if part.refill_done is done:   # an interrupt before the ask began, too
+                        part.refill_asking = False
+                done.set()
+            return
+        errors: list[BaseException] = []
 
         def run() -> None:
             try:
@@ -291,8 +306,8 @@ class _Call:
         with self.state.locked():
             part = self.state.part(self.ctx.partition)
             done = part.refill_done if part.refill_asking else None
-        if done is None or done.is_set():
-            return
+        if done is None or done.is_set() or part.refill_thread == threading.get_ident():
+            return      # (a call made by refill_fn itself owes, and never waits for its ask)
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
         if not done.wait(left):
             with self.state.locked():

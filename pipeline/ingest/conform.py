@@ -126,7 +126,7 @@ def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
     table = _conformed("status update", data, STATUS_INPUT, {})
     partitions = table.column("partition").to_pylist()
     problems = _partition_list_problems(partitions)
-    sim: dict[tuple[str, str], str] = {}
+    sim: dict[tuple[str, str], tuple[str, int]] = {}    # moved by this call: (status, row)
     for i, (p, u, s) in enumerate(zip(partitions, table.column("uid").to_pylist(),
                                       table.column("status").to_pylist())):
         if s not in STATUSES:
@@ -139,9 +139,11 @@ def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
             problems.append(Problem("uid", (i,), f"unknown group {u!r} in partition {p!r} "
                                                  f"({why})", UNKNOWN_GROUP))
             continue
-        cur = sim.get((p, u), g.status)
+        cur, by = sim.get((p, u), (g.status, None))
         if _RANK[s] <= _RANK[cur]:
-            problems.append(Problem("status", (i,), f"group {u!r} is {cur}; {s!r} would not move "
+            now = f"is {cur}" if by is None else \
+                f"is {g.status}, and row {by} of this call moves it to {cur!r}"
+            problems.append(Problem("status", (i,), f"group {u!r} {now}; {s!r} would not move "
                                                     "it forward (pending -> running -> "
                                                     "finished | failure)"))
             continue
@@ -150,7 +152,7 @@ def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
                 f"group {u!r} expects n={g.n} sessions but has trajectories for "
                 f"{len(g.sessions)}: send the rest first, or mark it 'failure'")))
             continue
-        sim[(p, u)] = s
+        sim[(p, u)] = (s, i)
     _raise("status update", problems)
     return table
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,14 @@ def _pylist(col: pa.ChunkedArray) -> list:
     return [None] * len(col) if col.null_count == len(col) else col.to_pylist()
 
 
+def _raise_first(errors: list[BaseException]) -> None:
+    """Raise the first of ``errors`` (the others as notes on it)."""
+    if errors:
+        for other in errors[1:]:
+            errors[0].add_note(f"(and then: {other!r})")
+        raise errors[0]
+
+
 class BufferState:
     """Lock, partitions and journal of one buffer (see the module docstring)."""
 
@@ -57,7 +66,9 @@ class BufferState:
         self._next_batch = 0
         self._next_call = 0
         self._listeners: list[Listener] = []
+        self._held_errors: list[BaseException] | None = None   # see `listeners_after`
         self.broken: str | None = None   # why memory may differ from the lake (see `commit`)
+        self.closed = False              # `close` was called: waiting calls end (see `close`)
 
     # --- the lock and the change counter -----------------------------------------------------
     def locked(self) -> Any:
@@ -68,6 +79,13 @@ class BufferState:
         """Release the lock until a change is committed or ``timeout`` seconds pass."""
         self._cond.wait(timeout)
 
+    def close(self) -> None:
+        """Mark the buffer closed and wake every waiting call: a `sample` or a `put` waiting
+        for room ends at its next check instead of waiting out its timeout (or forever)."""
+        with self._lock:
+            self.closed = True
+            self._cond.notify_all()
+
     @property
     def version(self) -> int:
         """How many changes were committed: a poll that saw this value saw them all."""
@@ -76,6 +94,19 @@ class BufferState:
     def add_listener(self, fn: Listener) -> None:
         with self._lock:
             self._listeners.append(fn)
+
+    @contextmanager
+    def listeners_after(self) -> Iterator[None]:
+        """Within (the lock held throughout): a listener that raises stops nothing of the
+        block's work, whose changes are written already; its error is raised once the block
+        is done (a poll then finishes: its refill decided, its batch kept for the retry).
+        An error the block raises itself goes out instead."""
+        outer, self._held_errors = self._held_errors, []
+        try:
+            yield
+        finally:
+            errors, self._held_errors = self._held_errors, outer
+        _raise_first(errors)
 
     # --- partitions and groups ---------------------------------------------------------------
     def part(self, partition: str) -> PartitionState:
@@ -237,10 +268,22 @@ class BufferState:
                     raise InvariantError(self.broken) from exc
             self._version += 1
             self._cond.notify_all()
-            # listeners last: one that raises (an adapter's data plane) leaves the state whole
+            # listeners last: one that raises (an adapter's data plane) leaves the state whole,
+            # and every other listener and effect is still told
+            errors = []
             for effect in effects:
                 for fn in self._listeners:
-                    fn(*effect)
+                    try:
+                        fn(*effect)
+                    except Exception as exc:      # noqa: BLE001 - raised below, or after the poll
+                        exc.add_note(f"(raised by a listener told of {effect[0]!r} in partition "
+                                     f"{effect[1]!r} after the buffer wrote that change: the "
+                                     "change stands)")
+                        errors.append(exc)
+            if self._held_errors is not None:
+                self._held_errors.extend(errors)
+            else:
+                _raise_first(errors)
         return stamped
 
     def apply(self, table: str, rows: pa.Table,

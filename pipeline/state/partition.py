@@ -170,6 +170,7 @@ class PartitionState:
         self._unregistered = (-1, 0)             # (step, prompts) asked at it, not registered yet
         self.refill_asking = False               # refill_fn still running past a call's deadline
         self.refill_done: Any = None             # ... and the threading.Event it sets on return
+        self.refill_thread: int | None = None    # ... and the thread running refill_fn
         self.unreported: Any = None              # EvictionMetrics of calls that raised
         self.starving: dict[str, int] = {}       # dataset -> consecutive steps without a row
         self.starving_step: int | None = None    # the last step the starvation signal counted

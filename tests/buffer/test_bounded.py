@@ -142,3 +142,25 @@ def test_a_put_larger_than_the_budget_is_accepted_into_an_empty_buffer():
     buf = ReplayBuffer.sync(max_live_bytes=10)
     buf.register(partition="train", uids=["p"], global_steps=1)
     assert buf.put([traj("p", 0, response=[1] * 100)]) == 1
+
+
+def test_a_put_waiting_on_a_budget_held_by_unfinishable_groups_is_refused_at_once():
+    """Every byte held belongs to groups in flight that still lack sessions: no batch can be
+    released and no group can finish without the very puts that wait, so waiting (even with
+    timeout=None) could never end; the error says so instead of advising to wait."""
+    from pipeline import BufferFullError
+    from tests.support.lake import traj
+    buf = ReplayBuffer.sync(poll_interval=0.05, max_live_bytes=2000)
+    big = [0] * 200
+    buf.register(partition="train", uids=["a", "b"], global_steps=1, n=2)
+    buf.put([traj("a", 0, response=big), traj("b", 0, response=big)])
+    with pytest.raises(BufferFullError, match=r"all belong to groups still in flight that lack "
+                       r"sessions .* waiting cannot help; raise max_live_bytes"):
+        buf.put([traj("a", 1, response=big)], timeout=5)
+    assert buf.lookup("train", "a").keys == frozenset({(0, 0)})
+    buf.register(partition="train", uids=["c"], global_steps=1, n=1)   # one that can finish
+    assert buf.put([traj("c", 0, response=[1])]) == 1
+    buf.update_status(partition="train", uids=["c"], status="running")
+    buf.update_status(partition="train", uids=["c"], status="finished")
+    with pytest.raises(BufferFullError, match=r"sample and release batches"):   # waits now
+        buf.put([traj("a", 1, response=big)], timeout=0.1)

@@ -103,6 +103,14 @@ def test_backward_step_inside_one_call_is_rejected_whole(seeded):
         "status", (1,))
 
 
+def test_a_uid_named_twice_in_one_call_is_told_apart_from_its_stored_status(seeded):
+    """The second row was told the group "is running" while it was pending: row 0 of the same
+    call was moving it there."""
+    exc = rejected(seeded, lambda: seeded.update_status(
+        partition="train", uids=["fresh", "fresh"], status="running"), "status", (1,))
+    assert "group 'fresh' is pending, and row 0 of this call moves it to 'running'" in str(exc)
+
+
 def test_finishing_a_group_with_missing_sessions_is_rejected(seeded):
     exc = rejected(seeded, lambda: seeded.update_status(partition="train", uids=["open"],
                                                         status="finished"), "status", (0,))
