@@ -152,7 +152,9 @@ METRICS = schema(
     "metrics", "per-step metric rows (eviction and off-policy metrics)",
     field("partition", pa.string(), _PARTITION),
     field("step", pa.int64(), "trainer global step"),
-    field("batch_id", pa.int64(), "batch the metric belongs to", nullable=True),
+    field("batch_id", pa.int64(), "batch the metric belongs to; null: an eviction metric a "
+          "`wait_for_sampleable` reported (those evictions are not reported again by a batch)",
+          nullable=True),
     field("name", pa.string(), "metric key, e.g. training/off_policy/evicted_samples"),
     field("value", pa.float64(), "metric value"),
     _SEQ, _TS,

@@ -120,7 +120,7 @@ class _Call:
                     batch = self._undelivered(part)
                     if batch is not None:
                         return batch
-                if self.consume and poll == 0 and self.ctx.request is not None:
+                if self.consume and self.ctx.request is not None:   # (chosen meanwhile too)
                     batch = self._requested(part)
                     if batch is not None:
                         return batch
@@ -137,14 +137,23 @@ class _Call:
                 self._refill(part, dispatch, poll - 1)
 
     def _undelivered(self, part: PartitionState) -> Batch | None:
-        """The batch an interrupted `sample` chose, if this call is its retry (same step)."""
-        batch = part.undelivered[0]
-        if batch.step == self.ctx.step and batch.batch_id in part.batches:
+        """The batch an interrupted `sample` chose, if this call is its retry: same step and
+        batch size, and no other request than the one that chose it (a batch chosen under a
+        request waits for that request; handed to a call without one, or to the call that
+        named none, the key then names this call's batch)."""
+        batch, ctx = part.undelivered[0], self.ctx
+        key = part.batch_request.get(batch.batch_id)
+        if key is not None and key != ctx.request:
+            return None              # another named call's: its retry gets it
+        if (batch.step, len(batch.uids)) == (ctx.step, ctx.batch_size) and \
+                batch.batch_id in part.batches:
             if self.acc.counts or self.acc.discarded:    # still owed to a later batch
                 part.unreported, self.acc = self.acc, EvictionMetrics()
             with interrupts.held():
                 deliver(self.state, part)
             part.undelivered = None
+            if ctx.request is not None:
+                part.batch_request[batch.batch_id] = ctx.request
             return batch
         part.undelivered = None
         if batch.batch_id in part.batches:
@@ -218,6 +227,10 @@ class _Call:
                     aggregates.complete(part)           # when their aggregates are known
                 uids = part.candidates.first(ctx.batch_size)
                 scalars = acc.scalars(metric_prefix(ctx.partition))
+                if scalars:    # reported here, not by the next batch: the lake says so (restore)
+                    state.commit("metrics", [
+                        {"partition": ctx.partition, "step": ctx.step, "batch_id": None,
+                         "name": k, "value": float(v)} for k, v in scalars.items()])
                 return Ready(uids, CallMetrics(scalars, acc.reward_counts)), 0, None
             return select(state, cfg, part, ctx, self.call_id, poll, acc), 0, None
         _check_time(ctx, self.timeout, self.deadline, now, part, state, st, cfg, self.consume)

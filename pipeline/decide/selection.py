@@ -157,8 +157,8 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         reason=[marks[u][0] for u in chosen] if stale else None,
         bound=[marks[u][1] for u in chosen], strategy=strategy, request=ctx.request))
     part.batch_marks[batch_id] = (marks, strategy)
-    if ctx.request is not None:        # for this call sent again (see `again`)
-        part.batch_reported[batch_id] = (dict(evm), dict(acc.reward_counts))
+    # for a call named by a request sent again (see `again`), this one's or a retry's
+    part.batch_reported[batch_id] = (dict(evm), dict(acc.reward_counts))
     part.undelivered = (batch, metric_rows, call_id)
     deliver(state, part)
     return batch
@@ -207,7 +207,8 @@ def again(state: BufferState, part: PartitionState, batch_id: int) -> Batch:
     After a restore, the metrics are the call's rows in the lake's `metrics` table (what it
     reported) and the reward counts those of the evictions it reported (the decision log). Should
     the process have died between the selection's write and its metric rows', the metrics are
-    computed from those evictions and discards, and their rows written now."""
+    computed from those evictions and discards, and their rows written now (a starved-dataset
+    signal the batch carried is lost with them: it is recorded nowhere else)."""
     batch = held(part, batch_id)
     reported = part.batch_reported.get(batch_id)
     if isinstance(reported, Unreported):

@@ -296,7 +296,19 @@ class BufferState:
             self._apply_trajectories(rows)
         elif table == "decisions":
             self._apply_decisions(rows, effects)
-        # metric rows are history only
+        elif table == "metrics":
+            self._apply_reports(rows)
+        # metric rows are history otherwise
+
+    def _apply_reports(self, rows: pa.Table) -> None:
+        """Metric rows without a batch are the eviction metrics a `wait_for_sampleable`
+        reported: the evictions before them are reported, and no later batch repeats them (on
+        restore; a live call took them already)."""
+        for p in set(rows.filter(pc.is_null(rows.column("batch_id"))).column("partition")
+                     .to_pylist()):
+            part = self.part(p)
+            part.restored_evictions.clear()
+            part.restored_discards = 0
 
     def _apply_group_events(self, rows: pa.Table) -> None:
         """Row by row in order, handed to the partition a run of one partition and event at a

@@ -5,7 +5,8 @@ Trajectories, group events and decisions are merged by their global `seq`; conse
 one table are applied as one slice, so restoring a large lake stays vectorised where it matters.
 Trajectories of groups that are gone for good (released, evicted, discarded) are filtered out as
 their segments are read: the payload of a long run's history is never loaded just to be dropped.
-Metric rows are history only and are not replayed. The groups that were terminal but undecided
+Metric rows are history, and only those a `wait_for_sampleable` wrote (no batch: the evictions
+it reported, which no later batch repeats) are replayed. The groups that were terminal but undecided
 get their aggregates in one query, at the first poll.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pyarrow.compute as pc
 from pipeline.lake import highest_seq, orphans, read_table
 from pipeline.state.buffer_state import BufferState
 
-_REPLAYED = ("group_events", "trajectories", "decisions")
+_REPLAYED = ("group_events", "trajectories", "decisions", "metrics")
 log = logging.getLogger("replaylake")
 
 
@@ -49,8 +50,11 @@ def restore(state: BufferState, lake: str | os.PathLike) -> None:
         log.warning("restore of %s: %d row(s) belong to groups whose registration is not in the "
                     "lake (set aside by `replaylake lake salvage`); they were skipped", lake,
                     dropped)
+    metrics = read_table(lake, "metrics", columns=["partition", "batch_id", "seq"])
+    metric_seq = metrics.column("seq").to_numpy()
+    # of the metric rows (history), only the reports of `wait_for_sampleable` are replayed
+    tables["metrics"] = metrics.filter(pc.is_null(metrics.column("batch_id")))
     seqs = [tables[n].column("seq").to_numpy() for n in _REPLAYED]
-    metric_seq = read_table(lake, "metrics", columns=["seq"]).column("seq").to_numpy()
     all_seq = np.concatenate(seqs)
     source = np.concatenate([np.full(len(s), i, dtype=np.int8) for i, s in enumerate(seqs)])
     local = np.concatenate([np.arange(len(s)) for s in seqs])

@@ -159,3 +159,65 @@ def test_the_request_is_in_the_lake_beside_the_selection(tmp_path):
     assert [(r["kind"], r["uid"], r["request"]) for r in rows] == [
         ("select", "a", "step-1"), ("release", "a", None), ("select", "b", None),
         ("release", "b", None)]
+
+
+def _interrupted_after_choosing(monkeypatch, buf: ReplayBuffer, **call) -> None:
+    """A `sample` that Ctrl-C stops right after its selection is written (a lake kill point
+    set to interrupt)."""
+    from pipeline.lake import kill
+    with monkeypatch.context() as env:
+        env.setenv(kill.ENV, "decisions.acked:1")
+        env.setenv(kill.HOW_ENV, "interrupt")
+        kill.arm()
+        with pytest.raises(KeyboardInterrupt):
+            buf.sample(1, "train", **call)
+    kill.arm()                   # disarmed: the variables are gone
+
+
+def test_a_batch_chosen_under_a_request_waits_for_that_request_not_another_call(tmp_path,
+                                                                              monkeypatch):
+    """Interrupted after choosing: a call with another request (or another batch size) at the
+    same step got that batch, and the original request then got it again: one batch, two
+    calls, trained twice."""
+    buf = ReplayBuffer.sync(lake=tmp_path, poll_interval=0.01)
+    for uid in "abcd":
+        group(buf, uid, 1, [0.0, 1.0])
+    _interrupted_after_choosing(monkeypatch, buf, batch_size=2, request="step-1/a")
+    other = buf.sample(1, "train", 1, request="step-1/b")
+    assert other.uids == ["c"]
+    mine = buf.sample(1, "train", 2, request="step-1/a")
+    assert (mine.batch_id, mine.uids) == (0, ["a", "b"])
+    assert sorted(buf.held_batches("train")) == [0, 1]
+    buf.close()
+
+
+def test_a_batch_chosen_without_a_request_goes_to_the_retry_and_the_key_then_names_it(
+        tmp_path, monkeypatch):
+    buf = ReplayBuffer.sync(lake=tmp_path, poll_interval=0.01)
+    for uid in "abc":
+        group(buf, uid, 1, [0.0, 1.0])
+    _interrupted_after_choosing(monkeypatch, buf, batch_size=1)
+    got = buf.sample(1, "train", 1, request="k")            # the cell run again, now named
+    assert (got.batch_id, got.uids) == (0, ["a"])
+    assert buf.sample(1, "train", 1, request="k").batch_id == 0     # the key names it now
+    with pytest.raises(SampleTimeout):                      # another size is another call
+        buf.sample(1, "train", 3, timeout=0.1)
+    buf.close()
+
+
+def test_a_retry_sent_while_the_first_attempt_still_waits_gets_the_same_batch():
+    """The caller that died left its call waiting in the buffer's process (a Ray actor, say);
+    its retry waits beside it: both end with the one batch chosen under the key."""
+    import threading
+    buf = ReplayBuffer.sync(poll_interval=0.01)
+    got: list[int] = []
+    calls = [threading.Thread(target=lambda: got.append(
+        buf.sample(1, "train", 1, request="step-1", timeout=30).batch_id), daemon=True)
+        for _ in range(2)]
+    for t in calls:
+        t.start()
+    group(buf, "a", 1, [0.0, 1.0])
+    group(buf, "b", 1, [0.0, 1.0])
+    for t in calls:
+        t.join(30)
+    assert got == [0, 0] and list(buf.held_batches("train")) == [0]

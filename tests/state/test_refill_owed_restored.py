@@ -235,3 +235,24 @@ def test_discards_of_a_call_that_died_before_its_selection_are_reported_after_a_
         assert batch.uids == ["a", "b"]
         assert batch.eviction_metrics == {"training/filter_groups/discarded_surplus_samples": 1}
         again.release(batch)
+
+
+def test_evictions_a_wait_for_sampleable_reported_are_not_reported_again_after_a_restart(
+        tmp_path) -> None:
+    """The wait's report is in the lake (metric rows without a batch); the restored buffer's
+    next batch reported those evictions a second time."""
+    from pipeline.lake import read_table
+    kw = dict(lake=tmp_path, filter_groups_metric="reward", refill_fn=lambda n: None,
+              max_off_policy_threshold=2)
+    with ReplayBuffer.async_(**kw) as buf:
+        group(buf, "z", 2, [1.0, 1.0])
+        group(buf, "b", 2, [0.0, 1.0])
+        ready = buf.wait_for_sampleable(3, "train", 1, timeout=5)
+        assert ready.metrics == {"training/filter_groups/evicted_samples": 1}
+    reports = [(r["batch_id"], r["name"], r["value"])
+               for r in read_table(tmp_path, "metrics").to_pylist()]
+    assert reports == [(None, "training/filter_groups/evicted_samples", 1.0)]
+    with ReplayBuffer.async_(**kw) as again:
+        batch = again.sample(3, "train", 1, timeout=5)
+        assert batch.uids == ["b"]
+        assert batch.eviction_metrics == {} and batch.filtered_reward_counts == {}

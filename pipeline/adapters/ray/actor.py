@@ -257,8 +257,11 @@ class BufferActor:
 
     # --- the consumer --------------------------------------------------------------------------
     def sample(self, kwargs: dict[str, Any], token: str) -> Envelope:
+        # named by the caller's request, else by the call's token: sent again after this
+        # process died under it, the call gets the batch it chose (`ReplayBuffer.sample`)
+        named = {**kwargs, "request": kwargs.get("request") or token}
         return self._waiting(token, kwargs, lambda: batch_to_wire(self.buf.sample(
-            **kwargs, before_poll=lambda: self.deliveries.check(token))),
+            **named, before_poll=lambda: self.deliveries.check(token))),
             claim=lambda kept: self._claim(kept, kwargs))
 
     def wait_for_sampleable(self, kwargs: dict[str, Any], token: str) -> Envelope:
@@ -274,7 +277,13 @@ class BufferActor:
             return ABANDONED
 
     def _claim(self, kept: Kept, kwargs: dict[str, Any]) -> bool:
-        """Whether a kept batch is this `sample`'s: same step, and still held."""
+        """Whether a kept batch is this `sample`'s: same step and batch size, still held, and
+        chosen by a call that named no request or the same one (else it waits for that
+        request: the buffer answers its retry with it)."""
+        if kept.request is not None and kept.request != kwargs.get("request"):
+            return False
+        if len(kept.wire[1]["uids"]) != kwargs.get("batch_size"):
+            return False
         held = any(kept.batch_id in self.buf.held_batches(p) for p in self.buf.partitions())
         if held and kept.step == kwargs.get("global_steps"):
             return True

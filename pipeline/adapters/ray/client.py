@@ -248,7 +248,7 @@ class RayReplayBuffer:
             if method in _WAITING:
                 gave_up = self.handle.abandon.remote(args[-1])
                 if method == "sample":
-                    self._interrupted = (ref, gave_up)
+                    self._interrupted = (ref, gave_up, args[0]["request"])
             raise
 
     def _down(self, method: str, cause: BaseException, deadline: float) -> None:
@@ -353,25 +353,28 @@ class RayReplayBuffer:
         fresh key), so the call sent again after the actor died under it gets the batch the
         lost attempt chose (see docs/ray.md)."""
         _local_only("sample", before_poll)
-        token = uuid.uuid4().hex
         kwargs = {"global_steps": global_steps, "partition": partition,
                   "batch_size": batch_size, "timeout": timeout, "partition_id": partition_id,
-                  "request": token if request is None else request}
+                  "request": request}     # (the actor names the call with the token if None)
         chosen = self._interrupted_batch(kwargs)
         if chosen is not None:
             return chosen
-        payload, meta = self._call("sample", kwargs, token)
+        payload, meta = self._call("sample", kwargs, uuid.uuid4().hex)
         return batch_from_wire(payload, meta)
 
     def _interrupted_batch(self, kwargs: dict[str, Any]) -> Batch | None:
         """The batch an interrupted `sample` of this client chose and whose answer the actor had
         already sent when told (otherwise the actor stopped the call, or keeps its batch for the
-        next `sample`): this call's when it is of the same partition and step."""
+        next `sample`): this call's when it is of the same partition, step and batch size, and
+        the interrupted call named no request or the same one (a batch chosen under a request
+        waits for that request, which the actor answers with it)."""
         import ray
         pending, self._interrupted = self._interrupted, None
         if pending is None:
             return None
-        ref, gave_up = pending
+        ref, gave_up, request = pending
+        if request is not None and request != kwargs["request"]:
+            return None
         try:
             if ray.get(gave_up) != "replied" or ray.get(ref)[0] != "ok":
                 return None
@@ -382,7 +385,7 @@ class RayReplayBuffer:
             self._interrupted = pending
             raise
         step, wanted = kwargs["global_steps"], kwargs["partition"] or kwargs["partition_id"]
-        if batch.step == step and batch.partition == wanted:
+        if (batch.step, batch.partition, len(batch.uids)) == (step, wanted, kwargs["batch_size"]):
             return batch
         log.warning("sample(step=%s, %s): batch %d, chosen at step %d by a sample that was "
                     "interrupted before it returned, stays held (held_batches lists it; release "

@@ -10,8 +10,9 @@ actor it gave up (`abandon`). Then:
 - a call not yet answered stops before its next poll (it chose nothing; a call not started yet
   never starts);
 - a call that chose its batch before it noticed keeps the batch here, and the next `sample` of
-  that partition at the same step returns it (another step: a warning, and the batch stays held,
-  as in process);
+  that partition at the same step and batch size returns it, unless the call named a request and
+  this one names another or none (that request's retry gets the batch from the buffer); another
+  step: a warning, and the batch stays held, as in process;
 - a call whose answer was already sent is reported as ``"replied"``: the client reads the batch
   from that answer for its next `sample`.
 
@@ -42,6 +43,7 @@ class Kept:
     step: int
     batch_id: int
     wire: Any                 # the batch as `sample` answers it
+    request: Any = None       # the request the call named (None: none)
 
 
 def _partition(kwargs: dict[str, Any]) -> Any:
@@ -100,7 +102,8 @@ class Deliveries:
         except BaseException:
             self._end(token, answered=True)
             raise
-        return self._deliver(token, partition, result, keep=claim is not None)
+        return self._deliver(token, partition, result, keep=claim is not None,
+                             request=kwargs.get("request"))
 
     def _ending(self, partition: Any) -> bool:
         return any(t in self._abandoned and p == partition for t, p in self._running.items())
@@ -113,7 +116,8 @@ class Deliveries:
                 self._answered(token)
             self._cond.notify_all()
 
-    def _deliver(self, token: str, partition: Any, result: Any, keep: bool) -> Any:
+    def _deliver(self, token: str, partition: Any, result: Any, keep: bool,
+                 request: Any = None) -> Any:
         with self._cond:
             self._running.pop(token, None)
             self._cond.notify_all()
@@ -121,7 +125,8 @@ class Deliveries:
                 self._abandoned.discard(token)
                 if keep:
                     meta = result[1]
-                    self._kept[partition] = Kept(meta["step"], meta["batch_id"], result)
+                    self._kept[partition] = Kept(meta["step"], meta["batch_id"], result,
+                                                 request)
                 raise Abandoned(token)
             self._answered(token)
             return result

@@ -60,6 +60,22 @@ def test_a_batch_chosen_after_its_caller_gave_up_goes_to_the_next_sample_at_that
     assert deliveries.run("t3", CALL, lambda: _batch(8), claim=lambda kept: True) == _batch(8)
 
 
+def test_a_kept_batch_remembers_the_request_its_call_named():
+    """The actor hands a kept batch only to a call with the same request (or to any, when the
+    given-up call named none): the request named by the call is kept with it."""
+    deliveries, kept = Deliveries(), []
+
+    def chooses() -> tuple:
+        deliveries.abandon("t1")
+        return _batch(7)
+
+    with pytest.raises(Abandoned):
+        deliveries.run("t1", {**CALL, "request": "step-3"}, chooses, claim=lambda k: True)
+    deliveries.run("t2", {**CALL, "request": "other"}, lambda: _batch(8),
+                   claim=lambda k: kept.append(k) or False)
+    assert [(k.batch_id, k.request) for k in kept] == [(7, "step-3")]
+
+
 def test_a_caller_that_gives_up_after_the_answer_left_is_told_to_read_it():
     deliveries = Deliveries()
     assert deliveries.run("t1", CALL, lambda: _batch(4), claim=lambda kept: True) == _batch(4)
