@@ -53,13 +53,12 @@ def test_the_ledger_owes_after_a_restart_what_the_lake_asked_and_no_producer_too
     _ask_one(buf, "flat-1")                                        # asked, never taken
     buf.close()                                                    # the process dies here
     buf, again = _opened(lake, restarted=True)
-    assert again.total == 2
     assert again.take("t1") == 1          # a take whose reply the death lost, sent again
     assert again.take("t3") == 1          # the ask nobody took: owed again
     assert again.take("t4") == 0
     buf.close()
     buf, fresh = _opened(lake, restarted=False)       # a new actor owes none of the old asks
-    assert fresh.take("t5") == 0 and fresh.total == 0
+    assert fresh.take("t5") == 0
     buf.close()
 
 
