@@ -72,8 +72,9 @@ class _Call:
     Each poll's work under the lock (evaluate, evict, decide a refill, select) is one change that
     an interrupt cannot cut (`interrupts.held`): Ctrl-C lands before or after it, and only the
     waits between polls stop at once. A `sample` interrupted after it chose its batch keeps the
-    batch for the caller's retry: the next `sample` of that partition at the same step returns it
-    (a notebook cell run again trains it once, not never or twice)."""
+    batch for the caller's retry: the next `sample` of that partition at the same step and batch
+    size returns it (a notebook cell run again trains it once, not never or twice); one chosen
+    under a request waits for that request (`_undelivered`)."""
 
     def __init__(self, state: BufferState, cfg: BufferConfig, ctx: PollContext, consume: bool,
                  timeout: float | None):
