@@ -148,8 +148,7 @@ class _Call:
             return None              # another named call's: its retry gets it
         if (batch.step, len(batch.uids)) == (ctx.step, ctx.batch_size) and \
                 batch.batch_id in part.batches:
-            if self.acc.counts or self.acc.discarded:    # still owed to a later batch
-                part.unreported, self.acc = self.acc, EvictionMetrics()
+            self._leave_metrics(part)
             with interrupts.held():
                 deliver(self.state, part)
             part.undelivered = None
@@ -179,9 +178,14 @@ class _Call:
                 f"{ctx.partition!r}, chosen at global_steps={chosen[0]} with {chosen[1]} "
                 "group(s); a request names one call: send it again with the same arguments, or "
                 "name a new call with a new request")
-        if self.acc.counts or self.acc.discarded:    # evictions of later calls: a later batch's
-            part.unreported, self.acc = self.acc, EvictionMetrics()
+        self._leave_metrics(part)
         return again(self.state, part, batch_id)
+
+    def _leave_metrics(self, part: PartitionState) -> None:
+        """This call hands out a batch chosen earlier, whose metrics that choice reported: the
+        evictions this call gathered stay owed to the partition's next batch."""
+        if self.acc.counts or self.acc.discarded:
+            part.unreported, self.acc = self.acc, EvictionMetrics()
 
     def _poll(self, part: PartitionState, poll: int
               ) -> tuple[Batch | Ready | None, int, float | None]:

@@ -296,14 +296,14 @@ class BufferState:
             self._apply_trajectories(rows)
         elif table == "decisions":
             self._apply_decisions(rows, effects)
-        elif table == "metrics":
+        elif table == "metrics" and effects is None:    # restore only: a live call took them
             self._apply_reports(rows)
         # metric rows are history otherwise
 
     def _apply_reports(self, rows: pa.Table) -> None:
-        """Metric rows without a batch are the eviction metrics a `wait_for_sampleable`
-        reported: the evictions before them are reported, and no later batch repeats them (on
-        restore; a live call took them already)."""
+        """Restore: metric rows without a batch are the eviction metrics a
+        `wait_for_sampleable` reported; the evictions before them are reported, and no later
+        batch repeats them."""
         for p in set(rows.filter(pc.is_null(rows.column("batch_id"))).column("partition")
                      .to_pylist()):
             part = self.part(p)
