@@ -9,13 +9,17 @@ them, verl_groups.py). Each implementation, as a fresh instance, makes one cold 
 (interleaved call by call, so a slow moment of a shared machine falls on every side alike).
 Before each timed call (untimed) the trainer clears that implementation's previous batch and 64
 new groups arrive, so every partition keeps its size and every call has new data to take in, as
-in a run. Implementations: verl's buffer; ours reading only what decisions need
+in a run. After each timed call of ours (untimed) the benchmark waits for the clears the call
+left to the adapter's thread (`flush`), so that no clear of ours runs into the next timed call;
+how long that took past the return is reported beside each of ours (`after_ms`). Implementations:
+verl's buffer; ours reading only what decisions need
 (`mirror_fields=decisions`, the default without a lake); ours also mirroring every reward for the
 lake (`rewards`); and both with DAPO (`filter_groups_metric="reward"`, which makes each read
 `rm_scores` of new groups). A sixth series, `tq_floor`, is no buffer (verl_floor.py): it times,
 on its own TransferQueue of the same size, the bare TransferQueue calls a default-mode `sample`
-of ours cannot leave out, so that a ratio bounded by TransferQueue itself shows its bound in the
-same run. Each series reports its median, its quartiles and its extremes.
+of ours makes inside the call and cannot leave out (and, apart, the bare `kv_clear` of the
+prompt keys), so that a ratio bounded by TransferQueue itself shows its bound in the same run.
+Each series reports its median, its quartiles and its extremes.
 
 A second phase plays a trainer step between calls: after the untimed clear and writes, the
 benchmark sleeps `step_s` seconds (the trainer training) before the timed call. It times verl
@@ -124,6 +128,7 @@ class _Runner:
         self.systems = systems
         self.step_s, self.buf = step_s, _make(impl, lag_s)
         self.times: list[float] = []
+        self.after: list[float] = []            # ours: until the clears it left are made
         self.cpu: list[float] = []
         self.last: list[str] | None = None
         self.served = 0
@@ -147,6 +152,10 @@ class _Runner:
         meta, _ = self.buf.sample(global_steps=STEP, partition_id=self.part,
                                   batch_size=self.batch)
         self.times.append(time.perf_counter() - t)
+        if hasattr(self.buf, "flush") and not self.step_s:   # untimed, interleaved phase: the
+            t = time.perf_counter()            # clears left to its thread end before others run
+            self.buf.flush()
+            self.after.append(time.perf_counter() - t)
         if len(meta.keys) != self.batch * PER_GROUP:
             raise RuntimeError(f"{self.impl}: {len(meta.keys)} keys for a batch of "
                                f"{self.batch} groups")
@@ -156,6 +165,8 @@ class _Runner:
         self.systems.of(self.part)
         self._refill()                          # keep the size constant for the next phase
         out = spread(self.times[1:], self.times[0])
+        if self.after:
+            out["after_ms"] = statistics.median(self.after[1:]) * 1e3
         if self.step_s:
             out["step_s"] = self.step_s
             out["step_cpu_ms"] = statistics.median(self.cpu[1:] or self.cpu) * 1e3
@@ -265,6 +276,13 @@ def default_figures(r: dict[str, Any], n: int, goal: float) -> list[dict[str, An
                           f">= {goal}x verl", ratio >= goal,
                           bound=bound(most, "TransferQueue's bare calls (those this mode makes "
                                             "inside sample)", most >= goal)))
+        after = r["impls"][key]["after_ms"]
+        out.append(figure(f"its clears after the call, {n:,} groups, {mode} mirror (the "
+                          "selected prompt keys' kv_clear, made by the adapter's thread once "
+                          "sample has returned; verl makes it inside sample)", after, "ms",
+                          "bare kv_clear ms", r["tq_floor"]["clear_ms"],
+                          after / r["tq_floor"]["clear_ms"], "x the bare call", "", None,
+                          in_summary=True))
     return out
 
 
@@ -337,24 +355,31 @@ def _table(results: list[dict], batch: int) -> Table:
     """Interleaved: one row per size and implementation (fits an 80-column terminal); each of
     ours against the verl implementation with the same options."""
     kv = ", ".join(f"{r['groups']:,} groups {r['kv_list_ms']:.1f} ms" for r in results)
-    table = _rows_table(f"sample(batch {batch}) through TransferQueue, interleaved call by call: "
-                        f"median, quartiles and first-call ms; each on its own TransferQueue; "
-                        f"'tq calls': the bare TransferQueue calls ours makes, the bound "
-                        f"(kv_list of one partition alone: {kv})",
-                        ("groups", "impl", "median ms", "p25-p75 ms", "first ms", "verl/ours"))
+    table = _rows_table(f"sample(batch {batch}) through TransferQueue, interleaved call by call, "
+                        f"ms: median, quartiles, first call; each on its own TransferQueue; "
+                        f"'after': ms until the clears ours leaves to its thread are made (on "
+                        f"the tq row: the bare kv_clear); "
+                        f"'tq': the bare TransferQueue calls ours makes inside the call, "
+                        f"the bound (kv_list of one partition alone: {kv})",
+                        ("groups", "impl", "median", "p25-p75", "first", "after",
+                         "verl/ours"))
     for r in results:
         im = r["impls"]
         for i in IMPLS:
             ref = "verl_dapo" if i.endswith("dapo") else "verl"
             ratio = "" if i.startswith("verl") else f"{im[ref]['median_ms'] / im[i]['median_ms']:.2f}x"
             f = im[i]
+            after = f"{f['after_ms']:.1f}" if "after_ms" in f else ""
             table.add_row(f"{r['groups']:,}", i, f"{f['median_ms']:.1f}",
-                          f"{f['p25_ms']:.1f}-{f['p75_ms']:.1f}", f"{f['first_ms']:.0f}", ratio)
+                          f"{f['p25_ms']:.1f}-{f['p75_ms']:.1f}", f"{f['first_ms']:.0f}", after,
+                          ratio)
         for mode in ("decisions", "rewards"):       # the bound TransferQueue sets, same run
             f = r["tq_floor"][mode]
             ratio = f"<={im['verl']['median_ms'] / f['median_ms']:.2f}x"
-            table.add_row(f"{r['groups']:,}", f"tq calls, {mode}", f"{f['median_ms']:.1f}",
-                          f"{f['p25_ms']:.1f}-{f['p75_ms']:.1f}", f"{f['first_ms']:.0f}", ratio)
+            clear = f"{r['tq_floor']['clear_ms']:.1f}" if mode == "decisions" else ""
+            table.add_row(f"{r['groups']:,}", f"tq, {mode}", f"{f['median_ms']:.1f}",
+                          f"{f['p25_ms']:.1f}-{f['p75_ms']:.1f}", f"{f['first_ms']:.0f}", clear,
+                          ratio)
     return table
 
 

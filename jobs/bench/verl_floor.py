@@ -15,12 +15,13 @@ FLOOR_PARTS = ("list", "get", "clear")
 
 
 class Floor:
-    """No buffer: the bare TransferQueue calls a default-mode `sample` of ours makes and cannot
-    leave out, on a partition of the same size with the same arrivals: the listing of the
-    partition, in `rewards` mode one `kv_batch_get` of `rm_scores` and `extra_fields` for the
-    keys that arrived since the last call, and the `kv_clear` of the selected groups' prompt keys
-    (the oldest ``batch``). verl's `sample` lists and clears as well (its listing covers every
-    partition of its TransferQueue, here only this one). Each part is timed on its own."""
+    """No buffer: the bare TransferQueue calls a default-mode `sample` of ours makes inside the
+    call and cannot leave out, on a partition of the same size with the same arrivals: the
+    listing of the partition, and in `rewards` mode one `kv_batch_get` of `rm_scores` and
+    `extra_fields` for the keys that arrived since the last call. Then, timed apart, the
+    `kv_clear` of the selected groups' prompt keys (the oldest ``batch``), which the adapter's
+    thread makes right after the call and verl's `sample` makes inside it (verl lists as well;
+    its listing covers every partition of its TransferQueue, here only this one)."""
 
     impl = FLOOR
 
@@ -62,21 +63,21 @@ class Floor:
     def finish(self) -> dict:
         self.systems.of(self.part)
         self._refill()
-        lst, get, clr = (self.parts[k][1:] for k in FLOOR_PARTS)
-        first = self.parts["list"][0] + self.parts["clear"][0]
-        return {"decisions": spread([a + c for a, c in zip(lst, clr)], first),
-                "rewards": spread([a + b + c for a, b, c in zip(lst, get, clr)], first),
+        lst, get = self.parts["list"][1:], self.parts["get"][1:]
+        first = self.parts["list"][0]
+        return {"decisions": spread(lst, first),
+                "rewards": spread([a + b for a, b in zip(lst, get)], first),
                 **{f"{k}_ms": statistics.median(self.parts[k][1:]) * 1e3 for k in FLOOR_PARTS}}
 
 
 def floor_figures(r: dict[str, Any], n: int, verl_ms: float) -> list[dict[str, Any]]:
-    """The bound TransferQueue sets: its bare calls that a default-mode `sample` of ours makes,
-    against verl's `sample` (a reference row, no goal: no adapter making these calls inside the
-    call can be faster than verl by more than this ratio)."""
+    """The bound TransferQueue sets: its bare calls that a default-mode `sample` of ours makes
+    inside the call, against verl's `sample` (a reference row, no goal: no adapter making these
+    calls inside the call can be faster than verl by more than this ratio)."""
     fl, out = r["tq_floor"], []
-    for mode, what in (("decisions", "kv_list + kv_clear of the prompt keys"),
+    for mode, what in (("decisions", "kv_list"),
                        ("rewards", "kv_list + kv_batch_get of the new keys' rm_scores and "
-                                   "extra_fields + kv_clear")):
+                                   "extra_fields")):
         ms = fl[mode]["median_ms"]
         out.append(figure(f"TransferQueue calls alone, {n:,} groups, {mode} mirror's ({what}; "
                           "interleaved: the most that mode's row can reach)", ms, "ms",

@@ -1,11 +1,23 @@
-"""The verl adapter's background mirror (option `mirror_max_lag`): a daemon thread that keeps
-every partition mirror current between the trainer's calls, so that `sample` need not list
-TransferQueue itself.
+"""The verl adapter's thread: it makes the `kv_clear` calls a call leaves behind, and with the
+option `mirror_max_lag` it also keeps every partition mirror current between the trainer's calls,
+so that `sample` need not list TransferQueue itself.
 
-Without it, every poll lists the whole partition and takes in what changed, inside `sample`
-(verl does the same listing). With it, a thread does that every ``max_lag / 2`` seconds, and the
-*first* poll of a call uses the thread's view when it is fresh enough; later polls of the same
-call (a `wait` strategy or a refill waiting for data) always list, as without the option.
+Clears leave the call, in either mode. The `kv_clear` of the selected groups' prompt keys and of
+evicted or discarded groups' keys is deferred: the call notes the keys and returns, and the
+thread clears them at once (woken by the call; it waits for the adapter's lock, so for the call
+to end). Until that clear has returned, no listing counts as current, and a call that must list
+(every call without the option, a later poll of a `wait`) makes the owed clears itself before it
+lists, so no listing ever shows a key the mirror has already let go. `flush()` and `close()`
+make every owed clear; `retire` makes its own before it returns. What a caller sees: right after
+`sample` returns, TransferQueue may still list the selected prompt keys for the few milliseconds
+the clear takes (the trajectory keys of the batch are the trainer's to clear, as always); verl's
+buffer makes that clear inside `sample`, where the trainer waits for it.
+
+Without `mirror_max_lag` that is all the thread does: every poll lists the whole partition and
+takes in what changed, inside `sample` (verl does the same listing). With it, the thread also
+lists every ``max_lag / 2`` seconds, and the *first* poll of a call uses the thread's view when
+it is fresh enough; later polls of the same call (a `wait` strategy or a refill waiting for
+data) always list, as without the option.
 
 What "fresh enough" means, exactly (`usable`): the listing behind the mirror's state began at
 most ``max_lag`` seconds ago, and nothing changed TransferQueue on the adapter's side since that
@@ -13,16 +25,6 @@ listing began (no `kv_clear` of an eviction, a selection or an orphan, made or s
 newer listing applied by a call). A batch therefore reflects TransferQueue as it was at most
 ``max_lag`` seconds before the call: a group that finished within that window may wait for the
 next call.
-
-Clears leave the call too. With the option on, the `kv_clear` of the selected groups' prompt
-keys and of evicted or discarded groups' keys is deferred: the call notes the keys and returns,
-and the thread clears them at once (woken by the call), then lists again. Until that clear has
-returned, no listing counts as current, and a call that must list (its first poll found the view
-stale, or a later poll of a `wait`) makes the owed clears itself before it lists, so no listing
-ever shows a key the mirror has already let go. `close()` makes every owed clear. What a caller
-sees: right after `sample` returns, TransferQueue may still list the selected prompt keys for the
-few milliseconds the clear takes (the trajectory keys of the batch are the trainer's to clear, as
-always).
 
 Consistency. Every mirror carries an `epoch`, bumped under the adapter's lock by every listing
 applied and by every clear, made or deferred. The thread reads the epoch (under the lock)
@@ -32,11 +34,11 @@ of the adapter's own clears, or that is older than one already applied, is never
 thread makes owed clears under the lock, so a call never lists while one is in flight.
 
 Errors. A listing that fails (TransferQueue not up yet, or shut down) is skipped, and so is an
-owed clear that fails (the keys stay owed: the next call makes them, and raises if TransferQueue
-still refuses). A listing whose data the core rejects is not applied (nothing is half-taken: the
-mirror rolls back as it does inside a call); the mirror is then marked stale, so the next call
-lists by itself and raises the same error to its caller, where it belongs. Each distinct message
-is logged once.
+owed clear that fails (the keys stay owed: the next call makes them before it lists, and raises
+if TransferQueue still refuses). A listing whose data the core rejects is not applied (nothing
+is half-taken: the mirror rolls back as it does inside a call); the mirror is then marked stale,
+so the next call lists by itself and raises the same error to its caller, where it belongs. Each
+distinct message is logged once.
 
 Cost. The thread takes the adapter's lock only to apply a listing or make a clear, and a listing
 costs what it costs inside a call; it grows with the partition's keys, and the thread lists about
@@ -86,7 +88,7 @@ class BackgroundMirror:
     `partition_mirrors()` and `core`, and holds it weakly: the core's listener holds the adapter,
     so a strong reference from a running thread would keep both alive for good."""
 
-    def __init__(self, adapter: Any, lock: Any, max_lag: float):
+    def __init__(self, adapter: Any, lock: Any, max_lag: float | None):
         self.max_lag = max_lag
         self._lock = lock
         self.polls = 0                 # listings applied by the thread (for tests and logs)
@@ -118,7 +120,7 @@ class BackgroundMirror:
         return self._thread.is_alive()
 
     def _run(self, ref: Any) -> None:
-        period = self.max_lag / 2
+        period = None if self.max_lag is None else self.max_lag / 2
         while True:
             self._wake.wait(period)
             self._wake.clear()
@@ -144,6 +146,8 @@ class BackgroundMirror:
                                    f"failed: {exc} (they stay owed; the next call retries)")
                     continue
                 epoch = m.epoch
+            if self.max_lag is None:
+                continue              # clears only: every call lists for itself
             began = time.monotonic()
             try:
                 listing = m.list_keys()

@@ -3,9 +3,10 @@
 
 Each instance owns a core `pipeline.ReplayBuffer` (the `sync` or `async` preset, over an optional
 lake). Before every poll it mirrors the partition's TransferQueue keys into the core
-(verl_mirror.py); the core decides; a listener performs on TransferQueue exactly the effects
-verl's buffer performs: an evicted or discarded group loses its prompt key and all its
-trajectory keys, a selected group only its prompt key, and `kv_clear` never gets an empty list.
+(mirror.py); the core decides; a listener owes TransferQueue exactly the effects verl's buffer
+has: an evicted or discarded group loses its prompt key and all its trajectory keys, a selected
+group only its prompt key, and `kv_clear` never gets an empty list. The adapter's thread makes
+those clears right after the call, not inside it (background.py), and any listing waits for them.
 `sample` returns TransferQueue's own `KVBatchMeta` (the selected trajectory keys in TransferQueue
 order, with their tags as listed) and verl's metric dict. Where verl is defective the
 core's behaviour is kept; the README's verl section lists every difference.
@@ -76,7 +77,7 @@ class VerlBuffer:
     token payload), `auto` (= `rewards` with a lake, `decisions` without). ``mirror_max_lag``
     (seconds; None = off, the default): a background thread mirrors TransferQueue every
     ``mirror_max_lag / 2`` seconds, and a call's first poll uses that view instead of listing
-    when it is at most ``mirror_max_lag`` seconds old (verl_background.py).
+    when it is at most ``mirror_max_lag`` seconds old (background.py).
     ``reuse_siblings`` (default False: verl clears partial trajectories when it resumes): when
     verl re-issues in-flight prompts after a restart, keep their completed sessions (the core's
     `resume`) instead of dropping them; for a rollout side that leaves those sessions' keys in
@@ -153,7 +154,7 @@ class VerlBuffer:
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric,
                 reuse=self.reuse_siblings, dataset_field=self.dataset_field)
-            if self.mirror_max_lag is not None and self._background is None:
+            if self._background is None:      # makes the clears a call leaves behind
                 self._background = BackgroundMirror(self, self._lock, self.mirror_max_lag)
         return m
 
@@ -193,17 +194,17 @@ class VerlBuffer:
             return list(self._mirrors.values())
 
     def _on_decision(self, kind: str, partition: str, uids: list[str], batch_id: int | None) -> None:
-        """The core's listener (under its lock): verl's effects on TransferQueue."""
+        """The core's listener (under its lock): verl's effects on TransferQueue, owed to the
+        adapter's thread, which makes them right after the call (background.py)."""
         m = self._mirrors.get(partition)
         if m is None:
             return
-        defer = self._background is not None      # the thread clears, right after the call
         if kind in ("evict", "discard"):   # only keys still listed (a vanished group's are gone)
-            m.clear_keys([k for k in m.on_remove(uids) if k in m.listing], defer)
+            m.clear_keys([k for k in m.on_remove(uids) if k in m.listing], defer=True)
         elif kind == "select":
             m.on_select(uids, batch_id)
-            m.clear_keys(list(uids), defer)
-        if defer and m.deferred:
+            m.clear_keys(list(uids), defer=True)
+        if m.deferred and self._background is not None:
             self._background.wake()
 
     # --- verl's API --------------------------------------------------------------------------------
@@ -231,8 +232,20 @@ class VerlBuffer:
         names: ``buffer.retire(partition_id, uids, reason='missing_metric')``. Returns the uids
         retired (unknown or already removed ones are skipped)."""
         with self._lock:
-            self._mirror(partition_id)      # so the listener clears their keys
-            return self.core.retire(partition_id, uids, reason=reason)
+            m = self._mirror(partition_id)      # so the listener clears their keys
+            retired = self.core.retire(partition_id, uids, reason=reason)
+            m.flush()                           # cleared when it returns
+            return retired
+
+    def flush(self) -> int:
+        """Make now every `kv_clear` a call left behind (the selected groups' prompt keys,
+        evicted or discarded groups' keys; the adapter's thread makes them right after each
+        call, so this returns at once unless that clear is still under way). Returns how many
+        keys this call cleared. Not in verl (an addition): for code that lists TransferQueue
+        right after `sample` and must not see the batch's prompt keys. Raises what TransferQueue
+        raises; the keys then stay owed."""
+        with self._lock:
+            return sum(m.flush() for m in self._mirrors.values())
 
     def close(self) -> None:
         """Stop the background mirror (if any) and make the clears it still owed, then close the

@@ -175,8 +175,10 @@ class Ctx:
                    poll_interval=poll_interval, refill_fn=refill_fn if refill is not False else None,
                    **kw)
 
-    def _record(self, out: Outcome, partition: str) -> Outcome:
+    def _record(self, out: Outcome, partition: str, buf: Any) -> Outcome:
         out.refills, self._refills = self._refills, []
+        if self.impl == "ours":     # its thread makes the call's clears right after it: wait
+            buf.flush()             # for them (verl made them inside the call)
         out.left = _state(self.rollout.listing(partition))
         self.outcomes.append(out)
         return out
@@ -194,17 +196,17 @@ class Ctx:
             assert type(meta).__name__ == "KVBatchMeta" and meta.partition_id == partition
             assert len(meta.tags) == len(meta.keys)
             out.keys, out.metrics, out.value = list(meta.keys), dict(metrics), meta
-        return self._record(out, partition)
+        return self._record(out, partition, buf)
 
     def count(self, buf: Any, g: int, partition: str = PART) -> Outcome:
         return self._record(Outcome(f"count(g={g})", value=buf.get_sampleable_count(g, partition)),
-                            partition)
+                            partition, buf)
 
     def wait(self, buf: Any, g: int, target: int, partition: str = PART) -> Outcome:
         with watchdog(buf):
             uids, metrics = buf.wait_for_sampleable(g, partition, target)
         return self._record(Outcome(f"wait(g={g}, target={target})", value=set(uids),
-                                    metrics=dict(metrics)), partition)
+                                    metrics=dict(metrics)), partition, buf)
 
     def later(self, delay: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` after ``delay`` seconds in a thread (a rollout that settles later)."""

@@ -1,7 +1,8 @@
-"""The verl adapter's background mirror (`mirror_max_lag`), over the session's real TransferQueue:
-a fresh view spares `sample` its listing, a stale one is never used, the clears a call defers are
-made by the thread at once (or by the next listing, before it lists, or by `close`), and a
-listing the core rejects in the background is raised by the next call."""
+"""The verl adapter's thread, over the session's real TransferQueue: in either mode the clears a
+call defers are made by the thread at once (or by `flush`, by the next listing before it lists,
+or by `close`; `retire` makes its own); with `mirror_max_lag` a fresh view spares `sample` its
+listing, a stale one is never used, and a listing the core rejects in the background is raised
+by the next call."""
 from __future__ import annotations
 
 import logging
@@ -51,12 +52,62 @@ def test_mirror_max_lag_also_comes_in_sampler_kwargs(tq, rollout):
     buf.close()
 
 
-def test_without_the_option_no_thread_runs_and_every_call_lists(tq, rollout):
+def test_without_the_option_the_thread_only_clears_and_every_call_lists(tq, rollout):
     rollout.groups([G(f"u{i}", 1) for i in range(3)])
     buf = make(None)
-    buf.sample(global_steps=1, partition_id=PART, batch_size=2)
-    assert buf._background is None and buf.background_polls == 0
+    meta, _ = buf.sample(global_steps=1, partition_id=PART, batch_size=2)
+    chosen = set(uids_of(meta.keys))
+    assert until(lambda: buf._background.cleared == 2)       # made after the call, unasked
+    assert prompts_left(rollout) == sorted({"u0", "u1", "u2"} - chosen)
+    assert buf._background.polls == 0 and buf.background_polls == 0    # never lists
     assert buf.mirror_lag(PART) is None
+    buf.close()
+
+
+@pytest.mark.parametrize("lag", [None, 30.0])
+def test_flush_makes_the_clears_a_sample_left_and_returns_how_many(tq, rollout, lag):
+    rollout.groups([G(f"f{i}", 1) for i in range(4)])
+    buf = make(lag)
+    buf._mirror(PART)
+    buf._background.stop()                 # the thread never clears: flush must
+    meta, _ = buf.sample(global_steps=1, partition_id=PART, batch_size=2)
+    assert len(prompts_left(rollout)) == 4                   # owed, not yet made
+    assert buf.flush() == 2
+    assert prompts_left(rollout) == sorted({f"f{i}" for i in range(4)} - set(uids_of(meta.keys)))
+    assert buf.flush() == 0
+    buf.close()
+
+
+def test_retire_clears_the_groups_keys_before_it_returns(tq, rollout):
+    rollout.groups([G("r0", 1), G("r1", 1)])
+    buf = make(None)
+    buf.get_sampleable_count(1, PART)
+    buf._background.stop()
+    assert buf.retire(PART, ["r0"]) == ["r0"]
+    assert sorted(rollout.listing()) == ["r1", "r1_0_0", "r1_1_0"]
+    buf.close()
+
+
+def test_a_clear_transferqueue_refuses_stays_owed_and_the_next_call_raises_it(tq, rollout,
+                                                                             monkeypatch):
+    rollout.groups([G(f"e{i}", 1) for i in range(3)])
+    buf = make(None)
+    buf._mirror(PART)
+    buf._background.stop()
+    meta, _ = buf.sample(global_steps=1, partition_id=PART, batch_size=1)
+    real = tq.kv_clear
+
+    def refuse(*a, **k):
+        raise RuntimeError("TransferQueue is down")
+    monkeypatch.setattr(tq, "kv_clear", refuse)     # TransferQueue refuses, then comes back
+    with pytest.raises(RuntimeError, match="down"):
+        buf.sample(global_steps=1, partition_id=PART, batch_size=1)
+    assert buf._mirrors[PART].deferred == uids_of(meta.keys)[:1]   # still owed
+    monkeypatch.setattr(tq, "kv_clear", real)
+    second, _ = buf.sample(global_steps=1, partition_id=PART, batch_size=1)
+    assert set(uids_of(second.keys)).isdisjoint(uids_of(meta.keys))
+    buf.flush()
+    assert len(prompts_left(rollout)) == 1
     buf.close()
 
 
@@ -161,9 +212,10 @@ def test_a_listing_the_core_rejects_in_the_background_is_raised_by_the_next_call
     buf.close()
 
 
-def test_close_stops_the_thread(tq, rollout):
+@pytest.mark.parametrize("lag", [None, 0.1])
+def test_close_stops_the_thread(tq, rollout, lag):
     rollout.groups([G("c", 1)])
-    buf = make(0.1)
+    buf = make(lag)
     buf.get_sampleable_count(1, PART)
     thread = buf._background
     assert thread.alive
@@ -273,9 +325,10 @@ def test_rollouts_written_while_the_thread_lists_are_each_sampled_once(tq, rollo
     assert buf.background_polls > 0
 
 
-def test_the_thread_ends_when_an_unclosed_adapter_is_collected(tq, rollout):
+@pytest.mark.parametrize("lag", [None, 30.0])
+def test_the_thread_ends_when_an_unclosed_adapter_is_collected(tq, rollout, lag):
     import gc
-    buf = make(30.0)                       # period 15 s: only the collection's wake ends it
+    buf = make(lag)                        # only the collection's wake ends it
     buf.get_sampleable_count(1, PART)
     thread = buf._background
     del buf

@@ -33,13 +33,16 @@ def test_bench_verl_writes_every_figure(tq, rollout, tmp_path: Path) -> None:
         assert figures["timed_calls"] == 2
         assert figures["min_ms"] <= figures["p25_ms"] <= figures["median_ms"] \
             <= figures["p75_ms"] <= figures["max_ms"]
+        # ours: how long its thread's clears ran past the return (waited for, untimed)
+        assert (figures["after_ms"] >= 0) if impl.startswith("ours") else "after_ms" not in figures
     assert row["order"] == "interleaved"
     floor = row["tq_floor"]                 # the bare TransferQueue calls, same run
+    assert floor["decisions"]["median_ms"] == floor["list_ms"]     # the clear is after the call
     for mode in ("decisions", "rewards"):
         assert floor[mode]["timed_calls"] == 2 and floor[mode]["median_ms"] > 0
     assert all(floor[f"{p}_ms"] > 0 for p in FLOOR_PARTS)
     assert row["verl_over_floor"] == row["impls"]["verl"]["median_ms"] / floor["decisions"]["median_ms"]
-    assert "tq calls, rewards" in result.output
+    assert "tq, rewards" in result.output and "tq, decisions" in result.output
     assert row["verl_over_ours"] == row["impls"]["verl"]["median_ms"] / row["impls"]["ours"]["median_ms"]
     assert (row["step_s"], row["lag_s"]) == (0.3, 0.4)
     for impl in STEP_IMPLS:                 # the phase with a trainer step between calls

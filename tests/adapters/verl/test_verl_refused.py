@@ -36,6 +36,7 @@ def test_a_nan_reward_fails_its_group_only_and_the_others_are_sampled(tq, rollou
         with caplog.at_level(logging.WARNING, logger="replaylake.verl"):
             meta, metrics = buf.sample(global_steps=1, partition_id="train", batch_size=1)
         assert uids_of(meta.keys) == ["good"] and metrics == {FAILED: 1} and refills == [1]
+        buf.flush()                       # the clears the call left to the adapter's thread
         assert sorted(rollout.listing()) == ["good_0_0", "good_1_0"]     # bad's keys cleared
         said = [m for m in _warnings(caplog) if "'bad'" in m]
         assert len(said) == 1 and "bad_0_0" in said[0] and "NaN" in said[0]
@@ -75,6 +76,7 @@ def test_every_row_level_refusal_fails_just_its_group(tq, rollout, caplog):
         with caplog.at_level(logging.WARNING, logger="replaylake.verl"):
             meta, metrics = buf.sample(global_steps=1, partition_id="train", batch_size=1)
         assert uids_of(meta.keys) == ["good"] and metrics[FAILED] == 4 and refills == [4]
+        buf.flush()
         assert sorted(rollout.listing()) == ["good_0_0", "good_1_0"]
         said = "\n".join(_warnings(caplog))
         for key, why in (("negtok_0_0", "token ids must be >= 0"), ("bigtok_0_0", "int32"),
@@ -133,6 +135,7 @@ def test_verls_checkpoint_resume_clears_groups_the_lake_already_trained(tq, roll
         with caplog.at_level(logging.WARNING, logger="replaylake.verl"):
             meta, _ = second.sample(global_steps=2, partition_id="train", batch_size=1)
         assert uids_of(meta.keys) == ["b"]
+        second.flush()
         assert sorted(rollout.listing()) == ["b_0_0", "b_1_0"]    # none of a's keys left behind
         said = _warnings(caplog)
         assert len(said) == 1 and "'a'" in said[0] and "checkpoint" in said[0]

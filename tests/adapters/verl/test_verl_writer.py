@@ -123,6 +123,7 @@ def test_groups_written_by_verls_own_trainer_and_agent_loop_are_sampled(tq, roll
         assert tags["w1_2_0"]["response_len"] == 4 and tags["w1_2_0"]["prompt_len"] == 3
         assert tags["w0_0_0"]["min_global_steps"] == STEP - 1
         assert tags["w0_0_0"]["global_steps"] == STEP
+        buf.flush()                                   # made by the adapter's thread
         assert "w0" not in rollout.listing()          # the selected prompt keys are cleared
     finally:
         buf.close()

@@ -95,14 +95,20 @@ def test_the_verl_default_mode_figures_carry_the_bound_transfer_queue_sets() -> 
     """verl's time over the bare TransferQueue calls of each mode (same rounds) is the most the
     mode's ratio can reach: the goal is reachable exactly when that bound meets it."""
     r = {"impls": {"verl": {"median_ms": 6.0, "timed_calls": 15},
-                   "ours": {"median_ms": 12.0, "timed_calls": 15},
-                   "ours_rewards": {"median_ms": 30.0, "timed_calls": 15}},
-         "tq_floor": {"decisions": {"median_ms": 6.0}, "rewards": {"median_ms": 18.0}}}
+                   "ours": {"median_ms": 12.0, "timed_calls": 15, "after_ms": 5.0},
+                   "ours_rewards": {"median_ms": 30.0, "timed_calls": 15, "after_ms": 3.0}},
+         "tq_floor": {"decisions": {"median_ms": 6.0}, "rewards": {"median_ms": 18.0},
+                      "clear_ms": 4.0}}
     r.update(verl_over_ours=6.0 / 12.0, verl_over_ours_rewards=6.0 / 30.0,   # as run_size puts them
              verl_over_floor=6.0 / 6.0, verl_over_floor_rewards=6.0 / 18.0)
-    decisions, rewards = default_figures(r, 100, 1.0)
+    decisions, decisions_after, rewards, rewards_after = default_figures(r, 100, 1.0)
     assert decisions["ratio"] == 0.5 and decisions["meets_goal"] is False
     assert decisions["bound"]["ratio"] == 1.0 and decisions["bound"]["reachable"] is True
     assert rewards["ratio"] == 0.2
     assert rewards["bound"]["ratio"] == 6.0 / 18.0 and rewards["bound"]["reachable"] is False
     assert "decisions mirror (interleaved, 15 calls each)" in decisions["path"]
+    # beside each, what its clears cost after the call (no goal, shown in the summary)
+    assert (decisions_after["value"], decisions_after["ratio"]) == (5.0, 5.0 / 4.0)
+    assert (rewards_after["value"], rewards_after["ratio"]) == (3.0, 3.0 / 4.0)
+    for f in (decisions_after, rewards_after):
+        assert f["meets_goal"] is None and f["in_summary"] and "after the call" in f["path"]
