@@ -54,9 +54,10 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
     tokens = vf.read_fields(tq, partition, keys, [src for _, src, _ in _TOKENS]) \
         if fields == "full" else {}
     late = [i for i in range(len(keys)) if rm_rows[i] is vf.NOT_READY
-            or extra_rows[i] is vf.NOT_READY or any(tokens[f][i] is vf.NOT_READY for f in tokens)]
+            or extra_rows[i] is vf.NOT_READY or any(tokens[f][i] is vf.NOT_READY for f in tokens)
+            ] if need_rm or extra_at or tokens else []        # (nothing read: nothing is late)
     late_set = set(late)
-    keep = [i for i in range(len(keys)) if i not in late_set]
+    keep = [i for i in range(len(keys)) if i not in late_set] if late else list(range(len(keys)))
     if filter_metric == "reward":
         missing = [keys[i] for i in keep if rm_rows[i] is vf.MISSING]
         if missing:
@@ -72,28 +73,21 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
 def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int],
            rm_rows: list, extra_rows: list, tokens: dict[str, list],
            filter_metric: str | None) -> pa.Table:
-    uid, session, index, lo, hi, reward, info, padding, inferred = ([] for _ in range(9))
+    # column by column, locals only: this runs once per new trajectory
+    parsed = [todo[i][1] for i in keep]
+    uid, session, index = ([p[j] for p in parsed] for j in range(3))
+    kept_tags = [tags[i] for i in keep]
+    lo = [t.get("min_global_steps") for t in kept_tags]
+    hi = [t.get("max_global_steps") for t in kept_tags]
+    extras = [None if extra_rows[i] is None else vf.extra_of(extra_rows[i]) for i in keep]
+    inferred = [False] * len(keep)
+    for j in [j for j in range(len(keep)) if type(lo[j]) is not int or type(hi[j]) is not int]:
+        lo[j], hi[j], inferred[j] = vf.versions_of(kept_tags[j], extras[j], todo[keep[j]][2])
+    reward: list[float] = []
     bad_rm: list[Problem] = []
-    versions_of, extra_of, reward_of = vf.versions_of, vf.extra_of, vf.reward_of
-    reward_info_of = vf.reward_info_of
-    for i in keep:     # one pass, locals only: this loop runs once per new trajectory
-        _, (u, s, x), gs = todo[i]
-        tag, extra, rm = tags[i], extra_rows[i], rm_rows[i]
-        uid.append(u)
-        session.append(s)
-        index.append(x)
-        if extra is not None:
-            extra = extra_of(extra)
-        t_lo, t_hi = tag.get("min_global_steps"), tag.get("max_global_steps")
-        if type(t_lo) is int and type(t_hi) is int:      # the usual tag: what versions_of gives
-            lo.append(t_lo)
-            hi.append(t_hi)
-            inferred.append(False)
-        else:
-            v = versions_of(tag, extra, gs)
-            lo.append(v[0])
-            hi.append(v[1])
-            inferred.append(v[2])
+    reward_of = vf.reward_of
+    for i in keep:
+        rm = rm_rows[i]
         try:
             r = None if rm is None else reward_of(rm)
         except TypeError as exc:       # no reward can be read from it: its group is refused
@@ -101,8 +95,8 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
             bad_rm.append(Problem("rm_scores", (i,), f"key {todo[i][0]!r}: {exc}; write a 1-D "
                                   "float tensor, as verl's reward loop does"))
         reward.append(0.0 if r is None else r)              # not read, or not written yet
-        info.append(None if extra is None else reward_info_of(extra))
-        padding.append(bool(tag.get("is_padding", False)))
+    info = [None if e is None else vf.reward_info_of(e) for e in extras]
+    padding = [bool(t.get("is_padding", False)) for t in kept_tags]
     problems = _version_problems(keep, lo, hi) + bad_rm
     if filter_metric not in (None, "reward"):
         problems += _metric_problems(todo, keep, extra_rows, filter_metric)
