@@ -212,6 +212,26 @@ def test_a_listing_the_core_rejects_in_the_background_is_raised_by_the_next_call
     buf.close()
 
 
+def test_a_restart_after_a_stop_before_the_threads_clear_clears_the_prompt_keys(tq, rollout,
+                                                                              tmp_path, caplog):
+    rollout.groups([G("k0", 1), G("k1", 1)])
+    first = make(None, lake_dir=tmp_path / "lake")
+    first._mirror(PART)
+    first._background.stop()               # the process stops before its thread clears
+    meta, _ = first.sample(global_steps=1, partition_id=PART, batch_size=1)
+    assert uids_of(meta.keys) == ["k0"] and "k0" in prompts_left(rollout)
+    first.core.close()                     # gone, its clear never made (no close, no flush)
+    second = make(None, lake_dir=tmp_path / "lake")
+    with caplog.at_level(logging.WARNING, logger="replaylake.verl"):
+        again, _ = second.sample(global_steps=1, partition_id=PART, batch_size=1)
+    assert uids_of(again.keys) == ["k1"]   # k0 is sampled, for the lake: never again
+    second.flush()
+    assert prompts_left(rollout) == []
+    said = [r.getMessage() for r in caplog.records if "'k0'" in r.getMessage()]
+    assert len(said) == 1 and "before its thread had cleared" in said[0]
+    second.close()
+
+
 @pytest.mark.parametrize("lag", [None, 0.1])
 def test_close_stops_the_thread(tq, rollout, lag):
     rollout.groups([G("c", 1)])

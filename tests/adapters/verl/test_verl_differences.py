@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pipeline.errors import ConfigError, MissingMetricError, RefillLimitError
-from tests.adapters.verl._harness import G, assert_same, run_both, uids_of
+from tests.adapters.verl._harness import PART, G, assert_same, run_both, uids_of
 
 pytestmark = pytest.mark.verl
 
@@ -168,6 +168,25 @@ def test_late_status_write_recreating_a_prompt_key_verl_leaks_it_ours_clears_it(
     assert out["verl"][1].left["o1"] == "traj"              # verl: a "trajectory key", forever
     assert "o1" not in out["ours"][1].left
     assert set(uids_of(out["verl"][1].keys)) == set(uids_of(out["ours"][1].keys)) == {"o2"}
+
+
+def test_the_selected_prompt_keys_clear_verl_makes_in_sample_ours_right_after_it(tq):
+    seen: dict[str, list[bool]] = {}
+
+    def scenario(ctx):
+        ctx.rollout.groups([G("p1", 1), G("p2", 2)])
+        buf = ctx.buffer("async")
+        if ctx.impl == "ours":             # the thread held back, so the owed clear is seen
+            buf._mirror(PART)
+            buf._background.stop()
+        meta, _ = buf.sample(global_steps=2, partition_id=PART, batch_size=1)
+        assert uids_of(meta.keys) == ["p1"]
+        seen[ctx.impl] = ["p1" in ctx.rollout.listing()]
+        if ctx.impl == "ours":
+            buf.flush()                    # what the thread does right after the call
+            seen[ctx.impl].append("p1" in ctx.rollout.listing())
+    run_both(tq, scenario)
+    assert seen == {"verl": [False], "ours": [True, False]}
 
 
 def test_batch_size_must_be_positive_where_verl_slices(tq):
