@@ -15,9 +15,9 @@ buffer makes that clear inside `sample`, where the trainer waits for it.
 
 Without `mirror_max_lag` that is all the thread does: every poll lists the whole partition and
 takes in what changed, inside `sample` (verl does the same listing). With it, the thread also
-lists every ``max_lag / 2`` seconds, and the *first* poll of a call uses the thread's view when
-it is fresh enough; later polls of the same call (a `wait` strategy or a refill waiting for
-data) always list, as without the option.
+lists every ``max_lag / 2`` seconds and right after each clear it makes, and the *first* poll of
+a call uses the thread's view when it is fresh enough; later polls of the same call (a `wait`
+strategy or a refill waiting for data) always list, as without the option.
 
 What "fresh enough" means, exactly (`usable`): the listing behind the mirror's state began at
 most ``max_lag`` seconds ago, and nothing changed TransferQueue on the adapter's side since that

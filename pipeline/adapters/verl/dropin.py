@@ -234,7 +234,13 @@ class VerlBuffer:
         with self._lock:
             m = self._mirror(partition_id)      # so the listener clears their keys
             retired = self.core.retire(partition_id, uids, reason=reason)
-            m.flush()                           # cleared when it returns
+            try:
+                m.flush()                       # cleared when it returns
+            except Exception as exc:
+                exc.add_note(f"(retire: {len(retired)} group(s) of partition {partition_id!r} "
+                             "are retired all the same; their keys stay owed, and the next "
+                             "call of this buffer clears them before it lists)")
+                raise
             return retired
 
     def flush(self) -> int:

@@ -103,11 +103,15 @@ def test_a_clear_transferqueue_refuses_stays_owed_and_the_next_call_raises_it(tq
     with pytest.raises(RuntimeError, match="down"):
         buf.sample(global_steps=1, partition_id=PART, batch_size=1)
     assert buf._mirrors[PART].deferred == uids_of(meta.keys)[:1]   # still owed
+    with pytest.raises(RuntimeError, match="down") as err:     # retire: done, its clear owed
+        buf.retire(PART, ["e2"])
+    assert "retired all the same" in "".join(err.value.__notes__)
+    assert buf.core.lookup(PART, "e2").removed
     monkeypatch.setattr(tq, "kv_clear", real)
     second, _ = buf.sample(global_steps=1, partition_id=PART, batch_size=1)
-    assert set(uids_of(second.keys)).isdisjoint(uids_of(meta.keys))
+    assert set(uids_of(second.keys)).isdisjoint(uids_of(meta.keys) + ["e2"])
     buf.flush()
-    assert len(prompts_left(rollout)) == 1
+    assert prompts_left(rollout) == [] and not [k for k in rollout.listing() if k[:2] == "e2"]
     buf.close()
 
 
