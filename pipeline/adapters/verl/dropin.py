@@ -204,7 +204,7 @@ class VerlBuffer:
         elif kind == "select":
             m.on_select(uids, batch_id)
             m.clear_keys(list(uids), defer=True)
-        if m.deferred and self._background is not None:
+        if m.deferred:                     # (a mirror exists only with the thread, `_mirror`)
             self._background.wake()
 
     # --- verl's API --------------------------------------------------------------------------------
