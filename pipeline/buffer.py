@@ -44,6 +44,7 @@ from pipeline.ingest import PutResult, validate_groups, validate_status, validat
 from pipeline.lake import LakeWriter
 from pipeline.state import (
     BufferState,
+    Columns,
     GroupView,
     Journal,
     Listener,
@@ -114,6 +115,13 @@ def _not_before_dispatch(step: int, uids: list[str], dispatch_steps: list[int]) 
             f"retire: global_steps={step} precedes the dispatch step of {', '.join(early[:5])}"
             f"{more}; pass the trainer's current step (at least each group's dispatch step), or "
             "leave global_steps out to record each group at its own; nothing was retired")
+
+
+def _values(rows: pa.Table, name: str) -> Any:
+    """A validated column as `Columns` takes it: a list, or None when every row (of some) is
+    null."""
+    col = rows.column(name)
+    return None if 0 < len(col) == col.null_count else col.to_pylist()
 
 
 def _missing(group: Any) -> list[int] | None:
@@ -216,9 +224,10 @@ class ReplayBuffer:
                               "with rows, give each row a `prompt_id` / `dataset`")
         with self._state.locked():
             rows = validate_groups(data, self._state.lookup)
-            events = rows.append_column("event", pa.array(["registered"] * rows.num_rows))
-            self._state.commit("group_events", events.select(
-                ["partition", "uid", "event", "global_steps", "n", "prompt_id", "dataset"]))
+            self._state.commit("group_events", Columns("group_events", rows.num_rows, {
+                "event": "registered",
+                **{c: _values(rows, c) for c in
+                   ("partition", "uid", "global_steps", "n", "prompt_id", "dataset")}}))
 
     def update_status(self, data: Any = None, *, partition: str | None = None,
                       uids: list[str] | None = None, status: str | None = None,
@@ -231,14 +240,10 @@ class ReplayBuffer:
                     "status": [status] * len(uids)}
         with self._state.locked():
             rows = validate_status(data, self._state.lookup)
-            gs = self._state.dispatch_steps(rows.column("partition").to_pylist(),
-                                            rows.column("uid").to_pylist())
-            self._state.commit("group_events", pa.table({
-                "partition": rows.column("partition"), "uid": rows.column("uid"),
-                "event": rows.column("status"), "global_steps": pa.array(gs, pa.int64()),
-                "n": pa.nulls(rows.num_rows, pa.int32()),
-                "prompt_id": pa.nulls(rows.num_rows, pa.int64()),
-                "dataset": pa.nulls(rows.num_rows, pa.string())}))
+            partitions, uids = _values(rows, "partition"), _values(rows, "uid")
+            self._state.commit("group_events", Columns("group_events", rows.num_rows, {
+                "partition": partitions, "uid": uids, "event": _values(rows, "status"),
+                "global_steps": self._state.dispatch_steps(partitions, uids)}))
 
     def put(self, trajectories: Any, timeout: float | None = 0.0) -> PutResult:
         """Accept trajectories for in-flight groups; returns how many were stored, as an int
@@ -593,6 +598,21 @@ class ReplayBuffer:
             if part is None:
                 return None
             return view(uid, part.groups.get(uid), uid in part.removed_uids)
+
+    def lookup_many(self, partition: str, uids: list[str]) -> list[GroupView | None]:
+        """`lookup` of many uids of one partition, in their order, under one hold of the lock
+        (an adapter looks up a poll's few hundred keys at once)."""
+        partition = partition_arg(partition, None, "lookup_many")
+        uids = uid_list("lookup_many", uids)
+        odd = next((u for u in uids if type(u) is not str), None)
+        if odd is not None:
+            raise ConfigError(f"lookup_many: uid {odd!r} must be a group's uid (a str)")
+        with self._state.locked():
+            part = self._state.find(partition)
+            if part is None:
+                return [None] * len(uids)
+            groups, removed = part.groups, part.removed_uids
+            return [view(u, groups.get(u), u in removed) for u in uids]
 
     def held_batches(self, partition: str | None = None, *, partition_id: str | None = None
                      ) -> dict[int, list[tuple[str, int, int]]]:

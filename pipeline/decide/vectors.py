@@ -46,6 +46,8 @@ from sql.loader import SqlError
 BIGINT, HUGEINT, DOUBLE, BOOLEAN, VARCHAR, NULL = ("bigint", "hugeint", "double", "boolean",
                                                    "varchar", "null")
 SEGMENTS = "__segments"      # the frame's grouping, when its aggregates are taken per group
+MEMO = "__memo"              # the aggregates a frame already took, by expression (see `_memo_key`)
+_NOT_COLUMNS = (SEGMENTS, MEMO)
 _INT64 = 2 ** 63
 _CASTS = {"bigint": BIGINT, "int8": BIGINT, "long": BIGINT, "hugeint": HUGEINT, "int128": HUGEINT,
           "double": DOUBLE, "float8": DOUBLE}
@@ -263,8 +265,11 @@ def rows(items: Mapping[str, Compiled], env: dict[str, Col]) -> dict[str, Col]:
 
 
 def aggregates(items: Mapping[str, Compiled], env: Env) -> dict[str, Any]:
-    """Evaluate aggregate expressions over the rows of ``env``: ``{name: Python value}``."""
-    return {name: c.fn(env).item() for name, c in items.items()}
+    """Evaluate aggregate expressions over the rows of ``env``: ``{name: Python value}``. An
+    aggregate that several items share (``sum(n_response_tokens)`` as a count and as a
+    denominator) is taken once."""
+    frame = {**env, MEMO: {}}
+    return {name: c.fn(frame).item() for name, c in items.items()}
 
 
 @dataclass(frozen=True)
@@ -287,7 +292,8 @@ def grouped(items: Mapping[str, Compiled], env: Env, owner: np.ndarray,
         raise SqlError(f"grouped aggregates: every one of the {n_groups} groups needs a row")
     starts = np.zeros(n_groups, np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
-    frame = {**env, SEGMENTS: Segments(np.argsort(owner, kind="stable"), starts, counts)}
+    frame = {**env, SEGMENTS: Segments(np.argsort(owner, kind="stable"), starts, counts),
+             MEMO: {}}
     return {name: c.fn(frame) for name, c in items.items()}
 
 
@@ -301,7 +307,7 @@ def where(env: Env, mask: np.ndarray) -> dict[str, Col]:
     if mask.all():
         return dict(env)
     return {k: Col(c.values[mask], None if c.valid is None else c.valid[mask], c.typ)
-            for k, c in env.items() if k != SEGMENTS}
+            for k, c in env.items() if k not in _NOT_COLUMNS}
 
 
 def _refs(tree: Any) -> set[str]:
@@ -409,12 +415,13 @@ def _function(n: dict) -> Compiled:
         if any(a.aggregate for a in args):
             raise SqlError(f"an aggregate inside {name}() is not supported")
         per_group = _AGGREGATES[name]
+        key = _memo_key(n)
         if name == "count_star":
             def count_star(env: Env) -> Col:
                 seg = env.get(SEGMENTS)
                 n = _height(env) if seg is None else seg.counts
                 return Col(np.asarray(n, dtype=np.int64), None, BIGINT)
-            return Compiled(count_star, True)
+            return Compiled(_memoized(key, count_star), True)
         (arg,) = args
         inner = arg.fn
 
@@ -423,7 +430,7 @@ def _function(n: dict) -> Compiled:
             if seg is None:
                 return _whole(name, inner(env), _height(env))
             return per_group(_in_groups(inner(env), seg), seg)
-        return Compiled(aggregate, True)
+        return Compiled(_memoized(key, aggregate), True)
     if name in _ARITH and len(args) == 2:
         op = _ARITH[name]
         return _nary(args, lambda a, b: _arith(op, a, b))
@@ -442,9 +449,35 @@ def _function(n: dict) -> Compiled:
     raise SqlError(f"function {name}() is not supported")
 
 
+def _memo_key(n: dict) -> str:
+    """An aggregate's expression as text, the same wherever it is written (DuckDB's tree without
+    where in the query it stands and what it is called)."""
+    def bare(t: Any) -> Any:
+        if isinstance(t, dict):
+            return {k: bare(v) for k, v in t.items() if k not in ("query_location", "alias")}
+        if isinstance(t, list):
+            return [bare(v) for v in t]
+        return t
+    return json.dumps(bare(n), sort_keys=True)
+
+
+def _memoized(key: str, fn: Callable[[Env], Col]) -> Callable[[Env], Col]:
+    """``fn``, taken once per frame that keeps a memo (`aggregates`, `grouped`): an aggregate's
+    value depends on the frame alone, wherever the expression stands."""
+    def once(env: Env) -> Col:
+        memo = env.get(MEMO)
+        if memo is None:
+            return fn(env)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = fn(env)
+        return got
+    return once
+
+
 def _height(env: Env) -> int:
     for k, c in env.items():
-        if k != SEGMENTS and np.ndim(c.values):
+        if k not in _NOT_COLUMNS and np.ndim(c.values):
             return len(c.values)
     return 0
 
@@ -811,6 +844,34 @@ def _one_group(n: int) -> Segments:
     return Segments(None, np.zeros(1, np.int64), np.array([n], np.int64))
 
 
+def _whole_plain(name: str, values: np.ndarray, typ: str, n: int) -> Col | None:
+    """`_whole` of a column of numbers without NULL, reduced directly (a batch's off-policy
+    metrics take some twenty of these): the very values the one-group path gives, or None where
+    only that path can (an integer sum that may pass 64 bits, an integer mean past 2**53)."""
+    if name == "count":
+        return Col(np.array(n, dtype=np.int64), None, BIGINT)
+    if name in ("min", "max"):
+        if values.dtype.kind == "f":     # as `_g_extreme`: fmin passes NaN over, maximum keeps it
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = (np.fmin if name == "min" else np.maximum).reduce(values)
+        else:
+            out = values.min() if name == "min" else values.max()
+        return Col(np.asarray(out), None, typ)
+    if name not in ("sum", "avg", "mean"):
+        return None
+    if typ == DOUBLE:
+        with np.errstate(over="ignore", invalid="ignore"):     # IEEE sums, as `_reduce`
+            total = np.add.reduce(values.astype(np.float64, copy=False))
+        return Col(np.asarray(total if name == "sum" else total / n), None, DOUBLE)
+    bound = _max_abs(values) * n
+    if bound >= (_INT64 if name == "sum" else 2 ** 53):
+        return None
+    total = np.add.reduce(values.astype(np.int64, copy=False))
+    if name == "sum":
+        return Col(np.asarray(total), None, HUGEINT)
+    return Col(np.asarray(total / np.int64(n)), None, DOUBLE)
+
+
 def _whole(name: str, c: Col, n: int) -> Col:
     """Aggregate ``name`` over a whole frame of ``n`` rows: the per-group reducer over the one
     group of all its rows, its value as one value (a 0-d column). A frame of no rows has no
@@ -819,6 +880,12 @@ def _whole(name: str, c: Col, n: int) -> Col:
         if name == "count":
             return Col(np.array(0, dtype=np.int64), None, BIGINT)
         return _null(_result_type(name, c.typ))
+    values = c.values
+    if c.valid is None and values.ndim == 1 and values.dtype.kind in "if" and \
+            c.typ in (BIGINT, HUGEINT, DOUBLE):
+        got = _whole_plain(name, values, c.typ, n)
+        if got is not None:
+            return got
     seg = _one_group(n)
     out = _AGGREGATES[name](_in_groups(c, seg), seg)
     valid = None if out.valid is None or out.valid[0] else np.array(False)

@@ -8,6 +8,7 @@ __getattr__, __dir__, __all__ = face(__name__, {
     'Listener': 'buffer_state',
     'KINDS': 'decisions',
     'decision_rows': 'decisions',
+    'Columns': 'journal',
     'Journal': 'journal',
     'by_column': 'journal',
     'GroupView': 'partition',

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from pipeline import interrupts
 from pipeline.errors import InvariantError
 from pipeline.state.decisions import decision_rows
-from pipeline.state.journal import Journal
+from pipeline.state.journal import Columns, Journal, column_values, value_at
 from pipeline.state.partition import PartitionState, Unreported
 
 if TYPE_CHECKING:
@@ -33,11 +33,6 @@ log = logging.getLogger("replaylake")
 _DECISION_RUN = itemgetter(0, 1, 3, 4)   # rows of one effect: partition, kind, batch_id, step
 
 Listener = Callable[[str, str, list[str], "int | None"], None]
-
-
-def _pylist(col: pa.ChunkedArray) -> list:
-    """A column's values (an all-null one, e.g. `n` of the shorthand, without converting)."""
-    return [None] * len(col) if col.null_count == len(col) else col.to_pylist()
 
 
 def _raise_first(errors: list[BaseException]) -> None:
@@ -191,7 +186,7 @@ class BufferState:
         rows = decision_rows("refill", **common, reason=policy, count=dispatch,
                              replaces=named[:dispatch])
         if dispatch < total:             # one prompt per eviction: the oldest replaced first
-            rows = pa.concat_tables([rows, decision_rows(
+            rows = Columns.concat([rows, decision_rows(
                 "refill_deferred", **common, reason=policy, count=total - dispatch,
                 replaces=named[dispatch:])])
         self._commit_refill(part, wanted, replaces, rows)
@@ -199,7 +194,7 @@ class BufferState:
         return dispatch
 
     def _commit_refill(self, part: PartitionState, wanted: int, replaces: list[str],
-                       rows: pa.Table) -> None:
+                       rows: Columns) -> None:
         """Write an ask's rows; applying them sets what is owed and held back. Should they not
         be written, memory still owes ``wanted`` (the lake never saw it)."""
         seen = self._version
@@ -241,7 +236,8 @@ class BufferState:
                 reason=type(error).__name__, count=count, replaces=list(part.refill_replaces)))
 
     # --- the one write path --------------------------------------------------------------------
-    def commit(self, table: str, rows: pa.Table | list[dict]) -> pa.Table | None:
+    def commit(self, table: str, rows: pa.Table | Columns | list[dict]
+               ) -> pa.Table | Columns | None:
         """Stamp, write durably, apply, wake waiters. Call with the lock held.
 
         Whole or not at all, in memory and on disk alike: an interrupt meanwhile is held to the
@@ -252,8 +248,14 @@ class BufferState:
         if self.broken is not None:
             raise InvariantError(self.broken)
         with interrupts.held():
-            stamped = self.journal.record(table, rows) if isinstance(rows, pa.Table) else \
-                self.journal.record_rows(table, rows)
+            if isinstance(rows, pa.Table):
+                stamped = self.journal.record(table, rows)
+            elif isinstance(rows, Columns):
+                if rows.table != table:
+                    raise InvariantError(f"rows of table {rows.table!r} committed to {table!r}")
+                stamped = self.journal.record_columns(rows)
+            else:
+                stamped = self.journal.record_rows(table, rows)
             effects: list[tuple[str, str, list[str], int | None]] = []
             if stamped is not None:
                 try:
@@ -286,7 +288,7 @@ class BufferState:
                 _raise_first(errors)
         return stamped
 
-    def apply(self, table: str, rows: pa.Table,
+    def apply(self, table: str, rows: pa.Table | Columns,
               effects: list[tuple[str, str, list[str], int | None]] | None = None) -> None:
         """Apply stamped rows of one lake table (live calls and restore alike); ``effects`` gets
         what the listeners are to be told of, (kind, partition, uids, batch_id) each."""
@@ -310,15 +312,15 @@ class BufferState:
             part.restored_evictions.clear()
             part.restored_discards = 0
 
-    def _apply_group_events(self, rows: pa.Table) -> None:
+    def _apply_group_events(self, rows: pa.Table | Columns) -> None:
         """Row by row in order, handed to the partition a run of one partition and event at a
         time (a poll registers, then finishes, ~64 groups: one call each, not 64)."""
         uid, steps, ns, seqs, prompt_ids, datasets = (
-            _pylist(rows.column(c)) for c in
+            column_values(rows, c) for c in
             ("uid", "global_steps", "n", "seq", "prompt_id", "dataset"))
         at = 0
-        for (p, ev), run in groupby(zip(rows.column("partition").to_pylist(),
-                                        rows.column("event").to_pylist())):
+        for (p, ev), run in groupby(zip(column_values(rows, "partition"),
+                                        column_values(rows, "event"))):
             end = at + len(list(run))
             part = self.part(p)
             if ev == "registered":
@@ -337,9 +339,9 @@ class BufferState:
             sub = rows if len(parts) == 1 else rows.filter(pc.equal(rows["partition"], p))
             self.part(p).apply_trajectories(sub)
 
-    def _apply_decisions(self, rows: pa.Table,
+    def _apply_decisions(self, rows: pa.Table | Columns,
                          effects: list[tuple[str, str, list[str], int | None]] | None) -> None:
-        cols = [rows.column(c).to_pylist() for c in
+        cols = [column_values(rows, c) for c in
                 ("partition", "kind", "uid", "batch_id", "step", "call_id")]
         calls = [c for c in cols[5] if c is not None and c >= 0]
         if calls:
@@ -362,7 +364,7 @@ class BufferState:
                     part.restored_discards += len(uids)
             elif kind == "select":
                 part.apply_removed(uids, "sampled", batch_id, step)
-                request = rows.column("request")[at - len(run)].as_py()
+                request = value_at(rows, "request", at - len(run))
                 if request is not None:
                     part.batch_request[batch_id] = request
                 if effects is None:   # restore; a live selection keeps its own (`select`)
@@ -376,13 +378,11 @@ class BufferState:
                 uids = part.apply_released(batch_id)
             else:
                 # refills: the last row of the run says what is owed now (rows a few, rare)
-                last = rows.slice(at - 1, 1)
+                count, named = (value_at(rows, c, at - 1) for c in ("count", "replaces"))
                 if kind == "refill":
-                    part.apply_refill(last.column("count")[0].as_py(),
-                                      last.column("replaces")[0].as_py() or [])
+                    part.apply_refill(count, named or [])
                 elif kind == "refill_deferred":
-                    part.apply_refill_deferred(last.column("count")[0].as_py(),
-                                               last.column("replaces")[0].as_py() or [])
+                    part.apply_refill_deferred(count, named or [])
                 elif kind == "refill_failed":
                     part.apply_refill_failed()
                 continue   # refills change no group
@@ -390,21 +390,21 @@ class BufferState:
                 effects.append((kind, p, uids, batch_id))
 
     @staticmethod
-    def _batch_marks(part: PartitionState, batch_id: int, rows: pa.Table) -> None:
+    def _batch_marks(part: PartitionState, batch_id: int, rows: pa.Table | Columns) -> None:
         """Keep what a selection recorded of each group (its reason: masked or not, and its
         bound) and the strategy that set the bounds, for `held_batch` to rebuild it as chosen."""
-        uids, reasons, bounds, strategies = (rows.column(c).to_pylist() for c in
+        uids, reasons, bounds, strategies = (column_values(rows, c) for c in
                                              ("uid", "reason", "bound", "strategy"))
         marks = part.batch_marks.setdefault(batch_id, ({}, None))[0]
         marks.update(zip(uids, zip(reasons, bounds)))
         part.batch_marks[batch_id] = (marks, next((x for x in strategies if x is not None), None))
 
     @staticmethod
-    def _restored_evictions(part: PartitionState, rows: pa.Table) -> None:
+    def _restored_evictions(part: PartitionState, rows: pa.Table | Columns) -> None:
         """Keep the evictions of sample calls (not `retire`'s) as (reason, group span, value):
         those no later batch of the partition reported go out with its next batch's metrics,
         as they would have in the process that took them."""
-        calls, reasons, spans, values = (rows.column(c).to_pylist() for c in
+        calls, reasons, spans, values = (column_values(rows, c) for c in
                                          ("call_id", "reason", "group_span", "value"))
         part.restored_evictions.extend(
             (r, g, v) for c, r, g, v in zip(calls, reasons, spans, values) if c is not None and c >= 0)

@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
-
 from pipeline.errors import InvariantError
-from pipeline.state.journal import by_column
+from pipeline.state.journal import Columns
 
 KINDS = ("evict", "select", "discard", "refill", "refill_failed", "refill_deferred", "release")
 OUTSIDE_A_CALL = -1        # the call id of decisions no sample call took (retire, release)
@@ -25,7 +23,7 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
                   uids: Sequence[str] | None = None, reason: Any = None, group_span: Any = None,
                   value: Any = None, batch_id: int | None = None, count: int = 1,
                   replaces: Any = None, bound: Any = None, strategy: Any = None,
-                  request: str | None = None) -> pa.Table:
+                  request: str | None = None) -> Columns:
     """The rows of one decision, ready for `BufferState.commit("decisions", ...)`.
 
     A group decision (evict, select, discard, release) has one row per uid of ``uids``; its
@@ -45,7 +43,7 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
     else:
         n = len(uids)
         uids = list(uids)
-    return by_column("decisions", n, {
+    return Columns("decisions", n, {
         "partition": partition, "step": _each(step), "call_id": call_id, "poll": poll,
         "kind": kind, "uid": uids, "reason": _each(reason), "group_span": _each(group_span),
         "value": _each(value), "batch_id": batch_id, "count": count, "replaces": replaces,
@@ -53,5 +51,5 @@ def decision_rows(kind: str, *, partition: str, step: int | Sequence[int],
 
 
 def _each(v: Any) -> Any:
-    """A per-row sequence as the list `by_column` takes; a shared value as it is."""
+    """A per-row sequence as the list `Columns` takes; a shared value as it is."""
     return list(v) if isinstance(v, (list, tuple)) else v

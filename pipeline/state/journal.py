@@ -1,9 +1,11 @@
 """Stamps rows with arrival sequence numbers and time, and writes them to the lake (if any).
 
-Rows come as an Arrow table, as a few Python dicts (`Journal.record_rows`), or built column by
-column with `by_column`: a poll writes its decisions as a few dozen rows that share most of their
-values (partition, step, call, poll, kind, batch), and one Arrow array per varying column plus a
-repeated scalar per shared one costs about half of the same rows as dicts.
+Rows come as an Arrow table, as a few Python dicts (`Journal.record_rows`), or as `Columns`: a
+poll writes its decisions as a few dozen rows that share most of their values (partition, step,
+call, poll, kind, batch), held as one Python list per varying column and one value per shared one.
+Those become Arrow (`by_column`: one array per varying column, a remembered constant per shared
+one) only when a lake writes them; memory applies the Python values as they are, so a buffer
+without a lake never builds them, and one with a lake never reads them back out of Arrow.
 """
 from __future__ import annotations
 
@@ -97,6 +99,17 @@ class Journal:
         except Exception:     # noqa: BLE001 - the write's own error is the one to raise
             pass
 
+    def record_columns(self, rows: Columns) -> Columns:
+        """`record` for `Columns`: stamped with their seq numbers (and, in the lake, the time),
+        written as Arrow when there is a lake; returned as Columns, for memory to apply."""
+        n = rows.num_rows
+        first = self.next_seq
+        if self.lake is not None:
+            self.record(rows.table, rows.arrow())
+        else:
+            self.next_seq += n
+        return rows.with_values(seq=list(range(first, first + n)))
+
     def record_rows(self, table: str, rows: list[dict]) -> pa.Table | None:
         """`record` for a few python rows (decisions, metrics, events). Without a lake, history
         rows (metrics) only take their seq numbers: nothing in memory reads them."""
@@ -110,21 +123,86 @@ class Journal:
         return self.record(table, pa.table(data))
 
 
+class Columns:
+    """``n`` rows of lake table ``table`` as Python values: each column a list of one value per
+    row, or one value (None: null) that every row shares. A column not named is null. Checked
+    when made (an unknown column, a list of the wrong length), as `by_column` checks them."""
+
+    __slots__ = ("table", "num_rows", "values")
+
+    def __init__(self, table: str, n: int, values: Mapping[str, Any]):
+        _check(table, n, values)
+        self.table, self.num_rows, self.values = table, n, dict(values)
+
+    def column(self, name: str) -> list:
+        """One column as a list of one value per row."""
+        v = self.values.get(name)
+        return v if isinstance(v, list) else [v] * self.num_rows
+
+    def at(self, name: str, row: int) -> Any:
+        """One row's value of one column."""
+        v = self.values.get(name)
+        return v[row] if isinstance(v, list) else v
+
+    def slice(self, start: int, length: int) -> Columns:
+        """Rows ``start`` to ``start + length`` (as Arrow's `slice`)."""
+        end = min(start + length, self.num_rows)
+        return Columns(self.table, max(end - start, 0),
+                       {k: v[start:end] if isinstance(v, list) else v
+                        for k, v in self.values.items()})
+
+    def with_values(self, **values: Any) -> Columns:
+        """The same rows with some columns set (seq numbers, by `Journal.record_columns`)."""
+        out = Columns.__new__(Columns)
+        out.table, out.num_rows = self.table, self.num_rows
+        out.values = {**self.values, **values}
+        return out
+
+    def arrow(self) -> pa.Table:
+        """The rows as an Arrow table of the lake table's columns but seq and ts."""
+        return by_column(self.table, self.num_rows, self.values)
+
+    @staticmethod
+    def concat(parts: list[Columns]) -> Columns:
+        """The rows of ``parts`` (of one table) one after the other."""
+        names = dict.fromkeys(k for p in parts for k in p.values)
+        return Columns(parts[0].table, sum(p.num_rows for p in parts),
+                       {k: [v for p in parts for v in p.column(k)] for k in names})
+
+
+def column_values(rows: pa.Table | Columns, name: str) -> list:
+    """One column of Arrow rows or of `Columns` as a Python list."""
+    if isinstance(rows, Columns):
+        return rows.column(name)
+    col = rows.column(name)
+    return [None] * len(col) if col.null_count == len(col) else col.to_pylist()
+
+
+def value_at(rows: pa.Table | Columns, name: str, row: int) -> Any:
+    """One value of Arrow rows or of `Columns`."""
+    return rows.at(name, row) if isinstance(rows, Columns) else rows.column(name)[row].as_py()
+
+
+def _check(table: str, n: int, values: Mapping[str, Any]) -> None:
+    unknown = values.keys() - _NAMES[table]
+    if unknown:
+        raise InvariantError(f"table {table!r} has no column(s) {sorted(unknown)}")
+    for name, v in values.items():
+        if isinstance(v, list) and len(v) != n:
+            raise InvariantError(f"column {name!r}: {len(v)} values for {n} rows")
+
+
 def by_column(table: str, n: int, values: Mapping[str, Any]) -> pa.Table:
     """``n`` rows of lake table ``table`` (all its columns but seq and ts) from ``values``: a
     Python list holds one value per row, any other value is shared by every row, and a column
     not named (or None) is null. A shared value of a list-typed column is written ``[v] * n``.
 
     A shared value is a remembered constant column (`pipeline.state.constants`)."""
-    unknown = values.keys() - _NAMES[table]
-    if unknown:
-        raise InvariantError(f"table {table!r} has no column(s) {sorted(unknown)}")
+    _check(table, n, values)
     arrays = []
     for name, typ in _COLUMNS[table]:
         v = values.get(name)
         if isinstance(v, list):
-            if len(v) != n:
-                raise InvariantError(f"column {name!r}: {len(v)} values for {n} rows")
             arrays.append(pa.array(v, typ))
         else:
             arrays.append(constant(v, n, typ))

@@ -214,6 +214,25 @@ def test_lookup_returns_a_frozen_view():
     assert buf.lookup("train", "nobody") is None
 
 
+def test_lookup_many_is_lookup_of_each_uid_in_order():
+    """Live, retired and unknown uids, and a partition nothing ever named; a uid that is not a
+    str is refused, naming it."""
+    buf = ReplayBuffer.sync()
+    add_group(buf, "done", 1)
+    add_group(buf, "kept", 2)
+    buf.retire("train", ["done"])
+    uids = ["kept", "nobody", "done", "kept"]
+    assert buf.lookup_many("train", uids) == [buf.lookup("train", u) for u in uids]
+    assert [v and v.removed for v in buf.lookup_many("train", uids)] == \
+        [None, None, "retired", None]
+    assert buf.lookup_many("elsewhere", ["kept"]) == [None]
+    assert buf.lookup_many("train", []) == []
+    with pytest.raises(ConfigError, match="uid 7 must be"):
+        buf.lookup_many("train", ["kept", 7])
+    with pytest.raises(ConfigError, match="one string"):
+        buf.lookup_many("train", "kept")
+
+
 def test_retire_removes_live_groups_for_good_with_a_decision_of_its_own(tmp_path):
     from pipeline.lake.writer import read_table
     with ReplayBuffer.sync(lake=tmp_path / "lake", poll_interval=0.05) as buf:

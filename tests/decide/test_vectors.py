@@ -147,6 +147,66 @@ def test_doubles_with_nan_and_infinities_follow_sql_not_ieee(seed: int) -> None:
         assert not bad, f"{text}: (group, ours, DuckDB) {bad[:3]}"
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_whole_frames_without_nulls_agree_with_duckdb_and_the_one_group_path(seed: int) -> None:
+    """Columns of numbers without a NULL are reduced directly over a whole frame: the values
+    DuckDB gives and the per-group path gives for one group, at the edges where only the exact
+    path can answer (integer sums past 64 bits, integer means past 2**53) and with NaN and
+    infinities among doubles."""
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 9, 40])
+    big = rng.choice([6, 2 ** 40, 2 ** 53, 2 ** 62 - 1])
+    pool = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.5, -2.5, 1e300]
+    t = pa.table({"i": pa.array([rng.randint(-big, big) for _ in range(n)], pa.int64()),
+                  "x": pa.array([rng.choice(pool) for _ in range(n)], pa.float64())})
+    con = duckdb.connect()
+    con.register("t", t)
+    texts = [f"{f}({c})" for f in ("sum", "avg", "min", "max", "count") for c in ("i", "x")]
+    texts += ["sum(i::hugeint * 3)", "avg(i - 1)", "max(i::double / 3)"]
+    one = vectors.grouped({x: vectors.compile_expr(x) for x in texts}, _env(t),
+                          np.zeros(n, np.int64), 1)
+    for text in texts:
+        (theirs,) = con.execute(f"select {text} from t").fetchall()[0]
+        got = vectors.compile_expr(text).fn(_env(t))
+        assert _close(got.item(), theirs), f"{text}: ours {got.item()!r}, DuckDB {theirs!r}"
+        (per_group,) = one[text].tolist()
+        assert got.typ == one[text].typ and _close(got.item(), per_group) and \
+            type(got.item()) is type(per_group), text
+
+
+def test_an_aggregate_written_twice_is_taken_once_per_frame() -> None:
+    """``sum(b)`` as a count and again as a denominator (the off-policy metrics' shape) is the
+    same expression wherever it stands, so a frame takes it once; every item still reads its
+    own value."""
+    t = pa.table({"a": pa.array([3, None, 5], pa.int64()), "b": pa.array([2, 4, None], pa.int64())})
+    texts = {"n": "cast(sum(b) as bigint)", "mean": "sum(a::hugeint * b) / nullif(sum(b), 0)",
+             "top": "max(b)", "rows": "count(*)", "rows2": "count(*) - count(a)"}
+    got = vectors.aggregates({k: vectors.compile_expr(x) for k, x in texts.items()}, _env(t))
+    con = duckdb.connect()
+    con.register("t", t)
+    want = con.execute(f"select {', '.join(texts.values())} from t").fetchall()[0]
+    assert list(got.values()) == pytest.approx(list(want))
+
+    def aggregate_keys(text: str) -> list[str]:
+        out: list[str] = []
+
+        def walk(node: object) -> None:
+            if isinstance(node, dict):
+                if node.get("class") == "FUNCTION" and node["function_name"] in ("sum", "count_star"):
+                    out.append(vectors._memo_key(node))
+                for v in node.values():
+                    walk(v)
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v)
+        walk(vectors._parse(text))
+        return out
+    (first,) = aggregate_keys(texts["n"])
+    assert first in aggregate_keys(texts["mean"])          # the same key, in another place
+    assert aggregate_keys(texts["rows"])[0] in aggregate_keys(texts["rows2"])
+    assert vectors._memo_key(vectors._parse("sum(a)")) != vectors._memo_key(vectors._parse("sum(b)"))
+
+
 def test_parameters_and_strings() -> None:
     """A parameter ``$name`` reads the column its value is put in; strings compare as SQL's."""
     from pipeline.decide.compile import param_column

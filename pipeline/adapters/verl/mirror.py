@@ -266,7 +266,8 @@ class PartitionMirror:
 
     def _classify(self, new: list[str], listing: dict[str, dict]) -> tuple[list[str], int | None]:
         lookup, part = self.core.lookup, self.partition
-        known = {k: lookup(part, k) for k in new if listing[k].get("is_prompt", False)}
+        prompts = [k for k in new if listing[k].get("is_prompt", False)]
+        known = dict(zip(prompts, self.core.lookup_many(part, prompts))) if prompts else {}
         check_prompts(part, known, listing)
         registers: list[str] = []
         reissue: int | None = None
@@ -309,12 +310,13 @@ class PartitionMirror:
         """Put the waiting trajectories whose group is known and in flight; returns the uids
         whose terminal status must wait (a key with no data in storage yet)."""
         todo: list[tuple[str, tuple[str, int, int], Any]] = []
-        groups: dict[str, Any] = {}               # one lookup per group, not per key
-        waiting, lookup, part = self.waiting, self.core.lookup, self.partition
+        waiting = self.waiting
+        if not waiting:
+            return set()
+        uids = list(dict.fromkeys(parsed[0] for parsed in waiting.values()))
+        groups = dict(zip(uids, self.core.lookup_many(self.partition, uids)))  # one per group
         for k, parsed in list(waiting.items()):
-            g = groups.get(parsed[0], groups)
-            if g is groups:
-                g = groups[parsed[0]] = lookup(part, parsed[0])
+            g = groups[parsed[0]]
             if g is None:
                 continue                              # no prompt key yet: keep waiting
             del waiting[k]
