@@ -117,13 +117,6 @@ def _not_before_dispatch(step: int, uids: list[str], dispatch_steps: list[int]) 
             "leave global_steps out to record each group at its own; nothing was retired")
 
 
-def _values(rows: pa.Table, name: str) -> Any:
-    """A validated column as `Columns` takes it: a list, or None when every row (of some) is
-    null."""
-    col = rows.column(name)
-    return None if 0 < len(col) == col.null_count else col.to_pylist()
-
-
 def _missing(group: Any) -> list[int] | None:
     """The session ids a resumed group still needs (None: its ``n`` is unknown)."""
     return None if group.n is None else sorted(set(range(group.n)) - group.sessions)
@@ -223,11 +216,9 @@ class ReplayBuffer:
             raise ConfigError("register: prompt_ids= and dataset= go with the uids= shorthand; "
                               "with rows, give each row a `prompt_id` / `dataset`")
         with self._state.locked():
-            rows = validate_groups(data, self._state.lookup)
-            self._state.commit("group_events", Columns("group_events", rows.num_rows, {
-                "event": "registered",
-                **{c: _values(rows, c) for c in
-                   ("partition", "uid", "global_steps", "n", "prompt_id", "dataset")}}))
+            n, cols = validate_groups(data, self._state.lookup)
+            self._state.commit("group_events", Columns("group_events", n,
+                                                       {**cols, "event": "registered"}))
 
     def update_status(self, data: Any = None, *, partition: str | None = None,
                       uids: list[str] | None = None, status: str | None = None,
@@ -239,10 +230,10 @@ class ReplayBuffer:
             data = {"partition": [partition] * len(uids), "uid": uids,
                     "status": [status] * len(uids)}
         with self._state.locked():
-            rows = validate_status(data, self._state.lookup)
-            partitions, uids = _values(rows, "partition"), _values(rows, "uid")
-            self._state.commit("group_events", Columns("group_events", rows.num_rows, {
-                "partition": partitions, "uid": uids, "event": _values(rows, "status"),
+            n, cols = validate_status(data, self._state.lookup)
+            partitions, uids = cols["partition"], cols["uid"]
+            self._state.commit("group_events", Columns("group_events", n, {
+                "partition": partitions, "uid": uids, "event": cols["status"],
                 "global_steps": self._state.dispatch_steps(partitions, uids)}))
 
     def put(self, trajectories: Any, timeout: float | None = 0.0) -> PutResult:

@@ -52,37 +52,67 @@ def _plain_type(t: pa.DataType) -> type | None:
     return None
 
 
-def plain_python(data: Any, target: pa.Schema,
-                 defaults: Mapping[str, Any] | None) -> pa.Table | None:
+def _int_range(t: pa.DataType) -> tuple[int, int]:
+    bits = t.bit_width
+    if pa.types.is_signed_integer(t):
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return 0, 2 ** bits - 1
+
+
+def plain_lists(data: Any, target: pa.Schema,
+                defaults: Mapping[str, Any] | None) -> tuple[int, dict[str, list | None]] | None:
     """A dict of equally long python lists whose values all have their column's plain python
-    type (or are None in a nullable column without a default), with no unknown column: built
-    straight with the target types (~3x faster than inferring, then casting)."""
+    type (or are None in a nullable column without a default), each integer within its
+    column's width, with no unknown column: ``(rows, {column: values})``, the very values the
+    conformed table holds, without building it. A column that is absent, or null in every row,
+    of a nullable column without a default is None; an absent column with a default is that
+    value in every row. None when the input is anything else (the general path then says what
+    is wrong with it)."""
     if type(data) is not dict or not data or not data.keys() <= set(target.names):
         return None
     lengths = {len(v) for v in data.values() if type(v) in (list, tuple)}
     if len(lengths) != 1 or any(type(v) not in (list, tuple) for v in data.values()):
         return None
     n = lengths.pop()
-    columns = []
+    out: dict[str, list | None] = {}
     for f in target:
         values = data.get(f.name)
         if values is None:
             if defaults and f.name in defaults:
-                columns.append(pa.array([defaults[f.name]] * n, type=f.type))
+                out[f.name] = [defaults[f.name]] * n
             elif f.nullable:
-                columns.append(pa.nulls(n, f.type))
+                out[f.name] = None
             else:
                 return None               # a required column is missing: the general path says so
             continue
         kind = _plain_type(f.type)
         nulls_ok = f.nullable and not (defaults and f.name in defaults)
-        if nulls_ok and values.count(None) == n:     # e.g. `n=None` for every uid
-            columns.append(pa.nulls(n, f.type))
+        nulls = values.count(None)
+        if nulls_ok and nulls == n:       # e.g. `n=None` for every uid
+            out[f.name] = None if n else []
             continue
         if kind is None or not all(type(v) is kind or (v is None and nulls_ok) for v in values):
             return None
-        try:
-            columns.append(pa.array(values, type=f.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            return None                   # e.g. out of range: the general path names the rows
+        if kind is int and n:
+            known = [v for v in values if v is not None] if nulls else values
+            lo, hi = _int_range(f.type)
+            if min(known) < lo or max(known) > hi:
+                return None               # out of range: the general path names the rows
+        out[f.name] = list(values)
+    return n, out
+
+
+def plain_python(data: Any, target: pa.Schema,
+                 defaults: Mapping[str, Any] | None) -> pa.Table | None:
+    """`plain_lists` as the target's table, built straight with the target types (~3x faster
+    than inferring, then casting)."""
+    got = plain_lists(data, target, defaults)
+    if got is None:
+        return None
+    n, cols = got
+    try:
+        columns = [pa.nulls(n, f.type) if cols[f.name] is None else
+                   pa.array(cols[f.name], type=f.type) for f in target]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return None
     return pa.Table.from_arrays(columns, schema=target)

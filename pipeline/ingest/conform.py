@@ -21,6 +21,7 @@ from pipeline.ingest.groups import UNKNOWN_GROUP, group_problems
 from pipeline.ingest.retries import split_repeats
 from schemas import GROUPS_INPUT, STATUS_INPUT, TRAJECTORIES_INPUT, Problem, conform
 from schemas.conform import rows_where
+from schemas.conform_fast import plain_lists
 from schemas.tables import N_RESPONSE_TOKENS
 
 STATUSES = ("pending", "running", "finished", "failure")
@@ -81,25 +82,38 @@ def _empty_uid_problems(uids: list) -> list[Problem]:
     return [Problem("uid", empty, "uid must be a non-empty string")] if empty else []
 
 
-def validate_groups(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
-    """Registrations of new prompt groups (status pending); ``lookup(partition, uid)`` -> group."""
-    table = _conformed("group registration", data, GROUPS_INPUT, {})
-    partitions, uids = table.column("partition").to_pylist(), table.column("uid").to_pylist()
+def _columns(what: str, data: Any, schema: pa.Schema) -> tuple[int, dict[str, list | None]]:
+    """``data`` conformed to ``schema`` as python lists, one per column (None: null in every
+    row): a dict of plain python lists is checked as it is, anything else goes through the
+    general conform and is read back."""
+    fast = plain_lists(data, schema, None)
+    if fast is not None:
+        return fast
+    table = _conformed(what, data, schema, {})
+    n = table.num_rows
+    return n, {f.name: None if 0 < n == table.column(f.name).null_count else
+               table.column(f.name).to_pylist() for f in schema}
+
+
+def validate_groups(data: Any, lookup: Callable[[str, str], Any]
+                    ) -> tuple[int, dict[str, list | None]]:
+    """Registrations of new prompt groups (status pending); ``lookup(partition, uid)`` -> group.
+    Returns the rows as python lists, one per column of the groups input (None: all null)."""
+    n, cols = _columns("group registration", data, GROUPS_INPUT)
+    partitions, uids = cols["partition"], cols["uid"]
     problems = _partition_list_problems(partitions) + _empty_uid_problems(uids)
     # a python min over ~64 values: between polls the caches are cold, and a numpy compare costs
     # there many times what it does warm
-    steps = table.column("global_steps").to_pylist()
+    steps = cols["global_steps"]
     if min(steps, default=0) < 0 or max(steps, default=0) >= STEP_LIMIT:
         problems.append(Problem("global_steps", tuple(
             i for i, v in enumerate(steps) if not 0 <= v < STEP_LIMIT), STEP_RULE))
-    n_col = table.column("n")
-    if n_col.null_count < len(n_col):          # the shorthand without n: all null
-        bad_n = tuple(i for i, v in enumerate(n_col.to_pylist()) if v is not None and v < 1)
+    if cols["n"] is not None:                  # the shorthand without n: all null
+        bad_n = tuple(i for i, v in enumerate(cols["n"]) if v is not None and v < 1)
         if bad_n:
             problems.append(Problem("n", bad_n, "expected session count must be >= 1"))
-    datasets = table.column("dataset")
-    if datasets.null_count < len(datasets):
-        empty = tuple(i for i, d in enumerate(datasets.to_pylist()) if d == "")
+    if cols["dataset"] is not None:
+        empty = tuple(i for i, d in enumerate(cols["dataset"]) if d == "")
         if empty:
             problems.append(Problem("dataset", empty, "dataset must be a non-empty name or null"))
     pairs = list(zip(partitions, uids))
@@ -117,18 +131,19 @@ def validate_groups(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
         problems.append(Problem("uid", tuple(known),
                                 "already registered in this partition (uids must be unique)"))
     _raise("group registration", problems)
-    return table
+    return n, cols
 
 
-def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
+def validate_status(data: Any, lookup: Callable[[str, str], Any]
+                    ) -> tuple[int, dict[str, list | None]]:
     """Status transitions: forward only (pending -> running -> finished | failure); terminal is
-    final. `finished` with a known session count n needs a trajectory for every session 0..n-1."""
-    table = _conformed("status update", data, STATUS_INPUT, {})
-    partitions = table.column("partition").to_pylist()
+    final. `finished` with a known session count n needs a trajectory for every session 0..n-1.
+    Returns the rows as python lists, one per column of the status input."""
+    n, cols = _columns("status update", data, STATUS_INPUT)
+    partitions = cols["partition"]
     problems = _partition_list_problems(partitions)
     sim: dict[tuple[str, str], tuple[str, int]] = {}    # moved by this call: (status, row)
-    for i, (p, u, s) in enumerate(zip(partitions, table.column("uid").to_pylist(),
-                                      table.column("status").to_pylist())):
+    for i, (p, u, s) in enumerate(zip(partitions, cols["uid"], cols["status"])):
         if s not in STATUSES:
             problems.append(Problem("status", (i,), f"unknown status {s!r}; use one of {STATUSES}"))
             continue
@@ -154,7 +169,7 @@ def validate_status(data: Any, lookup: Callable[[str, str], Any]) -> pa.Table:
             continue
         sim[(p, u)] = (s, i)
     _raise("status update", problems)
-    return table
+    return n, cols
 
 
 def metric_values(table: pa.Table, metric: str | None) -> pa.Array | None:

@@ -17,7 +17,7 @@ from pipeline.decide import compile as declared
 from pipeline.state.journal import Journal
 from pipeline.state.payload import TrajectoryRows
 from schemas import GROUPS_INPUT, LAKE_TABLES, STATUS_INPUT, TRAJECTORIES_INPUT, conform
-from schemas.conform_fast import plain_python
+from schemas.conform_fast import plain_lists, plain_python
 from tests.support.lake import traj
 
 GROUPS = {"partition": ["train"] * 3, "uid": ["a", "b", "c"], "global_steps": [1, 1, 2],
@@ -46,6 +46,13 @@ def test_a_dict_of_plain_lists_conforms_to_the_table_the_general_path_builds(
         data: dict, target: pa.Schema) -> None:
     assert plain_python(data, target, None) is not None
     assert same(conform(data, target), general(data, target))
+    # the lists registration and status updates read are the general path's table's values
+    n, cols = plain_lists(data, target, None)
+    table, _ = general(data, target)
+    assert n == table.num_rows
+    for f in target:
+        col = table.column(f.name)
+        assert cols[f.name] == (None if col.null_count == n else col.to_pylist()), f.name
 
 
 @pytest.mark.parametrize("change", [
@@ -53,6 +60,8 @@ def test_a_dict_of_plain_lists_conforms_to_the_table_the_general_path_builds(
     {"global_steps": [True, 1, 2]},         # a bool is not an int here
     {"global_steps": [1, None, 2]},         # null in a required column
     {"n": [2 ** 40, 1, 1]},                 # out of int32's range
+    {"n": [None, 2 ** 31, None]},           # out of range beside nulls
+    {"global_steps": [1, 2 ** 63, 2]},      # out of int64's range
     {"uid": ["a", 1, "c"]},                 # an int where a string belongs
     {"typo": [1, 2, 3]},                    # an unknown column
     {"uid": ["a", "b"]},                    # columns of different lengths
@@ -61,6 +70,7 @@ def test_a_dict_of_plain_lists_conforms_to_the_table_the_general_path_builds(
 def test_inputs_the_fast_path_declines_get_the_general_paths_problems(change: dict) -> None:
     data = {**GROUPS, **change}
     assert plain_python(data, GROUPS_INPUT, None) is None
+    assert plain_lists(data, GROUPS_INPUT, None) is None
     assert same(conform(data, GROUPS_INPUT), general(data, GROUPS_INPUT))
 
 
