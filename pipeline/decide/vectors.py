@@ -292,8 +292,11 @@ def grouped(items: Mapping[str, Compiled], env: Env, owner: np.ndarray,
         raise SqlError(f"grouped aggregates: every one of the {n_groups} groups needs a row")
     starts = np.zeros(n_groups, np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
-    frame = {**env, SEGMENTS: Segments(np.argsort(owner, kind="stable"), starts, counts),
-             MEMO: {}}
+    # rows already in group order (a poll's new groups, put one after the other) need no
+    # reordering of every column each aggregate reads
+    order = None if len(owner) < 2 or bool((owner[1:] >= owner[:-1]).all()) else \
+        np.argsort(owner, kind="stable")
+    frame = {**env, SEGMENTS: Segments(order, starts, counts), MEMO: {}}
     return {name: c.fn(frame) for name, c in items.items()}
 
 
@@ -881,6 +884,9 @@ def _whole(name: str, c: Col, n: int) -> Col:
             return Col(np.array(0, dtype=np.int64), None, BIGINT)
         return _null(_result_type(name, c.typ))
     values = c.values
+    if c.valid is not None and np.ndim(c.valid) and not c.valid.any():    # NULL in every row
+        return Col(np.array(0, dtype=np.int64), None, BIGINT) if name == "count" else \
+            _null(_result_type(name, c.typ))
     if c.valid is None and values.ndim == 1 and values.dtype.kind in "if" and \
             c.typ in (BIGINT, HUGEINT, DOUBLE):
         got = _whole_plain(name, values, c.typ, n)

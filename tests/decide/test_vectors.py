@@ -85,7 +85,7 @@ def test_aggregates_agree_with_duckdb(seed: int) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_aggregates_per_group_agree_with_duckdb(seed: int) -> None:
     """``group by``: each group's aggregates (NULLs, groups whose values are all NULL, float and
-    boolean columns) as DuckDB gives them."""
+    boolean columns) as DuckDB gives them, over rows in any order and in group order."""
     rng = random.Random(seed)
     t = _frame(seed, 50)
     groups = rng.randint(1, 9)
@@ -95,6 +95,8 @@ def test_aggregates_per_group_agree_with_duckdb(seed: int) -> None:
     t = t.append_column("g", pa.array([dense[g] for g in owner], pa.int64())).append_column(
         "f", pa.array([None if rng.random() < 0.3 else rng.choice([0.0, 0.5, 1.0, 1e-200])
                        for _ in owner], pa.float64()))
+    if seed % 2:       # rows already in group order: taken without reordering them
+        t = t.sort_by("g")
     con = duckdb.connect()
     con.register("t", t)
     texts = [*AGGREGATES, "min(f)", "max(f)", "count(*) - count(f)", "sum(f)", "avg(f)"]
@@ -250,6 +252,14 @@ def test_nothing_to_aggregate_is_null_and_count_is_zero() -> None:
                       ("min(a)", vectors.BIGINT), ("max(a)", vectors.BIGINT)):
         got = vectors.compile_expr(text).fn(empty)     # no row at all: NULL, typed as over rows
         assert (got.item(), got.typ) == (None, typ), text
+        got = vectors.compile_expr(text).fn(env)       # rows, all NULL: the same
+        assert (got.item(), got.typ) == (None, typ), text
+        per_group = vectors.grouped({"x": vectors.compile_expr(text)}, env,
+                                    np.zeros(2, np.int64), 1)["x"]
+        assert (per_group.tolist(), per_group.typ) == ([None], typ), text
+    # NULL through arithmetic as through the per-group path: a NULL denominator, a NULL sum
+    got = vectors.compile_expr("sum(a) / nullif(sum(a), 0)").fn(env)
+    assert (got.item(), got.typ) == (None, vectors.DOUBLE)
 
 
 def test_integer_literals_past_64_bits_are_hugeints_as_in_duckdb() -> None:
