@@ -590,10 +590,11 @@ class ReplayBuffer:
                 return None
             return view(uid, part.groups.get(uid), uid in part.removed_uids)
 
-    def lookup_many(self, partition: str, uids: list[str]) -> list[GroupView | None]:
+    def lookup_many(self, partition: str | None = None, uids: list[str] | None = None, *,
+                    partition_id: str | None = None) -> list[GroupView | None]:
         """`lookup` of many uids of one partition, in their order, under one hold of the lock
         (an adapter looks up a poll's few hundred keys at once)."""
-        partition = partition_arg(partition, None, "lookup_many")
+        partition = partition_arg(partition, partition_id, "lookup_many")
         uids = uid_list("lookup_many", uids)
         odd = next((u for u in uids if type(u) is not str), None)
         if odd is not None:

@@ -226,6 +226,7 @@ def test_lookup_many_is_lookup_of_each_uid_in_order():
     assert [v and v.removed for v in buf.lookup_many("train", uids)] == \
         [None, None, "retired", None]
     assert buf.lookup_many("elsewhere", ["kept"]) == [None]
+    assert buf.lookup_many(partition_id="train", uids=["kept"]) == [buf.lookup("train", "kept")]
     assert buf.lookup_many("train", []) == []
     with pytest.raises(ConfigError, match="uid 7 must be"):
         buf.lookup_many("train", ["kept", 7])

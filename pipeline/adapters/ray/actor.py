@@ -321,6 +321,9 @@ class BufferActor:
     def lookup(self, kwargs: dict[str, Any]) -> Envelope:
         return self._serve(lambda: self.buf.lookup(**kwargs))
 
+    def lookup_many(self, kwargs: dict[str, Any]) -> Envelope:
+        return self._serve(lambda: self.buf.lookup_many(**kwargs))
+
     def sampleable_uids(self, kwargs: dict[str, Any]) -> Envelope:
         return self._serve(lambda: self.buf.sampleable_uids(**kwargs))
 

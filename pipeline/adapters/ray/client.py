@@ -47,7 +47,8 @@ _RESOURCE_SLIVER = 0.001     # of `place_on`: pins the actor without using the r
 _RETRIED = frozenset({"put", "register", "update_status", "release", "retire", "take_refills",
                       "sample", "wait_for_sampleable", "get_sampleable_count",
                       "dispatch_capacity", "counts", "partitions", "held_batches", "held_batch",
-                      "lookup", "sampleable_uids", "prepare", "candidates", "info"})
+                      "lookup", "lookup_many", "sampleable_uids", "prepare", "candidates",
+                      "info"})
 _MARKED = frozenset({"register", "update_status", "release"})   # told that they are a retry
 _WAITING = frozenset({"sample", "wait_for_sampleable"})          # told when their caller quits
 _TRAJECTORY_DEFAULTS = {"index": 0, "is_padding": False, "versions_inferred": False}
@@ -437,6 +438,12 @@ class RayReplayBuffer:
         """`ReplayBuffer.lookup` in the actor: a frozen view of the group, or None."""
         return self._call("lookup", {"partition": partition, "uid": uid,
                                      "partition_id": partition_id})
+
+    def lookup_many(self, partition: str | None = None, uids: list[str] | None = None, *,
+                    partition_id: str | None = None) -> list[Any]:
+        """`ReplayBuffer.lookup_many` in the actor: a frozen view (or None) per uid, in order."""
+        return self._call("lookup_many", {"partition": partition, "uids": uids,
+                                          "partition_id": partition_id})
 
     def sampleable_uids(self, partition: str | None = None, *,
                         partition_id: str | None = None) -> list[str]:

@@ -300,6 +300,7 @@ def _keyword_calls(buf) -> list:
     buf.register(partition_id="train", uids=["b", "c"], global_steps=1, n=2)
     got = [buf.counts(partition="train"), buf.counts(partition_id="train"),
            buf.lookup(partition="train", uid="b"), buf.get_sampleable_count(1, partition="train"),
+           buf.lookup_many(partition_id="train", uids=["b", "nobody", "a"]),
            buf.sampleable_uids(partition_id="train")]
     batch = buf.sample(global_steps=1, partition="train", batch_size=1, timeout=5)
     got += [batch.uids, list(buf.held_batches(partition="train"))]
