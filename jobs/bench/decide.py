@@ -143,6 +143,9 @@ def run_size(n_traj: int, repeats: int, rng, policy: str = "drop",
                 capacity.append(time.perf_counter() - t)
             t = time.perf_counter()
             batch = buf.sample(STEP, "train", BATCH)
+            # a buffer without a lake makes the batch's table and metrics at their first read:
+            # timed here, as a trainer reads them (the verl adapter's trainer reads neither)
+            _ = (batch.table, batch.metrics)
             (ours if counted else alone).append(time.perf_counter() - t)
             buf.release(batch)
             t = time.perf_counter()

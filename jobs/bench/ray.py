@@ -76,7 +76,8 @@ def _sample_latency(buf: Any, calls: int, seed: int) -> list[float]:
     for _ in range(calls):
         t = time.perf_counter()
         batch = buf.sample(1, "train", BATCH)
-        out.append(time.perf_counter() - t)
+        _ = batch.table        # in process without a lake it is made at first read; the client
+        out.append(time.perf_counter() - t)    # receives it made
         buf.release(batch)
     return out
 

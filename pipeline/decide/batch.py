@@ -7,6 +7,7 @@ expression); the same rows feed the off-policy metrics.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -29,6 +30,7 @@ _INPUTS = ("min_global_steps", "max_global_steps", "is_padding")
 # row by partition, uid and seq; a batch's own provenance needs none of them)
 CARRIED = ("partition", "uid", "seq")
 _INT64 = 2 ** 63
+_LATER = ("table", "off_policy_metrics", "metric_weights")   # what `Batch.later` builds late
 
 
 @dataclass
@@ -162,6 +164,18 @@ def row_provenance(step: np.ndarray, global_steps: np.ndarray, min_global_steps:
             if name in wanted}
 
 
+@lru_cache(maxsize=1)
+def _staleness() -> vectors.Compiled:
+    return vectors.compiled_items(PROVENANCE)["staleness"]
+
+
+def staleness_at(step: int, newest_version: int) -> int:
+    """The declared staleness (sql/metrics/provenance.sql) of a row trained at ``step`` whose
+    newest weight version is ``newest_version``: below 0, a version from the future."""
+    env = {"step": vectors.scalar(step), "max_global_steps": vectors.scalar(newest_version)}
+    return int(np.asarray(_staleness().fn(env).values).reshape(-1)[0])
+
+
 @lru_cache(maxsize=16)
 def _with_provenance(schema: pa.Schema, metadata: tuple) -> pa.Schema:
     """The payload's schema followed by BATCH_PROVENANCE (a batch's schema: built once per
@@ -195,6 +209,12 @@ class Batch:
     the lake; ``certificate`` checks every row against it); ``group_bounds``: each group's own
     (uid -> bound), which differs from ``bound`` only under per-dataset bounds, where ``bound``
     is the loosest of them.
+
+    A batch made by `later` builds ``table``, ``off_policy_metrics`` and ``metric_weights`` when
+    one of them is first read (from rows it holds, so the result is the same whenever that is):
+    a caller that reads only the chosen groups and the eviction metrics (the verl adapter,
+    whose trainer reads the tokens from TransferQueue) never pays for them. ``len(batch)`` and
+    ``num_groups`` need neither.
     """
 
     table: pa.Table
@@ -210,6 +230,34 @@ class Batch:
     strategy: str | None = None       # what set the bound: drop | wait | admit | mask
     masked: list[str] = field(default_factory=list)   # mask: the groups trained loss-masked
     group_bounds: dict[str, int | None] = field(default_factory=dict)   # uid -> its own bound
+
+    @classmethod
+    def later(cls, build: Callable[[], tuple[pa.Table, dict[str, float], dict[str, float]]],
+              num_rows: int, **fields: Any) -> Batch:
+        """A batch whose ``table``, ``off_policy_metrics`` and ``metric_weights`` are
+        ``build()``'s, made at the first read of any of them; ``num_rows``: the table's rows."""
+        batch = cls(None, **fields)
+        for name in _LATER:
+            del batch.__dict__[name]
+        batch.__dict__["_build"] = build
+        batch.__dict__["_num_rows"] = num_rows
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for an attribute not set: one of _LATER, until `build` has run
+        build = self.__dict__.get("_build")
+        if build is None or name not in _LATER:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        made = build()
+        self.__dict__.update(zip(_LATER, made))
+        self.__dict__.pop("_build", None)
+        return self.__dict__[name]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a Ray actor's reply) built: a build function does not travel."""
+        if "_build" in self.__dict__:
+            self.table                                # noqa: B018 - builds it
+        return dict(self.__dict__)
 
     @property
     def certificate(self) -> Any:
@@ -227,7 +275,8 @@ class Batch:
         return len(self.uids)
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        n = self.__dict__.get("_num_rows")
+        return self.table.num_rows if n is None else n
 
     def to_polars(self) -> Any:
         return pl.from_arrow(self.table)

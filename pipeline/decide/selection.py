@@ -8,6 +8,13 @@ rows), `PartitionState.undelivered` keeps it, with the metric rows still to writ
 once, trained once. A call named by its caller (`sample(request=...)`) records the key with its
 selection, so the same call sent again, even to a process that restored the lake after the one
 that chose died, gets that batch back (`again`).
+
+Without a lake, the batch's table and off-policy metrics are made when first read
+(`Batch.later`): from the stored chunks the selection found its rows in (Arrow chunks never
+change), so whenever they are read, by the caller or by a retry, they are the ones made at the
+selection. A buffer over a lake makes them at once: its metric rows are written with the
+selection. Either way, a row with a weight version from the future is warned about at the
+selection.
 """
 from __future__ import annotations
 
@@ -21,7 +28,14 @@ import pyarrow.compute as pc
 from pipeline.config import BufferConfig, metric_prefix
 from pipeline.decide import aggregates
 from pipeline.decide import evaluate as decide
-from pipeline.decide.batch import Batch, Rows, batch_rows, per_row, with_provenance
+from pipeline.decide.batch import (
+    Batch,
+    Rows,
+    batch_rows,
+    per_row,
+    staleness_at,
+    with_provenance,
+)
 from pipeline.decide.certificate import bound_in_force, group_bounds
 from pipeline.decide.metrics import (
     MASKED_SAMPLES,
@@ -67,40 +81,14 @@ def _warn_future(rows: Rows, uids: pa.ChunkedArray, ctx: PollContext,
                     extra={"replaylake_event": FUTURE_VERSIONS})
 
 
-def _spans(rows: Rows, owner: np.ndarray, chosen: list[str], steps: np.ndarray,
-           step: int) -> dict[str, int]:
-    """The group span of each chosen group: read from the first of its rows' provenance (the
-    same declared formula over the same dispatch step), so only groups without any row need an
-    evaluation. ``owner``: each row's position in ``chosen``; ``steps``: each group's dispatch
-    step."""
-    k, n = len(chosen), len(owner)
-    first = np.full(k, n, dtype=np.int64)     # each group's first row; n: it has none
-    np.minimum.at(first, owner, np.arange(n, dtype=np.int64))
-    has = first < n
-    spans: list = [None] * k
-    if has.all():
-        spans = rows.numpy("group_span")[first].tolist()
-    elif has.any():
-        for g, v in zip(np.flatnonzero(has).tolist(),
-                        rows.numpy("group_span")[first[has]].tolist()):
-            spans[g] = v
-    missing = [g for g, v in enumerate(spans) if v is None]
-    if missing:
-        for g, v in zip(missing, decide.group_spans(step, [int(steps[g]) for g in missing])):
-            spans[g] = v
-    return dict(zip(chosen, spans))
-
-
 def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: PollContext,
-            call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
+           call_id: int, poll: int, acc: EvictionMetrics) -> Batch:
     aggregates.complete(part)
     chosen = part.candidates.first(ctx.batch_size)   # in the selection order
     gs = np.array([part.groups[u].dispatch_step for u in chosen], dtype=np.int64)
-    payload, owner = part.payload_of(chosen)
+    plan, owner = part.payload_plan(chosen)
     batch_id = state.next_batch_id()
-    rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=gs[owner],
-                      carry=False)
-    spans = _spans(rows, owner, chosen, gs, ctx.step)
+    spans = dict(zip(chosen, decide.group_spans(ctx.step, gs.tolist())))
     # each group its own bound in force (under per-dataset bounds its dataset's, else the default)
     bounds = group_bounds(cfg, {u: part.groups[u].dataset for u in chosen})
     if cfg.bound() is not None:
@@ -115,7 +103,7 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
             "discard", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
             uids=surplus, group_span=surplus_spans))
         acc.discarded += len(surplus)
-    if cfg.empty_batch_is_error and payload.num_rows == 0:
+    if cfg.empty_batch_is_error and plan.num_rows == 0:
         hint = "" if cfg.uses("failure") else (
             "; set sync_refill_failed_groups=True (with refill_fn and gen_batch_size=1) to "
             "replace failure groups that produced no trajectory")
@@ -125,29 +113,45 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
     # mask: the groups the stale rule would have evicted are kept, marked (None: no mask)
     stale = set() if cfg.mask is None else cfg.mask.stale(
         ctx.step, {u: (int(g), s) for u, g, s in zip(chosen, gs, status)})
-    # the batch is built whole before its selection is written: once that write is in the lake
-    # the batch is the caller's, and `part.undelivered` keeps it (with its metric rows, until
-    # they are written too) for a retry, should this call raise before returning it
-    table = with_provenance(payload, rows, per_row(status, owner, pa.string()),
-                            np.array([u in stale for u in chosen], bool)[owner] if stale else None)
+    stale_rows = np.array([u in stale for u in chosen], bool)[owner] if stale else None
     prefix = metric_prefix(ctx.partition)
     evm = acc.scalars(prefix)     # empty on a validation partition: nothing is evicted there
     if cfg.starvation.steps is not None:     # the datasets with rows in the batch
         trained = {part.groups[chosen[k]].dataset for k in np.unique(owner).tolist()}
         evm.update({f"{prefix}/{k}": v for k, v in cfg.starvation.observe(part, ctx.step,
                                                                            trained).items()})
-    opm, weights = off_policy_metrics(rows, prefix=prefix)
-    if cfg.mask is not None:
-        opm[f"{prefix}/{MASKED_SAMPLES}"] = masked_rows(table)
-    _warn_future(rows, payload.column("uid"), ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
+
+    def make() -> tuple[pa.Table, dict[str, float], dict[str, float], Rows, pa.Table]:
+        payload = plan.table()
+        rows = batch_rows(payload, batch_id=batch_id, step=ctx.step, group_steps=gs[owner],
+                          carry=False)
+        table = with_provenance(payload, rows, per_row(status, owner, pa.string()), stale_rows)
+        opm, weights = off_policy_metrics(rows, prefix=prefix)
+        if cfg.mask is not None:
+            opm[f"{prefix}/{MASKED_SAMPLES}"] = masked_rows(table)
+        return table, opm, weights, rows, payload
+
     in_force, strategy = bound_in_force(cfg)
     if cfg.stale.by_dataset and in_force is not None and bounds:
         in_force = max(bounds.values())     # the loosest of its groups', as the lake's `batches`
-    batch = Batch(table, batch_id, ctx.step, ctx.partition, chosen, evm, opm, weights,
-                  dict(acc.reward_counts), bound=in_force, strategy=strategy,
-                  masked=[u for u in chosen if u in stale], group_bounds=bounds)
+    fields = dict(batch_id=batch_id, step=ctx.step, partition=ctx.partition, uids=chosen,
+                  eviction_metrics=evm, filtered_reward_counts=dict(acc.reward_counts),
+                  bound=in_force, strategy=strategy, masked=[u for u in chosen if u in stale],
+                  group_bounds=bounds)
+    lake = state.journal.lake is not None
+    newest = part.candidates.newest_version(chosen)
+    if lake or (newest is not None and staleness_at(ctx.step, newest) < 0):
+        # the metric rows go to the lake now; or some row may carry a version from the future,
+        # which is told now (never only when, or if, the table is read)
+        table, opm, weights, rows, payload = make()
+        _warn_future(rows, payload.column("uid"), ctx, opm.get(f"{prefix}/{STALENESS_MIN}"))
+        batch = Batch(table, off_policy_metrics=opm, metric_weights=weights, **fields)
+    else:     # memory only: table and off-policy metrics when (if ever) read
+        batch = Batch.later(lambda: make()[:3], plan.num_rows, **fields)
+    # without a lake the metric rows are history nothing in memory reads: none are made
     metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
-                    "name": k, "value": float(v)} for k, v in {**evm, **opm}.items()]
+                    "name": k, "value": float(v)} for k, v in batch.metrics.items()] \
+        if lake else None
     # what the selection records of each group (masked or not, its bound): the decision rows
     # below, and what `held` rebuilds the batch from (a restore reads them back from the rows)
     marks = {u: (MASKED if u in stale else None, bounds[u]) for u in chosen}

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 COLUMNS = tuple(CANDIDATES.names)
 _TERM_SEQ = COLUMNS.index("term_seq")
 _STATUS = COLUMNS.index("status")
+_MAX_VERSION = COLUMNS.index("max_version")
 SELECTION = "select_oldest"
 # What the index knows of a group the moment it turns terminal (its aggregates come later).
 _AT_TERMINAL = ("global_steps", "term_seq", "uid")
@@ -242,6 +243,12 @@ class CandidateIndex:
 
     def status(self, uid: str) -> str:
         return self.alive[uid][_STATUS]
+
+    def newest_version(self, uids: list[str]) -> int | None:
+        """The newest weight version any trajectory of these (aggregated) groups reports, padding
+        rows included; None when none has a trajectory."""
+        alive = self.alive
+        return max((v for u in uids if (v := alive[u][_MAX_VERSION]) is not None), default=None)
 
 
 def columns(rows: list[tuple], names: Sequence[str] | None = None) -> dict[str, Any]:

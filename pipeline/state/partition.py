@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.state.candidates import CandidateIndex
-from pipeline.state.payload import TrajectoryRows
+from pipeline.state.payload import Gather, TrajectoryRows
 
 if TYPE_CHECKING:
     from pipeline.decide.policies import SelectionOrder
@@ -116,8 +116,16 @@ def view(uid: str, g: Group | None, retired: bool) -> GroupView | None:
     if g is None:
         return GroupView(uid, None, None, "removed", "retired", None, frozenset()) \
             if retired else None
-    return GroupView(uid, g.dispatch_step, g.n, g.status, g.removed, g.batch_id, frozenset(g.keys),
-                     g.prompt_id, g.dataset)
+    # made as the dataclass's __init__ would, at half its cost (its frozen __setattr__ per
+    # field): an adapter looks up every new group of every poll
+    v = _new(GroupView)
+    v.__dict__.update(uid=uid, global_steps=g.dispatch_step, n=g.n, status=g.status,
+                      removed=g.removed, batch_id=g.batch_id, keys=frozenset(g.keys),
+                      prompt_id=g.prompt_id, dataset=g.dataset)
+    return v
+
+
+_new = object.__new__
 
 
 @dataclass(frozen=True)
@@ -405,6 +413,11 @@ class PartitionState:
     def payload_of(self, uids: list[str]) -> tuple[pa.Table, np.ndarray]:
         """The stored trajectories of ``uids`` in arrival order, and for each row its group's
         position in ``uids`` (what per-group values are spread to the rows by)."""
+        plan, owner = self.payload_plan(uids)
+        return plan.table(), owner
+
+    def payload_plan(self, uids: list[str]) -> tuple[Gather, np.ndarray]:
+        """`payload_of` still to be copied out (`Gather.table`); valid after the rows leave."""
         rows: list[int] = []
         owners: list[int] = []
         for k, u in enumerate(uids):
@@ -413,4 +426,4 @@ class PartitionState:
             owners.extend([k] * len(got))
         ids = np.asarray(rows, dtype=np.int64)
         owner = np.asarray(owners, dtype=np.int64)[np.argsort(ids, kind="stable")]
-        return self.rows.take(ids), owner
+        return self.rows.plan(ids), owner

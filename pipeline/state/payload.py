@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,33 @@ def _slices(chunk: pa.Table, at: int, n: int) -> list[pa.RecordBatch]:
     are one record batch, and slicing it is cheaper than slicing the table."""
     whole = chunk.to_batches()
     return [whole[0].slice(at, n)] if len(whole) == 1 else chunk.slice(at, n).to_batches()
+
+
+class Gather:
+    """Rows of a partition's stored chunks, to be copied out by `table`: per chunk either a run
+    ``(first, count)``, sliced, or scattered local row ids, taken."""
+
+    __slots__ = ("steps", "num_rows")
+
+    def __init__(self, steps: list[tuple[pa.Table, Any]], num_rows: int):
+        self.steps, self.num_rows = steps, num_rows
+
+    def table(self) -> pa.Table:
+        """The rows, in memory of their own (nothing of a stored chunk is kept)."""
+        steps = self.steps
+        if len(steps) == 1 and type(steps[0][1]) is not tuple:
+            chunk, local = steps[0]
+            return chunk.take(pa.array(local))        # the whole batch, a copy already
+        pieces: list[pa.RecordBatch] = []
+        for chunk, how in steps:
+            if type(how) is tuple:
+                pieces.extend(_slices(chunk, *how))
+            else:
+                pieces.extend(chunk.take(pa.array(how)).to_batches())
+        if not pieces:
+            return TRAJECTORIES.empty_table()
+        # concatenating copies, a single piece too
+        return pa.Table.from_batches([pa.concat_batches(pieces)])
 
 
 class TrajectoryRows:
@@ -91,7 +119,13 @@ class TrajectoryRows:
 
     def take(self, row_ids: list[int] | np.ndarray) -> pa.Table:
         """The rows with these ids, in ascending id (= arrival) order, in memory of their own (a
-        batch never keeps a stored chunk alive after its rows are released).
+        batch never keeps a stored chunk alive after its rows are released): `plan` made now."""
+        return self.plan(row_ids).table()
+
+    def plan(self, row_ids: list[int] | np.ndarray) -> Gather:
+        """How to gather the rows with these ids (`Gather.table` copies them out). It holds the
+        chunks it reads, so it stays valid after those rows are dropped: Arrow chunks are never
+        changed, only let go.
 
         A group's rows usually arrive together, so the ids asked of a chunk are mostly one run:
         that is sliced (no copy) and everything is copied once at the end, by concatenating the
@@ -102,26 +136,21 @@ class TrajectoryRows:
         value it copies (a batch of 4,096 answers of 12,000 tokens, 188 MB of token ids, held
         about 600 MB while gathered), so large rows are sliced run by run instead and copied
         once."""
-        pieces: list[pa.RecordBatch] = []
-        located = list(self._locate(row_ids))
-        for c, local in located:
+        steps: list[tuple[pa.Table, Any]] = []
+        n_rows = 0
+        for c, local in self._locate(row_ids):
             chunk = self._chunks[c]
             first, n = int(local[0]), len(local)
+            n_rows += n
             if int(local[-1]) - first + 1 == n:                  # sorted and unique: one run
-                pieces.extend(_slices(chunk, first, n))
+                steps.append((chunk, (first, n)))
             elif n * self._row_bytes(c) > _TAKE_BYTES:
                 starts = (np.flatnonzero(np.diff(local) != 1) + 1).tolist()   # where runs begin
                 bounds = [0, *starts, n]
-                for a, b in zip(bounds, bounds[1:]):
-                    pieces.extend(_slices(chunk, int(local[a]), b - a))
-            elif len(located) == 1:
-                return chunk.take(pa.array(local))      # the whole batch, a copy already
+                steps.extend((chunk, (int(local[a]), b - a)) for a, b in zip(bounds, bounds[1:]))
             else:
-                pieces.extend(chunk.take(pa.array(local)).to_batches())
-        if not pieces:
-            return TRAJECTORIES.empty_table()
-        # concatenating copies, a single piece too
-        return pa.Table.from_batches([pa.concat_batches(pieces)])
+                steps.append((chunk, local))
+        return Gather(steps, n_rows)
 
     def _row_bytes(self, c: int) -> float:
         """Arrow bytes per row of chunk ``c`` (measured once per chunk)."""

@@ -221,7 +221,7 @@ class VerlBuffer:
                     " Enable trainer.v1.sampler.sync_refill_failed_groups to replace failed groups.")
                 raise EmptyBatchError(f"{_VERL_EMPTY}{hint} ({exc})") from exc
             self.last_batch = batch
-            keys = m.batch_keys(batch.batch_id, batch.table.num_rows)
+            keys = m.batch_keys(batch.batch_id, len(batch))
             meta = batch_meta(partition_id, keys, [m.listing.get(k, {}) for k in keys])
             return meta, verl_metrics(batch.eviction_metrics, batch.filtered_reward_counts)
 

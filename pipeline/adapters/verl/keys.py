@@ -72,10 +72,15 @@ def batch_meta(partition: str, keys: list[str], tags: list[dict]) -> Any:
     over every tag: verl's tags are flat dicts of scalars, for which a `dict` copy is a deep
     copy, at a fraction of `deepcopy`'s cost. A tag holding anything mutable is deep-copied."""
     from transfer_queue import KVBatchMeta
-    meta = KVBatchMeta(partition_id=partition, keys=keys, tags=[_EMPTY] * len(keys))
+    meta = KVBatchMeta(partition_id=partition, keys=keys, tags=_Placeholders([None] * len(keys)))
     flat = _IMMUTABLE.issuperset
     meta.tags = [dict(t) if flat(map(type, t.values())) else copy.deepcopy(t) for t in tags]
     return meta
 
 
-_EMPTY: dict = {}
+class _Placeholders(list):
+    """The tags `KVBatchMeta` is made with, one per key, replaced right after: its constructor
+    deep-copies its tags, and these copy as they are."""
+
+    def __deepcopy__(self, memo: dict) -> _Placeholders:
+        return self

@@ -315,6 +315,12 @@ class PartitionMirror:
             return set()
         uids = list(dict.fromkeys(parsed[0] for parsed in waiting.values()))
         groups = dict(zip(uids, self.core.lookup_many(self.partition, uids)))  # one per group
+        if all(g is not None and not g.removed and not g.keys and g.status not in _TERMINAL
+               for g in groups.values()):
+            # the usual poll: every waiting key belongs to a group in flight with nothing
+            # stored yet, so each is put (what the loop below decides key by key)
+            todo = [(k, parsed, groups[parsed[0]]) for k, parsed in waiting.items()]
+            waiting.clear()
         for k, parsed in list(waiting.items()):
             g = groups[parsed[0]]
             if g is None:
@@ -520,12 +526,11 @@ class PartitionMirror:
     # --- bookkeeping ---------------------------------------------------------------------------
     def _mark_mirrored(self, keys: Any) -> None:
         """The keys are in the core now, numbered in arrival order (a batch lists them so)."""
-        kind, order, n = self.kind, self.order, self._arrivals
-        for k in keys:
-            kind[k] = TRAJ
-            order[k] = n
-            n += 1
-        self._arrivals = n
+        keys = list(keys)
+        n = self._arrivals
+        self.kind.update(dict.fromkeys(keys, TRAJ))
+        self.order.update(zip(keys, range(n, n + len(keys))))
+        self._arrivals = n + len(keys)
 
     def _orphan(self, k: str, why: str, quiet: bool = False) -> None:
         """Clear `k` with the next full sync; ``quiet``: a warning of its own named it already."""

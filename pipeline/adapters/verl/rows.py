@@ -19,6 +19,7 @@ import pyarrow as pa
 from pipeline.adapters.verl import fields as vf
 from pipeline.errors import IngestError, MissingMetricError
 from pipeline.ingest import STEP_LIMIT, STEP_RULE
+from pipeline.state.constants import constant
 from schemas import TRAJECTORIES_INPUT, Problem
 
 _TOKENS = (("prompt_ids", "prompts", pa.int32()), ("response_ids", "responses", pa.int32()),
@@ -39,7 +40,15 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
     keys = [k for k, _, _ in todo]
     need_rm = fields != "decisions" or filter_metric == "reward"
     need_extra = fields != "decisions" or filter_metric not in (None, "reward")
-    extra_at = [i for i, t in enumerate(tags) if need_extra or not vf.has_tag_versions(t)]
+    # each tag's versions, read once (`_table` keeps them); plain ints, the usual tag, need no
+    # further look
+    lo = [t.get("min_global_steps") for t in tags]
+    hi = [t.get("max_global_steps") for t in tags]
+    if need_extra:
+        extra_at = list(range(len(keys)))
+    else:
+        extra_at = [i for i, (a, b) in enumerate(zip(lo, hi))
+                    if not (type(a) is int and type(b) is int) and not vf.has_tag_versions(tags[i])]
     extra_rows: list[Any] = [None] * len(keys)
     if need_rm and len(extra_at) == len(keys):     # both fields of every key: one read
         got = vf.read_fields(tq, partition, keys, ["rm_scores", "extra_fields"])
@@ -67,48 +76,60 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
                 f"{sorted({todo[keys.index(k)][1][0] for k in missing})[:5]}, keys {missing[:5]}")
     if not keep:
         return None, [], late
-    return _table(partition, todo, tags, keep, rm_rows, extra_rows, tokens, filter_metric), keep, late
+    all_kept = len(keep) == len(keys)
+    return _table(partition, todo, tags, keep, rm_rows, extra_rows, tokens, filter_metric,
+                  lo if all_kept else [lo[i] for i in keep],
+                  hi if all_kept else [hi[i] for i in keep]), keep, late
 
 
 def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int],
            rm_rows: list, extra_rows: list, tokens: dict[str, list],
-           filter_metric: str | None) -> pa.Table:
+           filter_metric: str | None, lo: list | None = None,
+           hi: list | None = None) -> pa.Table:
+    """``lo`` / ``hi``: the kept keys' version tags as listed, if already read (a new list
+    each: changed here)."""
     # column by column, locals only: this runs once per new trajectory
+    n = len(keep)
     parsed = [todo[i][1] for i in keep]
     uid, session, index = ([p[j] for p in parsed] for j in range(3))
-    kept_tags = [tags[i] for i in keep]
-    lo = [t.get("min_global_steps") for t in kept_tags]
-    hi = [t.get("max_global_steps") for t in kept_tags]
+    kept_tags = tags if n == len(tags) else [tags[i] for i in keep]
+    if lo is None or hi is None:
+        lo = [t.get("min_global_steps") for t in kept_tags]
+        hi = [t.get("max_global_steps") for t in kept_tags]
     extras = [None if extra_rows[i] is None else vf.extra_of(extra_rows[i]) for i in keep]
-    inferred = [False] * len(keep)
-    for j in [j for j in range(len(keep)) if type(lo[j]) is not int or type(hi[j]) is not int]:
+    inferred = [False] * n
+    for j in [j for j in range(n) if type(lo[j]) is not int or type(hi[j]) is not int]:
         lo[j], hi[j], inferred[j] = vf.versions_of(kept_tags[j], extras[j], todo[keep[j]][2])
-    reward: list[float] = []
     bad_rm: list[Problem] = []
-    reward_of = vf.reward_of
-    for i in keep:
-        rm = rm_rows[i]
-        try:
-            r = None if rm is None else reward_of(rm)
-        except TypeError as exc:       # no reward can be read from it: its group is refused
-            r = None
-            bad_rm.append(Problem("rm_scores", (i,), f"key {todo[i][0]!r}: {exc}; write a 1-D "
-                                  "float tensor, as verl's reward loop does"))
-        reward.append(0.0 if r is None else r)              # not read, or not written yet
-    info = [None if e is None else vf.reward_info_of(e) for e in extras]
+    if rm_rows.count(None) == len(rm_rows):       # not read (`decisions` without metric reward)
+        reward = [0.0] * n
+    else:
+        reward = []
+        reward_of = vf.reward_of
+        for i in keep:
+            rm = rm_rows[i]
+            try:
+                r = None if rm is None else reward_of(rm)
+            except TypeError as exc:       # no reward can be read from it: its group is refused
+                r = None
+                bad_rm.append(Problem("rm_scores", (i,), f"key {todo[i][0]!r}: {exc}; write a "
+                                      "1-D float tensor, as verl's reward loop does"))
+            reward.append(0.0 if r is None else r)          # not read, or not written yet
+    info = None if extras.count(None) == n else \
+        [None if e is None else vf.reward_info_of(e) for e in extras]
     padding = [bool(t.get("is_padding", False)) for t in kept_tags]
     problems = _version_problems(keep, lo, hi) + bad_rm
     if filter_metric not in (None, "reward"):
         problems += _metric_problems(todo, keep, extra_rows, filter_metric)
     if problems:           # before pyarrow sees the versions
         raise IngestError(f"verl trajectories of partition {partition!r}", problems)
+    # a column every row shares (the rewards not read, no padding, ...) is a remembered one
     cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
             "max_global_steps": hi, "reward": reward, "reward_info": info,
             "is_padding": padding, "versions_inferred": inferred}
-    n = len(keep)
-    data: dict[str, pa.Array] = {f.name: pa.array(cols[f.name], type=f.type)
-                                 for f in TRAJECTORIES_INPUT if f.name in cols}
-    data["partition"] = pa.array([partition] * n, pa.string())
+    data: dict[str, pa.Array] = {
+        f.name: _column(cols[f.name], f.type, n) for f in TRAJECTORIES_INPUT if f.name in cols}
+    data["partition"] = constant(partition, n, pa.string())
     for name, src, typ in _TOKENS:
         required = name in ("prompt_ids", "response_ids")
         if src in tokens:
@@ -118,16 +139,34 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
             except (pa.ArrowInvalid, OverflowError, TypeError, ValueError):
                 problems.append(_token_problem(name, src, typ, rows, keep))
         elif required:
-            data[name] = pa.array([[]] * n, pa.list_(typ))
+            data[name] = _empty_lists(n, typ)
     if problems:
         raise IngestError(f"verl trajectories of partition {partition!r}", problems)
     return pa.table({f.name: data[f.name] if f.name in data else pa.nulls(n, f.type)
                      for f in TRAJECTORIES_INPUT}, schema=TRAJECTORIES_INPUT)
 
 
+def _column(values: list | None, typ: pa.DataType, n: int) -> pa.Array:
+    """``values`` as a column of ``typ`` (None: null in every row); one value in every row of a
+    bool or float column is a remembered column (`constant`)."""
+    if values is None:
+        return constant(None, n, typ)
+    if n and (typ == pa.bool_() or typ == pa.float64()) and type(values[0]) in (bool, float) \
+            and values.count(values[0]) == n:
+        return constant(values[0], n, typ)
+    return pa.array(values, type=typ)
+
+
+def _empty_lists(n: int, typ: pa.DataType) -> pa.Array:
+    """``n`` empty lists of ``typ`` (token columns not read)."""
+    return pa.ListArray.from_arrays(constant(0, n + 1, pa.int32()), pa.array([], typ))
+
+
 def _version_problems(keep: list[int], lo: list, hi: list) -> list[Problem]:
     """Weight versions outside the steps ingest takes (one past int64 would otherwise fail
     inside pyarrow with no key named); rows are indices into the caller's ``todo``."""
+    if lo and min(lo) >= 0 and min(hi) >= 0 and max(lo) < STEP_LIMIT and max(hi) < STEP_LIMIT:
+        return []                   # the usual put: four C loops, not a Python one
     bad = tuple(i for i, a, b in zip(keep, lo, hi)
                 if not (0 <= a < STEP_LIMIT and 0 <= b < STEP_LIMIT))
     return [Problem("min_global_steps/max_global_steps", bad, STEP_RULE)] if bad else []
