@@ -62,6 +62,14 @@ def heap_key(order: Sequence[str]) -> Callable[[int, int, str], tuple]:
 ORDER = declared.window_order(loader.load(SELECTION))
 _key = heap_key(ORDER)
 _ENTRY_SEQ, _ENTRY_UID = ORDER.index("term_seq"), ORDER.index("uid")   # within a heap entry
+# Under the usual order (dispatch step, then terminal seq, which no two groups share) a heap
+# entry is one int, the step above the seq's 64 bits, and the uid is looked up: popping from a
+# heap of ints costs a third of popping tuples (a buffer of a million trajectories holds 250k
+# entries, and every sample pops its batch off the front). Steps are below 2**62 and seqs below
+# 2**63, so the packed ints order exactly as the tuples do.
+_PACKED = ORDER == ("global_steps", "term_seq", "uid")
+_SEQ_BITS = 64
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
 _RANKED_SEQ, _RANKED_UID = 1, 2    # within an entry `(key, term_seq, uid)` of a declared order
 
 
@@ -110,7 +118,8 @@ class CandidateIndex:
         self.alive: dict[str, tuple] = _Rows()
         self.unaggregated: dict[str, tuple[int, int, str]] = {}   # uid -> (gs, term seq, status)
         self.fresh: list[str] = []
-        self._heap: list[tuple] = []    # key tuples in ORDER
+        self._heap: list = []           # key tuples in ORDER, or packed ints (`_PACKED`)
+        self._uid_of: dict[int, str] = {}   # packed entry -> its group (`_PACKED` only)
         self.order = order
         self._ranked: list[tuple] = []  # (key, term_seq, uid) of aggregated groups (order only)
 
@@ -122,7 +131,12 @@ class CandidateIndex:
         """A group turned terminal; its aggregates come with the next `complete`."""
         self.unaggregated[uid] = (gs, term_seq, status)
         self.fresh.append(uid)
-        heapq.heappush(self._heap, _key(gs, term_seq, uid))
+        if _PACKED:
+            e = (gs << _SEQ_BITS) | term_seq
+            self._uid_of[e] = uid
+            heapq.heappush(self._heap, e)
+        else:
+            heapq.heappush(self._heap, _key(gs, term_seq, uid))
 
     def complete(self, rows: list[tuple], keys: list | None = None) -> None:
         """Store the candidate rows of unaggregated groups (their aggregates are now known);
@@ -149,7 +163,8 @@ class CandidateIndex:
         for u in uids:
             if self.alive.pop(u, None) is None:
                 self.unaggregated.pop(u, None)     # or an in-flight group retired from outside
-        self._heap = self._pruned(self._heap, _ENTRY_UID, _ENTRY_SEQ)
+        self._heap = self._pruned_packed(self._heap) if _PACKED else \
+            self._pruned(self._heap, _ENTRY_UID, _ENTRY_SEQ)
         if self.order is not None:
             self._ranked = self._pruned(self._ranked, _RANKED_UID, _RANKED_SEQ)
 
@@ -168,6 +183,32 @@ class CandidateIndex:
             heapq.heapify(h)
         return h
 
+    def _pruned_packed(self, h: list[int]) -> list[int]:
+        """`_pruned` of the packed heap (its dead entries leave `_uid_of` with it)."""
+        alive, uid_of, pop, live = self.alive, self._uid_of, heapq.heappop, self._live_packed
+        while h:
+            e = h[0]
+            r = alive.get(uid_of.get(e))
+            if r is not None and r[_TERM_SEQ] == e & _SEQ_MASK or r is None and live(e):
+                break
+            pop(h)
+            uid_of.pop(e, None)
+        if len(h) > 64 and len(h) > 2 * self.alive_count:
+            h = [e for e in h if live(e)]
+            heapq.heapify(h)
+            self._uid_of = {e: uid_of[e] for e in h}
+        return h
+
+    def _live_packed(self, e: int) -> bool:
+        u = self._uid_of.get(e)
+        if u is None:
+            return False
+        r = self.alive.get(u)
+        if r is not None:
+            return r[_TERM_SEQ] == e & _SEQ_MASK
+        p = self.unaggregated.get(u)
+        return p is not None and p[1] == e & _SEQ_MASK
+
     def settle(self) -> None:
         """A committed poll examined every fresh group: from now on only horizons revisit them."""
         self.fresh = []
@@ -184,6 +225,15 @@ class CandidateIndex:
         """Alive groups with gs < horizon, by walking only the heap's front (no pops): the
         dispatch step is every entry's first component."""
         out, h, stack = [], self._heap, [0] if self._heap else []
+        if _PACKED:
+            below, uid_of, live = horizon << _SEQ_BITS, self._uid_of, self._live_packed
+            while stack:
+                i = stack.pop()
+                if i < len(h) and h[i] < below:
+                    if live(h[i]):
+                        out.append(uid_of[h[i]])
+                    stack.extend((2 * i + 1, 2 * i + 2))
+            return out
         uid = _ENTRY_UID
         while stack:
             i = stack.pop()
@@ -203,6 +253,8 @@ class CandidateIndex:
 
     def oldest(self, k: int | None) -> list[str]:
         """The k oldest alive groups in the declared ORDER, oldest first; all of them if k is None."""
+        if _PACKED:
+            return self._first_packed(k)
         return self._first(self._heap, k, _ENTRY_UID, _ENTRY_SEQ)
 
     def first(self, k: int | None) -> list[str]:
@@ -233,6 +285,28 @@ class CandidateIndex:
             if (r[_TERM_SEQ] == entry[seq]) if r is not None else \
                     (entry[uid] in waiting and live(entry, uid, seq)):
                 out.append(entry[uid])
+                k -= 1
+            j = 2 * i + 1
+            if j < n:
+                push(front, (h[j], j))
+                if j + 1 < n:
+                    push(front, (h[j + 1], j + 1))
+        return out
+
+    def _first_packed(self, k: int | None) -> list[str]:
+        """`_first` of the packed heap."""
+        h, uid_of, live = self._heap, self._uid_of, self._live_packed
+        if k is None:
+            return [uid_of[e] for e in sorted(e for e in h if live(e))]
+        out: list[str] = []
+        front = [(h[0], 0)] if h else []
+        pop, push, n, alive = heapq.heappop, heapq.heappush, len(h), self.alive
+        while front and k:
+            e, i = pop(front)
+            u = uid_of.get(e)
+            r = alive.get(u)
+            if (r[_TERM_SEQ] == e & _SEQ_MASK) if r is not None else live(e):
+                out.append(u)
                 k -= 1
             j = 2 * i + 1
             if j < n:

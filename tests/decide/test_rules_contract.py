@@ -246,8 +246,16 @@ def _lake_oldest(rows: list[tuple], k: int) -> list[str]:
     return loader.run(con, candidates.SELECTION, batch_size=k).column("uid").to_pylist()
 
 
+@pytest.fixture(params=[True, False], ids=["packed", "tuples"])
+def packed(request, monkeypatch) -> bool:
+    """The index's heap as packed ints (the shipped order) and as the key tuples another
+    declared order needs."""
+    monkeypatch.setattr(candidates, "_PACKED", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-def test_both_engines_pick_the_same_oldest_groups_in_the_same_order(seed: int) -> None:
+def test_both_engines_pick_the_same_oldest_groups_in_the_same_order(seed: int, packed) -> None:
     """Dispatch steps drawn from a few values, so most groups tie on the step and the terminal
     seq (drawn out of order) decides; some groups leave the index before it is asked."""
     rng = random.Random(seed)
@@ -260,9 +268,38 @@ def test_both_engines_pick_the_same_oldest_groups_in_the_same_order(seed: int) -
     for k in (1, 3, 10, len(kept)):
         assert index.oldest(k) == _lake_oldest(kept, k), k
     assert index.oldest(None) == _lake_oldest(kept, len(kept))
+    for horizon in (0, 1, 2, 4):               # the groups dispatched before a horizon
+        assert sorted(index.before(horizon)) == sorted(r[1] for r in kept if r[2] < horizon)
 
 
-def test_a_tie_on_the_dispatch_step_goes_to_the_earlier_terminal_status() -> None:
+def test_the_heap_sheds_removed_groups_and_keeps_the_order(packed) -> None:
+    """Groups leave in batches off the front and from the middle; the heap is rebuilt once most
+    of it is dead, and the order holds throughout (a group terminal again, after a re-issue,
+    keeps only its newest entry)."""
+    rng = random.Random(7)
+    rows = [("train", f"g{i}", rng.randint(0, 5), 1000 + i, "finished", *[None] * 9)
+            for i in range(300)]
+    index = _index_of(rows, set())
+    kept = list(rows)
+    for _ in range(6):
+        gone = set(index.oldest(20)) | {r[1] for r in rng.sample(kept, 10)}
+        index.remove(sorted(gone))
+        kept = [r for r in kept if r[1] not in gone]
+        assert index.oldest(5) == _lake_oldest(kept, 5)
+        assert len(index._heap) <= max(64, 2 * len(kept)) + 30
+        if packed:
+            assert set(index._uid_of) == set(index._heap)
+    again = ("train", kept[-1][1], 0, 5000, "finished", *[None] * 9)   # terminal again
+    index.remove([again[1]])
+    index.add(again[1], again[2], again[3], again[4])
+    index.complete([again])
+    kept = [r for r in kept if r[1] != again[1]] + [again]
+    assert index.oldest(None) == _lake_oldest(kept, len(kept))
+    if packed:       # an entry's uid is kept exactly while the entry is in the heap
+        assert set(index._uid_of) == set(index._heap)
+
+
+def test_a_tie_on_the_dispatch_step_goes_to_the_earlier_terminal_status(packed) -> None:
     rows = [("train", "late", 2, 30, "finished", *[None] * 9),
             ("train", "early", 2, 10, "failure", *[None] * 9),
             ("train", "older", 1, 99, "finished", *[None] * 9)]
