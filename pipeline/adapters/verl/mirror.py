@@ -161,10 +161,8 @@ class PartitionMirror:
         self.epoch += 1
         self.listed_at = None
         self.listing = listing
-        gone = self.kind.keys() - listing.keys() if len(self.kind) else ()
-        vanished = [k for k in gone if self.kind[k] == PROMPT]
-        lost = self._lost_trajectories(gone)
-        self._forget(gone)
+        gone = self.kind.keys() - listing.keys() if len(self.kind) else set()
+        vanished, lost = self._forget(gone)
         if vanished:
             retired = self.core.retire(self.partition, vanished, reason="vanished")
             if retired:
@@ -217,19 +215,6 @@ class PartitionMirror:
             self._clear_orphans()
         self.listed_at = began
         self.fresh_epoch = self.epoch
-
-    def _lost_trajectories(self, gone: Any) -> dict[str, list[str]]:
-        """Mirrored trajectory keys that left TransferQueue while their group is still live
-        (its prompt key listed, never selected): uid -> those keys. The trainer clears only
-        selected groups' keys, so someone else cleared these; the core holds their rows, and a
-        group cannot be trained on rows TransferQueue no longer has."""
-        kind, out = self.kind, {}
-        for k in gone:
-            if kind[k] == TRAJ:
-                uid = k.partition("_")[0]
-                if kind.get(uid) == PROMPT and uid not in gone:
-                    out.setdefault(uid, []).append(k)
-        return out
 
     def _datasets(self, uids: list[str]) -> list[str | None]:
         """Each new prompt's dataset: its ``dataset_field`` field (one read for all of them). A
@@ -570,7 +555,7 @@ class PartitionMirror:
         if self._orphans:
             keys, self._orphans = self._orphans, []
             self.clear_keys(keys)
-            self._forget(keys)
+            self._forget(set(keys))
             self.orphans_cleared += len(keys)
 
     def _ignore(self, k: str, why: str) -> None:
@@ -578,23 +563,36 @@ class PartitionMirror:
         self.ignored_count += 1
         log.warning("verl adapter: ignoring key %r of partition %r (%s)", k, self.partition, why)
 
-    def _forget(self, gone: Any) -> None:
+    def _forget(self, gone: set[str]) -> tuple[list[str], dict[str, list[str]]]:
         """Drop keys that left TransferQueue from every map (one loop, locals only: a poll
-        forgets the trainer's whole previous batch)."""
+        forgets the trainer's whole previous batch). Returns the prompt keys among them, and the
+        *lost* trajectories: uid -> its mirrored trajectory keys that left while the group is
+        still live (its prompt key listed, never selected). The trainer clears only selected
+        groups' keys, so someone else cleared those; the core holds their rows, and a group
+        cannot be trained on rows TransferQueue no longer has."""
         kind, order, waiting, watch, by_uid = (self.kind, self.order, self.waiting, self.watch,
                                                self.by_uid)
         untagged = self.untagged
+        vanished: list[str] = []
+        lost: dict[str, list[str]] = {}
         for k in gone:
             order.pop(k, None)
-            waiting.pop(k, None)
-            untagged.pop(k, None)
-            if kind.pop(k) == PROMPT:
+            if waiting:
+                waiting.pop(k, None)
+            if untagged:
+                untagged.pop(k, None)
+            was = kind.pop(k)
+            if was == PROMPT:
+                vanished.append(k)
                 watch.pop(k, None)
                 self._warned_status.pop(k, None)
                 continue
             uid = k.partition("_")[0]     # parse_key's uid; a key it rejects is in no list
+            if was == TRAJ and uid not in gone and kind.get(uid) == PROMPT:
+                lost.setdefault(uid, []).append(k)
             keys = by_uid.get(uid)
             if keys is not None and k in keys:
                 keys.remove(k)
                 if not keys:
                     del by_uid[uid]
+        return vanished, lost
