@@ -413,7 +413,10 @@ class ReplayBuffer:
         batch (its process, or the buffer's, died with the call in flight), the call sent again
         with the same ``request`` returns the very batch it chose, as long as that batch is
         held (not released), after a restart on the same lake too, instead of choosing
-        another. The key of a held batch with another step or batch size is refused."""
+        another. The key of a held batch with another step or batch size is refused.
+
+        Without a lake, the batch's ``table`` and off-policy metrics are made when first read
+        (the same ones whenever that is, after `release` too); over a lake, at once."""
         ctx = self._context("sample", global_steps, partition, partition_id, batch_size,
                             mirrored=before_poll is not None,
                             request=request_arg("sample", request))

@@ -9,12 +9,13 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from pipeline import ReplayBuffer
 from pipeline.decide.batch import Batch
 from pipeline.state.payload import TrajectoryRows
-from schemas import BATCH_PROVENANCE
+from schemas import BATCH_PROVENANCE, TRAJECTORIES
 from tests.support.lake import add_group, traj
 
 _BUILT = ("table", "off_policy_metrics", "metric_weights")
@@ -120,8 +121,6 @@ def test_batch_later_names_what_it_does_not_hold():
 
 
 def test_a_gather_planned_before_its_rows_are_dropped_still_copies_them():
-    import pyarrow as pa
-    from schemas import TRAJECTORIES
     rows = TrajectoryRows()
     chunks = []
     for start in (0, 4):
