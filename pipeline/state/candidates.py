@@ -20,7 +20,7 @@ lake runs): the heap's entries are key tuples of the columns that ranking orders
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -273,24 +273,16 @@ class CandidateIndex:
         if k is None:
             return [e[uid] for e in sorted(e for e in h if self._live(e, uid, seq))]
         out: list[str] = []
-        front = [(h[0], 0)] if h else []
-        # the hottest loop of a selection: names bound locally, the liveness test inlined
-        # (`_live`), the children of node i at 2i+1 and 2i+2
-        pop, push, n, live, waiting = heapq.heappop, heapq.heappush, len(h), self._live, \
-            self.unaggregated
-        alive = self.alive
-        while front and k:
-            entry, i = pop(front)
+        # the hottest loop of a selection: names bound locally, the liveness test inlined (`_live`)
+        live, waiting, alive = self._live, self.unaggregated, self.alive
+        for entry in _front(h) if k > 0 else ():
             r = alive.get(entry[uid])
             if (r[_TERM_SEQ] == entry[seq]) if r is not None else \
                     (entry[uid] in waiting and live(entry, uid, seq)):
                 out.append(entry[uid])
                 k -= 1
-            j = 2 * i + 1
-            if j < n:
-                push(front, (h[j], j))
-                if j + 1 < n:
-                    push(front, (h[j + 1], j + 1))
+                if not k:
+                    break
         return out
 
     def _first_packed(self, k: int | None) -> list[str]:
@@ -299,20 +291,15 @@ class CandidateIndex:
         if k is None:
             return [uid_of[e] for e in sorted(e for e in h if live(e))]
         out: list[str] = []
-        front = [(h[0], 0)] if h else []
-        pop, push, n, alive = heapq.heappop, heapq.heappush, len(h), self.alive
-        while front and k:
-            e, i = pop(front)
+        alive = self.alive
+        for e in _front(h) if k > 0 else ():
             u = uid_of.get(e)
             r = alive.get(u)
             if (r[_TERM_SEQ] == e & _SEQ_MASK) if r is not None else live(e):
                 out.append(u)
                 k -= 1
-            j = 2 * i + 1
-            if j < n:
-                push(front, (h[j], j))
-                if j + 1 < n:
-                    push(front, (h[j + 1], j + 1))
+                if not k:
+                    break
         return out
 
     def status(self, uid: str) -> str:
@@ -323,6 +310,21 @@ class CandidateIndex:
         rows included; None when none has a trajectory."""
         alive = self.alive
         return max((v for u in uids if (v := alive[u][_MAX_VERSION]) is not None), default=None)
+
+
+def _front(h: list) -> Iterator[Any]:
+    """The entries of heap ``h``, smallest first, found by walking only its front (a frontier of
+    the nodes whose parents were taken; the children of node i sit at 2i+1 and 2i+2)."""
+    front = [(h[0], 0)] if h else []
+    pop, push, n = heapq.heappop, heapq.heappush, len(h)
+    while front:
+        entry, i = pop(front)
+        yield entry
+        j = 2 * i + 1
+        if j < n:
+            push(front, (h[j], j))
+            if j + 1 < n:
+                push(front, (h[j + 1], j + 1))
 
 
 def columns(rows: list[tuple], names: Sequence[str] | None = None) -> dict[str, Any]:
