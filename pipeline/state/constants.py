@@ -14,6 +14,7 @@ payload's alone (what `replaylake dev bench memory` reports), and they never pin
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pyarrow as pa
@@ -28,10 +29,12 @@ _made: dict[tuple, pa.Array] = {}
 def constant(value: Any, n: int, typ: pa.DataType | None = None) -> pa.Array:
     """``n`` rows of ``value`` (None: null) of type ``typ``, or of the type Arrow infers for the
     value when ``typ`` is None (a Python int is int64, a str a string). The value's Python type
-    is part of the key: True and 1 are equal keys but not equal columns."""
+    is part of the key: True and 1 are equal keys but not equal columns; so is a float's sign:
+    0.0 and -0.0 are equal too."""
     if n > MAX_ROWS:
         return _make(value, n, typ, None)
-    key = (typ, type(value), value, n)
+    key = (typ, type(value), value, n, math.copysign(1.0, value)) if type(value) is float else \
+        (typ, type(value), value, n)
     try:
         got = _made.get(key)
     except TypeError:                      # a value that cannot be a key

@@ -1,6 +1,8 @@
 """Remembered constant columns: right values and types, bounded, and outside the payload's pool."""
 from __future__ import annotations
 
+import math
+
 import pyarrow as pa
 
 from pipeline.state import constants
@@ -15,6 +17,14 @@ def test_a_constant_has_its_value_and_type_and_is_made_once():
     assert constant(None, 4, pa.int64()).equals(pa.nulls(4, pa.int64()))
     # True and 1 are equal keys; the columns are not
     assert constant(True, 2).type == pa.bool_() and constant(1, 2).type == pa.int64()
+
+
+def test_zero_and_negative_zero_are_different_columns():
+    neg = constant(-0.0, 3, pa.float64())
+    pos = constant(0.0, 3, pa.float64())
+    assert [math.copysign(1.0, v) for v in neg.to_pylist()] == [-1.0] * 3
+    assert [math.copysign(1.0, v) for v in pos.to_pylist()] == [1.0] * 3
+    assert constant(-0.0, 3, pa.float64()) is neg
 
 
 def test_large_columns_are_not_remembered_and_none_is_in_the_default_pool():

@@ -102,7 +102,7 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
         lo[j], hi[j], inferred[j] = vf.versions_of(kept_tags[j], extras[j], todo[keep[j]][2])
     bad_rm: list[Problem] = []
     if rm_rows.count(None) == len(rm_rows):       # not read (`decisions` without metric reward)
-        reward = [0.0] * n
+        reward = None
     else:
         reward = []
         reward_of = vf.reward_of
@@ -129,6 +129,8 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
             "is_padding": padding, "versions_inferred": inferred}
     data: dict[str, pa.Array] = {
         f.name: _column(cols[f.name], f.type, n) for f in TRAJECTORIES_INPUT if f.name in cols}
+    if reward is None:                      # not read (not written yet reads 0.0 too)
+        data["reward"] = constant(0.0, n, pa.float64())
     data["partition"] = constant(partition, n, pa.string())
     for name, src, typ in _TOKENS:
         required = name in ("prompt_ids", "response_ids")
@@ -148,11 +150,11 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
 
 def _column(values: list | None, typ: pa.DataType, n: int) -> pa.Array:
     """``values`` as a column of ``typ`` (None: null in every row); one value in every row of a
-    bool or float column is a remembered column (`constant`)."""
+    bool column is a remembered column (`constant`). Floats are converted as they are: 0.0 and
+    -0.0 are equal, and a remembered column would make one the other."""
     if values is None:
         return constant(None, n, typ)
-    if n and (typ == pa.bool_() or typ == pa.float64()) and type(values[0]) in (bool, float) \
-            and values.count(values[0]) == n:
+    if n and typ == pa.bool_() and values.count(values[0]) == n and type(values[0]) is bool:
         return constant(values[0], n, typ)
     return pa.array(values, type=typ)
 
