@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -70,7 +71,19 @@ _ENTRY_SEQ, _ENTRY_UID = ORDER.index("term_seq"), ORDER.index("uid")   # within 
 _PACKED = ORDER == ("global_steps", "term_seq", "uid")
 _SEQ_BITS = 64
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
-_RANKED_SEQ, _RANKED_UID = 1, 2    # within an entry `(key, term_seq, uid)` of a declared order
+
+
+class _At(NamedTuple):
+    """How to read a heap's entries: each entry's uid and terminal seq (C-level callables, read
+    in the hottest loops), and how a packed entry's uid is forgotten with it (None: nothing to)."""
+
+    uid: Callable[[Any], str | None]
+    seq: Callable[[Any], int]
+    drop: Callable[..., Any] | None
+
+
+_ENTRY_AT = _At(itemgetter(_ENTRY_UID), itemgetter(_ENTRY_SEQ), None)   # key tuples in ORDER
+_RANKED_AT = _At(itemgetter(2), itemgetter(1), None)   # `(key, term_seq, uid)`, declared order
 
 
 class _NaNLast:
@@ -163,83 +176,65 @@ class CandidateIndex:
         for u in uids:
             if self.alive.pop(u, None) is None:
                 self.unaggregated.pop(u, None)     # or an in-flight group retired from outside
-        self._heap = self._pruned_packed(self._heap) if _PACKED else \
-            self._pruned(self._heap, _ENTRY_UID, _ENTRY_SEQ)
+        self._heap = self._pruned(self._heap, self._entry_at())
         if self.order is not None:
-            self._ranked = self._pruned(self._ranked, _RANKED_UID, _RANKED_SEQ)
+            self._ranked = self._pruned(self._ranked, _RANKED_AT)
 
-    def _pruned(self, h: list[tuple], uid: int, seq: int) -> list[tuple]:
+    def _entry_at(self) -> _At:
+        """How to read an entry of `_heap`: packed (`_PACKED`) or a key tuple in ORDER."""
+        if _PACKED:
+            return _At(self._uid_of.get, _SEQ_MASK.__and__, self._uid_of.pop)
+        return _ENTRY_AT
+
+    def _pruned(self, h: list, at: _At) -> list:
         """``h`` without its dead front entries (selected/stale groups sit there: drop them now),
-        rebuilt from its live entries once most of it is dead (amortised O(1) per group)."""
-        alive, pop = self.alive, heapq.heappop
+        rebuilt from its live entries once most of it is dead (amortised O(1) per group). A
+        packed entry's uid leaves `_uid_of` with the entry (``at.drop``)."""
+        alive, pop, uid_at, seq_at, drop = self.alive, heapq.heappop, at.uid, at.seq, at.drop
         while h:
-            r = alive.get(h[0][uid])      # `_live`, inlined for the common case
-            if r is not None and r[_TERM_SEQ] == h[0][seq] or \
-                    r is None and self._live(h[0], uid, seq):
+            r = alive.get(uid_at(h[0]))      # `_live`, inlined for the common case
+            if r is not None and r[_TERM_SEQ] == seq_at(h[0]) or \
+                    r is None and self._live(h[0], at):
                 break
-            pop(h)
+            e = pop(h)
+            if drop is not None:
+                drop(e, None)
         if len(h) > 64 and len(h) > 2 * self.alive_count:
-            h = [e for e in h if self._live(e, uid, seq)]
+            kept = []
+            for e in h:
+                if self._live(e, at):
+                    kept.append(e)
+                elif drop is not None:
+                    drop(e, None)
+            h = kept
             heapq.heapify(h)
         return h
-
-    def _pruned_packed(self, h: list[int]) -> list[int]:
-        """`_pruned` of the packed heap (its dead entries leave `_uid_of` with it)."""
-        alive, uid_of, pop, live = self.alive, self._uid_of, heapq.heappop, self._live_packed
-        while h:
-            e = h[0]
-            r = alive.get(uid_of.get(e))
-            if r is not None and r[_TERM_SEQ] == e & _SEQ_MASK or r is None and live(e):
-                break
-            pop(h)
-            uid_of.pop(e, None)
-        if len(h) > 64 and len(h) > 2 * self.alive_count:
-            h = [e for e in h if live(e)]
-            heapq.heapify(h)
-            self._uid_of = {e: uid_of[e] for e in h}
-        return h
-
-    def _live_packed(self, e: int) -> bool:
-        u = self._uid_of.get(e)
-        if u is None:
-            return False
-        r = self.alive.get(u)
-        if r is not None:
-            return r[_TERM_SEQ] == e & _SEQ_MASK
-        p = self.unaggregated.get(u)
-        return p is not None and p[1] == e & _SEQ_MASK
 
     def settle(self) -> None:
         """A committed poll examined every fresh group: from now on only horizons revisit them."""
         self.fresh = []
 
-    def _live(self, e: tuple, _uid: int = _ENTRY_UID, _seq: int = _ENTRY_SEQ) -> bool:
-        # the positions are bound as defaults: local lookups, in the hottest loop of a poll
-        r = self.alive.get(e[_uid])
+    def _live(self, e: Any, at: _At) -> bool:
+        """Is heap entry ``e`` its group's current one (the group alive, terminal at that seq)?"""
+        u = at.uid(e)
+        r = self.alive.get(u)
         if r is not None:
-            return r[_TERM_SEQ] == e[_seq]
-        p = self.unaggregated.get(e[_uid])
-        return p is not None and p[1] == e[_seq]
+            return r[_TERM_SEQ] == at.seq(e)
+        p = self.unaggregated.get(u)
+        return p is not None and p[1] == at.seq(e)
 
     def before(self, horizon: int) -> list[str]:
         """Alive groups with gs < horizon, by walking only the heap's front (no pops): the
-        dispatch step is every entry's first component."""
+        dispatch step leads every entry, so an entry is below the horizon exactly when it is
+        below ``horizon << 64`` packed, or below the 1-tuple ``(horizon,)``."""
         out, h, stack = [], self._heap, [0] if self._heap else []
-        if _PACKED:
-            below, uid_of, live = horizon << _SEQ_BITS, self._uid_of, self._live_packed
-            while stack:
-                i = stack.pop()
-                if i < len(h) and h[i] < below:
-                    if live(h[i]):
-                        out.append(uid_of[h[i]])
-                    stack.extend((2 * i + 1, 2 * i + 2))
-            return out
-        uid = _ENTRY_UID
+        at = self._entry_at()
+        bound = horizon << _SEQ_BITS if _PACKED else (horizon,)
         while stack:
             i = stack.pop()
-            if i < len(h) and h[i][0] < horizon:
-                if self._live(h[i]):
-                    out.append(h[i][uid])
+            if i < len(h) and h[i] < bound:
+                if self._live(h[i], at):
+                    out.append(at.uid(h[i]))
                 stack.extend((2 * i + 1, 2 * i + 2))
         return out
 
@@ -253,9 +248,7 @@ class CandidateIndex:
 
     def oldest(self, k: int | None) -> list[str]:
         """The k oldest alive groups in the declared ORDER, oldest first; all of them if k is None."""
-        if _PACKED:
-            return self._first_packed(k)
-        return self._first(self._heap, k, _ENTRY_UID, _ENTRY_SEQ)
+        return self._first(self._heap, k, self._entry_at())
 
     def first(self, k: int | None) -> list[str]:
         """The k groups a sample takes first, in the selection order (oldest first unless an
@@ -265,37 +258,20 @@ class CandidateIndex:
         if self.unaggregated:     # a group without its key yet would be passed over silently
             raise InvariantError(f"selection_order={self.order.name!r}: {len(self.unaggregated)} "
                                  "group(s) are not aggregated yet; complete them before ranking")
-        return self._first(self._ranked, k, _RANKED_UID, _RANKED_SEQ)
+        return self._first(self._ranked, k, _RANKED_AT)
 
-    def _first(self, h: list[tuple], k: int | None, uid: int, seq: int) -> list[str]:
+    def _first(self, h: list, k: int | None, at: _At) -> list[str]:
         """The uids of the k smallest live entries of heap ``h`` (all, sorted, if k is None),
         walking only its front: O(k log k)."""
         if k is None:
-            return [e[uid] for e in sorted(e for e in h if self._live(e, uid, seq))]
+            return [at.uid(e) for e in sorted(e for e in h if self._live(e, at))]
         out: list[str] = []
         # the hottest loop of a selection: names bound locally, the liveness test inlined (`_live`)
-        live, waiting, alive = self._live, self.unaggregated, self.alive
-        for entry in _front(h) if k > 0 else ():
-            r = alive.get(entry[uid])
-            if (r[_TERM_SEQ] == entry[seq]) if r is not None else \
-                    (entry[uid] in waiting and live(entry, uid, seq)):
-                out.append(entry[uid])
-                k -= 1
-                if not k:
-                    break
-        return out
-
-    def _first_packed(self, k: int | None) -> list[str]:
-        """`_first` of the packed heap."""
-        h, uid_of, live = self._heap, self._uid_of, self._live_packed
-        if k is None:
-            return [uid_of[e] for e in sorted(e for e in h if live(e))]
-        out: list[str] = []
-        alive = self.alive
+        alive, uid_at, seq_at = self.alive, at.uid, at.seq
         for e in _front(h) if k > 0 else ():
-            u = uid_of.get(e)
+            u = uid_at(e)
             r = alive.get(u)
-            if (r[_TERM_SEQ] == e & _SEQ_MASK) if r is not None else live(e):
+            if (r[_TERM_SEQ] == seq_at(e)) if r is not None else self._live(e, at):
                 out.append(u)
                 k -= 1
                 if not k:
