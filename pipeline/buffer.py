@@ -356,21 +356,36 @@ class ReplayBuffer:
             partition_arg(partition, partition_id, where)
         out: dict[str, list] = {}
         with self._state.locked(), interrupts.held():
-            for pid, part in self._state.partitions():
-                if only is not None and pid != only:
-                    continue
-                self._state.reowe_lost_ask(pid, global_steps)   # asked, never registered
-                uids = sorted(part.inflight)
+            chosen = [(pid, part) for pid, part in self._state.partitions()
+                      if only is None or pid == only]
+            # one write for every partition and table: a crash or a failed write leaves all of
+            # it or none (the events without the rows they keep would lose those rows)
+            owed, events, kept = [], [], []
+            for pid, part in chosen:
+                rows = self._state.lost_ask_rows(pid, global_steps)   # asked, never registered
+                if rows is not None:
+                    owed.append(rows)
+                for u in sorted(part.inflight):
+                    g = part.groups[u]
+                    if keep and g.keys:
+                        kept.append(self._state.stored_rows(pid, u))
+                    events.append({"partition": pid, "uid": u, "event": "reissued",
+                                   "global_steps": global_steps,
+                                   "kept_rows": len(g.keys) if keep else 0})
+            items: list[tuple[str, Any]] = []
+            if owed:
+                items.append(("decisions", owed[0] if len(owed) == 1 else Columns.concat(owed)))
+            if events:
+                items.append(("group_events", events))
+            if kept:
+                items.append(("trajectories",
+                              pa.concat_tables(kept).drop_columns(["seq", "ts"])))
+            if items:
+                self._state.commit_many(items)
+            for pid, part in chosen:
+                self._state.lost_ask_owed(pid)
+                uids = [e["uid"] for e in events if e["partition"] == pid]
                 if uids:
-                    kept = [self._state.stored_rows(pid, u) for u in uids if part.groups[u].keys] \
-                        if keep else []
-                    counts = {u: len(part.groups[u].keys) if keep else 0 for u in uids}
-                    self._state.commit("group_events", [
-                        {"partition": pid, "uid": u, "event": "reissued",
-                         "global_steps": global_steps, "kept_rows": counts[u]} for u in uids])
-                    if kept:
-                        self._state.commit("trajectories", pa.concat_tables(kept).drop_columns(
-                            ["seq", "ts"]))
                     out[pid] = [(u, _missing(part.groups[u])) for u in uids] if keep else uids
                 if release_held:
                     for batch_id in sorted(part.batches):

@@ -43,7 +43,9 @@ _TRAJECTORY_FIELDS = [
     field("index", pa.int32(), "output index within a multi-output agent loop (usually 0)"),
     field("min_global_steps", pa.int64(), "oldest weight version that produced a token"),
     field("max_global_steps", pa.int64(), "newest weight version that produced a token"),
-    field("reward", pa.float64(), "scalar reward (sum of token rewards); never NaN"),
+    field("reward", pa.float64(), "scalar reward (sum of token rewards); never NaN; null when "
+          "not known: the producer did not send it (the verl adapter's `decisions` mode reads no "
+          "rewards), or it was not scored yet", nullable=True),
     field("reward_info", pa.map_(pa.string(), pa.float64()),
           "named reward metrics, e.g. {'acc': 1.0}", nullable=True),
     field("prompt_ids", pa.list_(pa.int32()), "prompt token ids"),

@@ -27,7 +27,7 @@ from pipeline.decide.policies import CallState, PollContext, PollOutcome
 from pipeline.decide.policies.stale import WaitGate, blocks
 from pipeline.decide.selection import again, deliver, select
 from pipeline.errors import BufferUnavailableError, ConfigError, SampleTimeout
-from pipeline.state import BufferState, PartitionState, decision_rows
+from pipeline.state import BufferState, Columns, PartitionState, RefillAsk, decision_rows
 
 log = logging.getLogger("replaylake")
 WARN_EVERY_S = 60.0
@@ -192,36 +192,24 @@ class _Call:
         """One poll under the lock: (the call's result or None, prompts to refill, how long to
         wait before the next poll or None)."""
         state, cfg, ctx, st, acc = self.state, self.cfg, self.ctx, self.st, self.acc
-        dispatch = 0
         seen = state.version
         ev = decide.evaluate(part, self.uses, ctx.step, cfg.filter_metric)
-        if ev.count:
-            _evict(state, part, ctx, self.call_id, poll, ev)
-            acc.add(ev)
-            for r, n in ev.by_reason().items():
-                st.evicted[r] = st.evicted.get(r, 0) + n
-        part.candidates.settle()
-        outcome = PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
-                              sum(1 for c in ev.credits if c >= 2),
-                              part.candidates.alive_count, len(part.inflight),
-                              free_credit=sum(c for c in ev.credits if c < 2),
-                              uids=tuple(ev.uids), credits=tuple(ev.credits))
+        evictions = _eviction_rows(ctx, self.call_id, poll, ev) if ev.count else None
+        before = st.copy() if ev.count and cfg.refill_fn is not None else None
+        for r, n in ev.by_reason().items():
+            st.evicted[r] = st.evicted.get(r, 0) + n
+        outcome = _outcome(part, ev)
+        ask = None
         if cfg.refill_fn is not None:
-            st.replaces = []
-            wanted = cfg.refill.after_poll(outcome, st, ctx)
-            if part.refill_asking:     # an earlier ask has not returned: never ask twice
-                state.owe_refill(ctx.partition, wanted, st.replaces, step=ctx.step,
-                                 call_id=self.call_id, poll=poll, policy=cfg.refill.name)
-            else:
-                # the row asks for what is owed too; should it fail to be written, the next poll
-                # (of this or a later call) still owes these prompts, as when refill_fn raises
-                # the admission value caps the ask (admit: the dispatch capacity), the rest
-                # stays owed; asked only when something is owed
-                dispatch = state.decide_refill(ctx.partition, wanted, st.replaces, step=ctx.step,
-                                               call_id=self.call_id, poll=poll,
-                                               policy=cfg.refill.name,
-                                               limit=partial(cfg.admission.room, ctx, outcome,
-                                                             part))
+            try:
+                ask = self._ask(part, outcome, poll)
+            except BaseException:
+                # the refill policy or admission refused (a cap reached): the evictions stand,
+                # as they would had the poll asked for nothing
+                self._write(part, ev, evictions, None, None)
+                raise
+        self._write(part, ev, evictions, ask, before)
+        dispatch = 0 if ask is None else ask.dispatch
         now = time.monotonic()
         if dispatch:
             st.refilled += dispatch
@@ -249,6 +237,50 @@ class _Call:
             return None, dispatch, None
         return None, 0, cfg.poll_interval if self.deadline is None else \
             min(cfg.poll_interval, max(self.deadline - now, 0.0))
+
+    def _write(self, part: PartitionState, ev: decide.Eviction, evictions: Columns | None,
+               ask: RefillAsk | None, before: CallState | None) -> None:
+        """Write the poll's evictions and its refill as one (`BufferState.write_poll`), then
+        count the evictions for the call's metrics. Should the write fail, the call still owes
+        what a refill of the poll would have asked had it evicted nothing (asked of ``before``,
+        the call's state before the poll; without evictions, all it wanted)."""
+        if ask is None:
+            owed = None
+        elif before is None:
+            owed = lambda: (ask.wanted, ask.replaces)    # noqa: E731
+        else:
+            owed = partial(self._earlier, before, part, ev)
+        self.state.write_poll(part, evictions, ask, step=self.ctx.step, owed_if_lost=owed)
+        if ev.count:
+            self.acc.add(ev)
+        part.candidates.settle()
+
+    def _ask(self, part: PartitionState, outcome: PollOutcome, poll: int) -> RefillAsk:
+        """The poll's refill, decided by the refill policy and capped by admission (not yet
+        written). While an earlier ask has not returned, what is wanted is held back: never
+        asked twice."""
+        cfg, ctx, st = self.cfg, self.ctx, self.st
+        st.replaces = []
+        wanted = cfg.refill.after_poll(outcome, st, ctx)
+        # the row asks for what is owed too; should it fail to be written, the next poll (of
+        # this or a later call) still owes these prompts, as when refill_fn raises. The
+        # admission value caps the ask (admit: the dispatch capacity), the rest stays owed
+        return self.state.refill_ask(ctx.partition, wanted, st.replaces, step=ctx.step,
+                                     call_id=self.call_id, poll=poll, policy=cfg.refill.name,
+                                     limit=partial(cfg.admission.room, ctx, outcome, part))
+
+    def _earlier(self, before: CallState, part: PartitionState, ev: decide.Eviction
+                 ) -> tuple[int, list[str]]:
+        """What the poll would have asked for had it evicted nothing (credit earlier polls
+        earned, in sync DAPO): owed in memory should its write fail, for the evictions that
+        earned it are written already and no poll finds them again. Asked of a copy of the
+        call's state from before the poll, with nothing applied (the write failed)."""
+        try:
+            wanted = self.cfg.refill.after_poll(_outcome(part, ev, evicted=False), before,
+                                                self.ctx)
+        except Exception:      # noqa: BLE001 - the policy would refuse: nothing is owed
+            return 0, []
+        return wanted, before.replaces
 
     def _refill(self, part: PartitionState, dispatch: int, poll: int) -> None:
         """Ask ``refill_fn`` for ``dispatch`` prompts, the lock released: it registers the new
@@ -403,11 +435,27 @@ def _ready(cfg: BufferConfig, part: PartitionState, ctx: PollContext, o: PollOut
     return cfg.refill.may_finish(o, st)
 
 
-def _evict(state: BufferState, part: PartitionState, ctx: PollContext, call_id: int, poll: int,
-           ev: decide.Eviction) -> None:
+def _eviction_rows(ctx: PollContext, call_id: int, poll: int, ev: decide.Eviction) -> Columns:
+    """The poll's `evict` rows: one per group and reason, with the value the rule saw."""
     fired = ev.rows()
-    state.commit("decisions", decision_rows(
+    return decision_rows(
         "evict", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
         uids=[ev.uids[i] for i, _ in fired], reason=[r for _, r in fired],
         group_span=[ev.group_spans[i] for i, _ in fired],
-        value=[ev.values[r][i] if r in ev.values else None for i, r in fired]))
+        value=[ev.values[r][i] if r in ev.values else None for i, r in fired])
+
+
+def _outcome(part: PartitionState, ev: decide.Eviction, evicted: bool = True) -> PollOutcome:
+    """What the poll found, as its refill policy sees it: with its evictions applied (they are
+    written in the same write as the refill they decide, so they are not applied yet here), or,
+    ``evicted=False``, as if it had evicted nothing."""
+    sampleable, inflight = part.candidates.alive_count, len(part.inflight)
+    if not evicted or not ev.count:
+        return PollOutcome(0, {}, 0, 0, sampleable, inflight)
+    gone = set(ev.uids)
+    return PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
+                       sum(1 for c in ev.credits if c >= 2),
+                       sampleable - part.candidates.count_of(gone),
+                       inflight - len(gone.intersection(part.inflight)),
+                       free_credit=sum(c for c in ev.credits if c < 2),
+                       uids=tuple(ev.uids), credits=tuple(ev.credits))

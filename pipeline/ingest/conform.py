@@ -198,20 +198,25 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
     keys = [table.column(c).to_pylist() for c in ("partition", "uid", "session_id", "index")]
     problems = _partition_list_problems(keys[0]) + _empty_uid_problems(keys[1])
     if _numbers_may_be_bad(table, keys):
-        mn, mx, reward = _np(table, "min_global_steps"), _np(table, "max_global_steps"), \
-            _np(table, "reward")
+        mn, mx = _np(table, "min_global_steps"), _np(table, "max_global_steps")
         session, index = _np(table, "session_id"), _np(table, "index")
+        reward_nan = pc.fill_null(pc.is_nan(_one_chunk(table, "reward")), False).to_numpy(
+            zero_copy_only=False)        # a null reward (not known) is no NaN
         for name, mask, msg in (
             ("min_global_steps", (mn < 0) | (mn >= STEP_LIMIT), STEP_RULE),
             ("max_global_steps", (mx < 0) | (mx >= STEP_LIMIT), STEP_RULE),
             ("min_global_steps", mn > mx, "min_global_steps > max_global_steps"),
             ("session_id", session < 0, "must be >= 0"),
             ("index", index < 0, "must be >= 0"),
-            ("reward", np.isnan(reward), "reward is NaN"),
+            ("reward", reward_nan, "reward is NaN (send null for a reward not known)"),
         ):
             if mask.any():
                 problems.append(Problem(name, tuple(np.flatnonzero(mask).tolist()), msg))
     values = metric_values(table, filter_metric)
+    if filter_metric == "reward" and values.null_count:
+        problems.append(Problem("reward", rows_where(values.is_null()),
+                                "reward is null (not known), and the zero-variance filter on "
+                                "'reward' needs one: send the reward sum"))
     if values is not None and filter_metric != "reward":
         nan = pc.is_nan(values)
         if pc.any(nan).as_py():
@@ -258,10 +263,13 @@ def _numbers_may_be_bad(table: pa.Table, keys: list[list]) -> bool:
     there a put's eight numpy calls cost about twice these lists."""
     lo = table.column("min_global_steps").to_pylist()
     hi = table.column("max_global_steps").to_pylist()
+    col = table.column("reward")
+    rewards = col.to_pylist()
     return (min(keys[2], default=0) < 0 or min(keys[3], default=0) < 0
             or min(lo, default=0) < 0 or max(hi, default=0) >= STEP_LIMIT
             or (lo != hi and any(a > b for a, b in zip(lo, hi)))
-            or math.isnan(sum(table.column("reward").to_pylist())))
+            or math.isnan(sum(rewards) if not col.null_count else   # null: not known
+                          sum(r for r in rewards if r is not None)))
 
 
 def _partition_list_problems(partitions: list) -> list[Problem]:

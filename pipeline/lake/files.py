@@ -37,6 +37,7 @@ LOCK_NAME = "_writer.lock"
 QUARANTINE_DIR = "_quarantine"
 SUM_SUFFIX = ".crc"
 CALL_KEY = b"replaylake.call"       # batch metadata of a multi-partition call: "<writer>:<first>:<last>"
+COMMIT_SEP = ","                     # a commit record's tables, when a call wrote several
 
 WINDOW_COLUMN = {
     "trajectories": "max_global_steps",

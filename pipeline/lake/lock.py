@@ -1,4 +1,5 @@
-"""One writer per lake: an exclusive `flock` on `<lake>/_writer.lock`, held while a writer is open.
+"""One writer per lake: an exclusive `flock` on `<lake>/_writer.lock` and on the lake directory
+itself, held while a writer is open (the directory's lock stands even if the file is deleted).
 
 Two writers on one lake would hand out the same seq numbers and interleave their history, so the
 second opener is refused, in another process or in the same one (each opener opens the file anew,
@@ -48,6 +49,36 @@ def _describe(raw: bytes) -> str:
         return "a writer whose holder record is not written yet"
 
 
+def _refusal(root: Path, holder: str, path: Path) -> str:
+    return (f"the lake {root} is already open for writing by {holder} (lock file {path}); one "
+            "writer per lake: close that buffer first (readers need no lock)")
+
+
+def _lock_dir(root: Path, path: Path) -> int:
+    """Lock the lake directory itself, beside its lock file: a lock file deleted while its
+    writer holds it (by hand, or a cleanup job) must not let a second writer in, and the
+    directory cannot go while the lake is in it. Returns its descriptor (held with the lock)."""
+    try:
+        d = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LakeError(f"cannot open the lake directory {root} to lock it: {exc}") from exc
+    try:
+        fcntl.flock(d, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(d)
+        try:
+            holder = _describe(path.read_bytes())
+        except FileNotFoundError:
+            holder = "a writer whose lock file was deleted while it held the lake"
+        except OSError:
+            holder = "a writer whose holder record cannot be read"
+        raise LakeError(_refusal(root, holder, path)) from None
+    except OSError as exc:
+        os.close(d)
+        raise LakeError(f"cannot lock the lake {root}: {exc}") from exc
+    return d
+
+
 class LakeLock:
     """The writer lock of one lake; ``release()`` (or the holder's exit) gives it up."""
 
@@ -55,20 +86,22 @@ class LakeLock:
         require_new_or_lake(root)           # the lock is a writer's first file: never among others'
         self.path = root / LOCK_NAME
         self.previous: str | None = None    # the dead holder this lock was taken over from
+        self._dir: int | None = _lock_dir(root, self.path)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            self._close_dir()
             raise LakeError(f"cannot open the lake lock {self.path}: {exc}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _describe(os.pread(fd, 4096, 0))
             os.close(fd)
-            raise LakeError(
-                f"the lake {root} is already open for writing by {holder} (lock file {self.path});"
-                " one writer per lake: close that buffer first (readers need no lock)") from None
+            self._close_dir()
+            raise LakeError(_refusal(root, holder, self.path)) from None
         except OSError as exc:
             os.close(fd)
+            self._close_dir()
             raise LakeError(f"cannot lock the lake {root} ({self.path}): {exc}") from exc
         # a file object, so a lock whose owner is dropped without release() still closes
         self._file: io.FileIO | None = io.FileIO(fd, "r+")
@@ -82,6 +115,11 @@ class LakeLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(rec).encode(), 0)
         _HELD.add(self)
+
+    def _close_dir(self) -> None:
+        d, self._dir = self._dir, None
+        if d is not None:
+            os.close(d)
 
     @property
     def held(self) -> bool:
@@ -97,8 +135,10 @@ class LakeLock:
             os.ftruncate(f.fileno(), 0)
         finally:
             f.close()         # closing the last descriptor of the open file drops the flock
+            self._close_dir()
 
     def _forget(self) -> None:
         f, self._file = self._file, None
         if f is not None:
             f.close()
+        self._close_dir()

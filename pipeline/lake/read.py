@@ -27,6 +27,7 @@ from pipeline.errors import LakeDamageError
 from pipeline.lake import parquet
 from pipeline.lake.files import (
     CALL_KEY,
+    COMMIT_SEP,
     LOG_DIR,
     LOG_SCHEMA,
     RECORD_SIZE,
@@ -112,11 +113,12 @@ def _written(path: Path) -> bool:
 
 
 def committed_calls(root: str | os.PathLike, log: pa.Table | None = None) -> set[tuple[str, str]]:
-    """(table, call name) of every multi-partition call whose commit record is acknowledged."""
+    """(table, call name) of every call written in several parts (partitions, or tables)
+    whose commit record is acknowledged; a record names each table the call wrote."""
     log = read_log(root) if log is None else log
     c = log.filter(pc.equal(log.column("kind"), "commit"))
-    return {(t, f"{w}:{a}:{b}") for t, w, a, b in zip(*(c.column(k).to_pylist() for k in (
-        "table", "writer", "first_seq", "last_seq")))}
+    return {(t, f"{w}:{a}:{b}") for ts, w, a, b in zip(*(c.column(k).to_pylist() for k in (
+        "table", "writer", "first_seq", "last_seq"))) for t in ts.split(COMMIT_SEP)}
 
 
 def missing_segments(root: str | os.PathLike, log: pa.Table | None = None) -> list[Path]:

@@ -31,10 +31,12 @@ stream may mix both): compressing one costs about 0.3 ms however small it is, wh
 of a 300-step replay's time, spent on decisions and events.
 
 Atomicity of one call: a call's rows of one partition are one record batch in one file. A call
-spanning several partitions writes one batch per partition, each tagged with the call's name
-(writer + seq range), then a commit record with that name in the writer's log; readers skip tagged
-batches without their commit record, so a call torn between files reads as never made, and a
-later call (even one reusing its seqs) can never commit its orphans.
+spanning several partitions, or several tables (`append_many`: `resume` writes its events and the
+rows it keeps together), writes one batch per table and partition, each tagged with the call's
+name (writer + seq range), then one commit record with that name and every table it wrote (comma
+separated) in the writer's log; readers skip tagged batches without their commit record, so a
+call torn between files reads as never made, and a later call (even one reusing its seqs) can
+never commit its orphans.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from pipeline.errors import LakeError
 from pipeline.lake import kill as lake_kill
 from pipeline.lake.files import (
     CALL_KEY,
+    COMMIT_SEP,
     DEFAULT_WINDOW,
     LOG_DIR,
     LOG_SCHEMA,
@@ -81,6 +84,13 @@ def _lowest(steps: pa.ChunkedArray) -> int:
     if steps.null_count == 0 and steps.num_chunks == 1:
         return int(steps.chunk(0).to_numpy().min())
     return pc.min(steps).as_py()
+
+
+def _rows_of(items: list[tuple[str, pa.Table]]) -> str:
+    """"12 row(s) to the lake table 'decisions'" (or tables 'a', 'b'), for an error."""
+    tables = list(dict.fromkeys(t for t, _ in items))
+    return (f"{sum(r.num_rows for _, r in items)} row(s) to the lake "
+            f"table{'s' if len(tables) > 1 else ''} {', '.join(map(repr, tables))}")
 
 
 class LakeWriter:
@@ -115,11 +125,16 @@ class LakeWriter:
 
     def append(self, table: str, rows: pa.Table) -> None:
         """Write ``rows`` (already of ``LAKE_TABLES[table]``'s schema) durably, then return."""
-        if rows.num_rows == 0:
+        self.append_many([(table, rows)])
+
+    def append_many(self, items: list[tuple[str, pa.Table]]) -> None:
+        """Write the rows of one call that spans several tables (each already of its table's
+        schema, seqs ascending across ``items``) durably and as one: a crash or a failed write
+        keeps all of them or none (see the module doc), then return."""
+        items = [(t, r if r.schema == LAKE_TABLES[t] else r.cast(LAKE_TABLES[t]))
+                 for t, r in items if r.num_rows]
+        if not items:
             return
-        schema = LAKE_TABLES[table]
-        if rows.schema != schema:
-            rows = rows.cast(schema)
         with self._lock, interrupts.held():
             if self._broken is not None:
                 raise LakeError(self._broken)
@@ -127,18 +142,18 @@ class LakeWriter:
                 raise LakeError(f"the lake writer of {self.root} is closed")
             self._marks = marks = {}
             try:
-                self._append(table, rows)
+                self._append(items)
             except BaseException as exc:
                 self._marks = None
-                self._take_back(marks, exc, f"writing {rows.num_rows} row(s) to the lake table "
-                                            f"{table!r} under {self.root}")
+                what = _rows_of(items)
+                self._take_back(marks, exc, f"writing {what} under {self.root}")
                 if isinstance(exc, (OSError, pa.ArrowException)):
-                    raise LakeError(f"writing {rows.num_rows} row(s) to the lake table {table!r} "
-                                    f"under {self.root} failed ({exc}); nothing of this call was "
-                                    "written") from exc
+                    raise LakeError(f"writing {what} under {self.root} failed ({exc}); nothing "
+                                    "of this call was written") from exc
                 raise
             self._marks = None
-            lake_kill.hit(table + ".acked")
+            for table in dict.fromkeys(t for t, _ in items):
+                lake_kill.hit(table + ".acked")
             self._roll()
 
     def _take_back(self, marks: dict[int, tuple[Stream, tuple[int, int, bool]]],
@@ -174,22 +189,24 @@ class LakeWriter:
                 except Exception:       # the marker is taken back (or a torn tail at worst)
                     stream.abandon()
 
-    def _append(self, table: str, rows: pa.Table) -> None:
-        """Write every part (and the commit record of a multi-partition call); `_mark` notes
-        each stream's position before this call first writes to it."""
-        parts = list(self._split(table, rows))
+    def _append(self, items: list[tuple[str, pa.Table]]) -> None:
+        """Write every part (and the commit record of a call with several); `_mark` notes each
+        stream's position before this call first writes to it."""
+        parts = [(table, key, part) for table, rows in items
+                 for key, part in self._split(table, rows)]
         meta = None
         if len(parts) > 1:     # the call key marks the parts of one call (single part: no need)
-            seq = rows.column("seq")
-            first, last = pc.min(seq).as_py(), pc.max(seq).as_py()
+            first = min(pc.min(r.column("seq")).as_py() for _, r in items)
+            last = max(pc.max(r.column("seq")).as_py() for _, r in items)
             meta = {CALL_KEY: call_key(self.tag, first, last).encode()}
-        for (partition, win), part in parts:
+        for table, (partition, win), part in parts:
             stream = self._stream(table, partition, win, int(part.column("seq")[0].as_py()))
             self._mark(stream)
             stream.append(part.combine_chunks().to_batches(max_chunksize=part.num_rows)[0], meta)
-        if meta is not None:   # every part is written: now the call counts
-            self._log({"kind": "commit", "table": table, "writer": self.tag, "first_seq": first,
-                       "last_seq": last, "parts": len(parts)})
+        if meta is not None:   # every part is written: now the call counts, in every table
+            self._log({"kind": "commit", "table": COMMIT_SEP.join(dict.fromkeys(
+                t for t, _, _ in parts)), "writer": self.tag, "first_seq": first,
+                "last_seq": last, "parts": len(parts)})
 
     def record_removed(self, paths: list[str]) -> None:
         """Log that these segments (paths relative to the root) were taken away on purpose

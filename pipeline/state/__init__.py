@@ -6,6 +6,7 @@ from pipeline._face import face
 __getattr__, __dir__, __all__ = face(__name__, {
     'BufferState': 'buffer_state',
     'Listener': 'buffer_state',
+    'RefillAsk': 'buffer_state',
     'KINDS': 'decisions',
     'decision_rows': 'decisions',
     'Columns': 'journal',

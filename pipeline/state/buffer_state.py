@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("replaylake")
 _DECISION_RUN = itemgetter(0, 1, 3, 4)   # rows of one effect: partition, kind, batch_id, step
+
+
+@dataclass(frozen=True)
+class RefillAsk:
+    """A poll's refill decision before it is written: its rows (None: nothing to record), the
+    prompts refill_fn is to be asked for now (0: none), and what the poll itself wanted, with
+    the evictions it replaces."""
+
+    rows: Columns | None
+    dispatch: int
+    wanted: int
+    replaces: list[str]
 
 Listener = Callable[[str, str, list[str], "int | None"], None]
 
@@ -156,67 +169,64 @@ class BufferState:
         return self.journal.lake
 
     # --- refills: what is owed, through the decision rows --------------------------------------
-    def decide_refill(self, partition: str, wanted: int, replaces: list[str], *,
-                      step: int, call_id: int, poll: int, policy: str,
-                      limit: Callable[[], int | None] | None = None) -> int:
-        """Ask for ``wanted`` new prompts plus every one the partition still owes: one `refill`
-        row, whose apply makes it what is owed until the ask is served (a restart replays it).
-        Returns the prompts asked (0: none). Should the row not be written, memory still owes
-        ``wanted`` (the lake never saw it), and the next poll asks again.
+    def refill_ask(self, partition: str, wanted: int, replaces: list[str], *,
+                   step: int, call_id: int, poll: int, policy: str,
+                   limit: Callable[[], int | None] | None = None) -> RefillAsk:
+        """A poll's refill, decided, not written (`write_poll` writes it with the poll's
+        evictions): ask for ``wanted`` new prompts plus every one the partition still owes. Its
+        `refill` row, once applied, is what is owed until the ask is served (a restart replays
+        it).
 
         ``limit()`` (asked only when something is owed; None: no limit) caps the ask, as
         admission does: the rest is held back to a later poll's ask, with the evictions it
         replaces (oldest replaced first), and a `refill_deferred` row beside the ask (or alone,
-        when nothing could be asked) records it, so a restart still owes it."""
+        when nothing could be asked) records it, so a restart still owes it. While an earlier
+        ask is still running (`refill_asking`), everything wanted is held back that way."""
         part = self.part(partition)
         deferred, later = part.refill_deferred
+        common = {"partition": partition, "step": step, "call_id": call_id, "poll": poll,
+                  "reason": policy}
         total = wanted + part.refill_owed + deferred
-        if not total:
-            return 0
-        cap = None if limit is None else limit()
-        dispatch = total if cap is None else min(total, max(cap, 0))
-        named = part.refill_replaces + later + replaces
-        common = {"partition": partition, "step": step, "call_id": call_id, "poll": poll}
+        if part.refill_asking or not total:
+            dispatch = 0
+        else:
+            cap = None if limit is None else limit()
+            dispatch = total if cap is None else min(total, max(cap, 0))
         if not dispatch:                 # all held back (what an earlier ask owes stays owed)
-            if wanted:
-                self._commit_refill(part, wanted, replaces, decision_rows(
-                    "refill_deferred", **common, reason=policy, count=deferred + wanted,
-                    replaces=later + replaces))
-            return 0
-        rows = decision_rows("refill", **common, reason=policy, count=dispatch,
-                             replaces=named[:dispatch])
+            return RefillAsk(decision_rows("refill_deferred", **common, count=deferred + wanted,
+                                           replaces=later + replaces) if wanted else None,
+                             0, wanted, replaces)
+        named = part.refill_replaces + later + replaces
+        rows = decision_rows("refill", **common, count=dispatch, replaces=named[:dispatch])
         if dispatch < total:             # one prompt per eviction: the oldest replaced first
             rows = Columns.concat([rows, decision_rows(
-                "refill_deferred", **common, reason=policy, count=total - dispatch,
+                "refill_deferred", **common, count=total - dispatch,
                 replaces=named[dispatch:])])
-        self._commit_refill(part, wanted, replaces, rows)
-        part.asked_unregistered(step, dispatch)     # in flight until their groups register
-        return dispatch
+        return RefillAsk(rows, dispatch, wanted, replaces)
 
-    def _commit_refill(self, part: PartitionState, wanted: int, replaces: list[str],
-                       rows: Columns) -> None:
-        """Write an ask's rows; applying them sets what is owed and held back. Should they not
-        be written, memory still owes ``wanted`` (the lake never saw it)."""
+    def write_poll(self, part: PartitionState, evictions: Columns | None,
+                   ask: RefillAsk | None, *, step: int,
+                   owed_if_lost: Callable[[], tuple[int, list[str]]] | None = None) -> None:
+        """Write a poll's evictions and the refill they earn as one write, so a crash keeps
+        both or neither: never an eviction without its replacement's ask.
+
+        Should it not be written, nothing is applied: the next poll finds the same groups
+        and decides their refill again. Memory then owes only what ``owed_if_lost()`` says
+        (prompts earned by evictions already written, which no poll finds again)."""
+        rows = [r for r in (evictions, None if ask is None else ask.rows) if r is not None]
+        if not rows:
+            return
         seen = self._version
         try:
-            self.commit("decisions", rows)
+            self.commit("decisions", rows[0] if len(rows) == 1 else Columns.concat(rows))
         except BaseException:
-            if self._version == seen:      # not written: nothing applied
-                part.owe_refill(wanted, replaces)
+            if self._version == seen and owed_if_lost is not None:   # nothing applied
+                wanted, replaces = owed_if_lost()
+                if wanted:
+                    part.owe_refill(wanted, replaces)
             raise
-
-    def owe_refill(self, partition: str, wanted: int, replaces: list[str], *, step: int,
-                   call_id: int, poll: int, policy: str) -> None:
-        """A poll wanted a refill while an earlier ask is still running: held back, as admission
-        holds prompts back (a `refill_deferred` row, so a restart still owes them); the next
-        ask takes it."""
-        part = self.part(partition)
-        if not wanted:
-            return
-        deferred, later = part.refill_deferred
-        self._commit_refill(part, wanted, replaces, decision_rows(
-            "refill_deferred", partition=partition, step=step, call_id=call_id, poll=poll,
-            reason=policy, count=deferred + wanted, replaces=later + replaces))
+        if ask is not None and ask.dispatch:
+            part.asked_unregistered(step, ask.dispatch)  # in flight until their groups register
 
     def refill_served(self, partition: str, count: int, replaced: int) -> None:
         """refill_fn returned: its ``count`` prompts and the first ``replaced`` evictions they
@@ -245,19 +255,20 @@ class BufferState:
         applied), and a write that is on disk is always applied. Should applying it fail (a bug),
         memory no longer matches the lake: the state then refuses every later change, and
         reopening the lake restores what is on disk."""
+        return self.commit_many([(table, rows)])[0]
+
+    def commit_many(self, items: list[tuple[str, pa.Table | Columns | list[dict]]]
+                    ) -> list[pa.Table | Columns | None]:
+        """`commit` for one change that writes rows of several tables (``items``, applied in
+        that order): one write, so a crash or a failed write keeps all of them or none."""
         if self.broken is not None:
             raise InvariantError(self.broken)
         with interrupts.held():
-            if isinstance(rows, pa.Table):
-                stamped = self.journal.record(table, rows)
-            elif isinstance(rows, Columns):
-                if rows.table != table:
-                    raise InvariantError(f"rows of table {rows.table!r} committed to {table!r}")
-                stamped = self.journal.record_columns(rows)
-            else:
-                stamped = self.journal.record_rows(table, rows)
+            done = self.journal.record_many(items)
             effects: list[tuple[str, str, list[str], int | None]] = []
-            if stamped is not None:
+            for (table, _), stamped in zip(items, done):
+                if stamped is None:
+                    continue
                 try:
                     self.apply(table, stamped, effects)
                 except BaseException as exc:
@@ -286,7 +297,7 @@ class BufferState:
                 self._held_errors.extend(errors)
             else:
                 _raise_first(errors)
-        return stamped
+        return done
 
     def apply(self, table: str, rows: pa.Table | Columns,
               effects: list[tuple[str, str, list[str], int | None]] | None = None) -> None:
@@ -412,7 +423,7 @@ class BufferState:
     def settle_restored(self) -> None:
         """After restore: the last ask the lake shows without a `refill_failed` row counts as
         served (as the lake's readers count it); prompts of it no group registered are said,
-        and `reowe_lost_ask` owes them again when the caller says the rollout side is gone."""
+        and `lost_ask_rows` owes them again when the caller says the rollout side is gone."""
         for pid, part in self._parts.items():
             lost = part.settle_asked()
             if lost:
@@ -421,17 +432,20 @@ class BufferState:
                             "side stopped with it, reissue() or resume() owes them again and "
                             "the next sample asks refill_fn for them", lost, pid)
 
-    def reowe_lost_ask(self, partition: str, step: int) -> int:
-        """Owe again the prompts of the restored lake's last ask that no group registered (the
-        rollout side that was asked is gone): a `refill_deferred` row (reason ``reissue``), so
-        the next poll asks for them, and a restart still owes them. Returns how many."""
+    def lost_ask_rows(self, partition: str, step: int) -> Columns | None:
+        """The row that owes again the prompts of the restored lake's last ask that no group
+        registered (the rollout side that was asked is gone): a `refill_deferred` row (reason
+        ``reissue``), so the next poll asks for them, and a restart still owes them. None when
+        there are none. Not written: the caller commits it with the rest of its change, then
+        calls `lost_ask_owed`."""
         part = self.part(partition)
         lost, names = part.lost_ask
         if not lost:
-            return 0
+            return None
         deferred, later = part.refill_deferred
-        self.commit("decisions", decision_rows(
-            "refill_deferred", partition=partition, step=step, reason="reissue",
-            count=deferred + lost, replaces=later + names))
-        part.lost_ask = (0, [])
-        return lost
+        return decision_rows("refill_deferred", partition=partition, step=step, reason="reissue",
+                             count=deferred + lost, replaces=later + names)
+
+    def lost_ask_owed(self, partition: str) -> None:
+        """The row of `lost_ask_rows` is written: those prompts are owed through it now."""
+        self.part(partition).lost_ask = (0, [])

@@ -140,6 +140,10 @@ class CandidateIndex:
     def alive_count(self) -> int:
         return len(self.alive) + len(self.unaggregated)
 
+    def count_of(self, uids: set[str]) -> int:
+        """How many of ``uids`` are candidates (alive, aggregated or not)."""
+        return len(uids.intersection(self.alive)) + len(uids.intersection(self.unaggregated))
+
     def add(self, uid: str, gs: int, term_seq: int, status: str) -> None:
         """A group turned terminal; its aggregates come with the next `complete`."""
         self.unaggregated[uid] = (gs, term_seq, status)

@@ -91,6 +91,50 @@ class Journal:
             self.next_seq += n   # even when the write failed: a seq number is never reused
         return stamped
 
+    def record_many(self, items: list[tuple[str, pa.Table | Columns | list[dict]]]
+                    ) -> list[pa.Table | Columns | None]:
+        """`record` for one call's rows of several tables, stamped in the order given and
+        written as one (`LakeWriter.append_many`: all or none); each returned as `record`,
+        `record_columns` or `record_rows` returns it. A failed write burns every seq."""
+        if self.lake is None or len(items) == 1:
+            return [self._record_one(t, r) for t, r in items]
+        for table, rows in items:
+            if isinstance(rows, Columns) and rows.table != table:
+                raise InvariantError(f"rows of table {rows.table!r} committed to {table!r}")
+        first = self.next_seq
+        out: list[pa.Table | Columns] = []
+        written: list[tuple[str, pa.Table]] = []
+        now_us = int(time.time() * 1e6)
+        for table, rows in items:
+            arrow = rows.arrow() if isinstance(rows, Columns) else \
+                self._arrow_rows(table, rows) if isinstance(rows, list) else rows
+            n, at = arrow.num_rows, first + sum(t.num_rows for _, t in written)
+            ts = pa.array(np.full(n, now_us, dtype=np.int64)).view(
+                LAKE_TABLES[table].field("ts").type)
+            stamped = _stamp(arrow, table, pa.array(np.arange(at, at + n, dtype=np.int64)), ts)
+            written.append((table, stamped))
+            out.append(rows.with_values(seq=list(range(at, at + n)))
+                       if isinstance(rows, Columns) else stamped)
+        total = sum(t.num_rows for _, t in written)
+        try:
+            self.lake.append_many(written)
+        except BaseException:
+            self._burn(first, first + total - 1)
+            raise
+        finally:
+            self.next_seq += total
+        return out
+
+    def _record_one(self, table: str, rows: pa.Table | Columns | list[dict]
+                    ) -> pa.Table | Columns | None:
+        if isinstance(rows, pa.Table):
+            return self.record(table, rows)
+        if isinstance(rows, Columns):
+            if rows.table != table:
+                raise InvariantError(f"rows of table {rows.table!r} committed to {table!r}")
+            return self.record_columns(rows)
+        return self.record_rows(table, rows)
+
     def _burn(self, first: int, last: int) -> None:
         """Log a failed write's seqs as never to be written (readers then do not wait for them);
         best effort: the log may fail as the write did, and a restart logs what it finds torn."""
@@ -116,11 +160,14 @@ class Journal:
         if self.lake is None and table in _HISTORY_ONLY:
             self.next_seq += len(rows)
             return None
+        return self.record(table, self._arrow_rows(table, rows))
+
+    @staticmethod
+    def _arrow_rows(table: str, rows: list[dict]) -> pa.Table:
         # names and types read once per table: `Field.name` is a property that builds a new str
         # on every call, which adds up when read inside the per-row loop
-        data = {name: pa.array([r.get(name) for r in rows], type=typ)
-                for name, typ in _COLUMNS[table]}
-        return self.record(table, pa.table(data))
+        return pa.table({name: pa.array([r.get(name) for r in rows], type=typ)
+                         for name, typ in _COLUMNS[table]})
 
 
 class Columns:

@@ -135,8 +135,11 @@ def _per_row(table: pa.Table, pin: bool, p: np.ndarray, r: np.ndarray) -> dict[s
         col = table.column(name)
         if col.null_count:
             isnull = col.is_null().to_numpy(zero_copy_only=False)
+            why = (" (a reward not known: its producer sent none, or the verl adapter's "
+                   "`decisions` mode, which reads no rewards, took it in; verl's trainer reads "
+                   "rewards from TransferQueue)") if name == "reward" else ""
             raise BatchFormatError(f"column {name!r} is null in {describe_rows(isnull)}; "
-                                   "it must not be")
+                                   f"it must not be{why}")
         values = col.to_numpy()
         if dtype is np.float32:
             _fits_float32(name, values)

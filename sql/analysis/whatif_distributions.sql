@@ -6,7 +6,8 @@
 --   in whatif_waste: groups evicted for it were never generated), their empirical cumulative
 --   distributions at the value, and the two-sample Kolmogorov-Smirnov statistic of the measure
 --   (the largest gap between the two cumulative distributions; 0 = trained like generated,
---   null when nothing was trained). Trained rows are a subset of the generated ones, so the
+--   null when nothing was trained). Rewards not known (null) are left out of the reward
+--   measure. Trained rows are a subset of the generated ones, so the
 --   statistic is a distance, not a test between independent samples.
 -- params: saved_reason VARCHAR
 -- reads: trajectory_fates
@@ -23,6 +24,7 @@ measured as (
     select 'response_len' as measure, response_len as value, trained from rows
     union all
     select 'reward' as measure, reward as value, trained from rows
+    where reward is not null           -- a reward not known (not sent, or not read) is no value
 ),
 counts as (
     select

@@ -79,6 +79,30 @@ def test_the_workloads_write_every_decision_kind(refs):
     assert kinds >= {"evict", "refill", "select", "discard", "release"}
 
 
+def test_no_kill_point_parts_a_polls_evictions_from_the_refill_they_earn(refs):
+    """A crash ends the history at the end of some write; a poll's `evict` rows and its
+    `refill` / `refill_deferred` rows are one write, so no crash keeps an eviction and loses the
+    ask for its replacement (which a restarted buffer would never make)."""
+    import json
+    parted, earned = [], {}
+    for (kind, fsync), ref in refs.items():
+        polls: dict[tuple, list[tuple[int, str]]] = {}
+        for seq, table, row in ref.history:
+            r = json.loads(row) if table == "decisions" else None
+            if r is not None and r["kind"] in ("evict", "refill", "refill_deferred"):
+                polls.setdefault((r["partition"], r["call_id"], r["poll"]), []).append(
+                    (seq, r["kind"]))
+        for key, rows in polls.items():
+            kinds = {k for _, k in rows}
+            if "evict" not in kinds or kinds == {"evict"}:
+                continue
+            earned[kind] = earned.get(kind, 0) + 1
+            first, last = min(s for s, _ in rows), max(s for s, _ in rows)
+            parted += [(kind, fsync, key, b) for b in ref.boundaries if first <= b < last]
+    assert earned.get("async", 0) >= 2, earned   # (sync DAPO's credit is asked in later polls)
+    assert parted == []
+
+
 def _killed_lake(refs, workdir, target: str):
     ref = refs["async", False]
     lake = workdir / "damage" / target.replace(":", "-")

@@ -307,3 +307,91 @@ def test_ctrl_c_in_the_main_thread_never_leaves_the_lock_held_for_other_threads(
     hit, leaked, moving = run_python(script, timeout=60).stdout.split()
     assert int(hit) > 100                 # the interrupts did land inside calls
     assert leaked == "0" and moving == "True"
+
+
+def _strike(monkeypatch, target: str) -> None:
+    """A disk that fails at ``target`` (an OSError raised there, after a torn half write)."""
+    monkeypatch.setenv(lake_kill.ENV, target)
+    monkeypatch.setenv(lake_kill.HOW_ENV, "raise")
+    lake_kill.arm()
+
+
+def _landing_refill(bufs: list, asked: list):
+    """A refill_fn whose prompts land at once, finished with a reward spread (``bufs[0]`` is
+    the buffer; ``asked`` gets each ask's count)."""
+    def refill(k: int) -> None:
+        asked.append(k)
+        uids, buf = [f"r{len(asked)}x{i}" for i in range(k)], bufs[0]
+        buf.register(partition="train", uids=uids, global_steps=1, n=2)
+        buf.put([t for u in uids for t in (traj(u, 0, 0.0), traj(u, 1))])
+        buf.update_status(partition="train", uids=uids, status="finished")
+    return refill
+
+
+def _refills(lake) -> list[tuple]:
+    return [(r["kind"], r["count"], r["replaces"]) for r in read_table(lake, "decisions").to_pylist()
+            if r["kind"].startswith("refill")]
+
+
+def test_a_poll_whose_eviction_and_refill_write_fails_writes_neither_and_the_retry_does_both(
+        lake, monkeypatch):
+    """A poll's evictions and the refill they earn are one write: when it fails, neither is in
+    memory or the lake, and the retry evicts, refills and reports each group once."""
+    asked, bufs = [], []
+    buf = ReplayBuffer.async_(lake=lake, filter_groups_metric="reward",
+                              refill_fn=_landing_refill(bufs, asked), poll_interval=0.01)
+    bufs.append(buf)
+    buf.register(partition="train", uids=["flat", "good"], global_steps=1, n=2)
+    buf.put([traj("flat", 0), traj("flat", 1), traj("good", 0, 0.0), traj("good", 1)])
+    buf.update_status(partition="train", uids=["flat", "good"], status="finished")
+    _strike(monkeypatch, "decisions.data_written:1")     # the poll's evict + refill write
+    with pytest.raises(LakeError, match="nothing of this call was written"):
+        buf.sample(1, "train", 2, timeout=5)
+    assert read_table(lake, "decisions").num_rows == 0 and asked == []
+    assert buf.counts("train")["finished"] == 2          # flat is still there: nothing applied
+    batch = buf.sample(1, "train", 2, timeout=5)
+    assert asked == [1] and sorted(batch.uids) == ["good", "r1x0"]
+    assert batch.metrics["training/filter_groups/evicted_samples"] == 1   # counted once
+    buf.close()
+    dec = read_table(lake, "decisions").to_pylist()
+    assert [(r["kind"], r["uid"]) for r in dec if r["kind"] == "evict"] == [("evict", "flat")]
+    assert _refills(lake) == [("refill", 1, ["flat"])]
+
+
+def test_dapo_credit_of_an_earlier_poll_stays_owed_when_a_later_polls_write_fails(
+        lake, monkeypatch):
+    """Sync DAPO: poll 0 evicts z (credit 2) with no free slot, so its credit waits; poll 1
+    evicts p1 and would dispatch one prompt of z's credit, in the write that fails. z's eviction
+    is written and no poll finds it again: the prompt it earned stays owed, and the next call
+    asks for it with the ones it earns itself."""
+    asked, bufs = [], []
+    buf = ReplayBuffer.sync(lake=lake, filter_groups_metric="reward",
+                            refill_fn=_landing_refill(bufs, asked), train_batch_size=2,
+                            gen_batch_size=1, poll_interval=0.01)
+    bufs.append(buf)
+    buf.register(partition="train", uids=["z", "p1", "p2"], global_steps=1, n=2)
+    buf.put([traj("z", 0), traj("z", 1)])
+    buf.update_status(partition="train", uids=["z"], status="finished")
+    buf.update_status(partition="train", uids=["p1", "p2"], status="running")
+    _strike(monkeypatch, "decisions.data_written:2")     # poll 1's evict + refill write
+
+    def land_p1() -> None:                 # once poll 0 evicted z: p1 lands, all-correct
+        while buf.lookup("train", "z") is not None and buf.counts("train").get("finished"):
+            threading.Event().wait(0.005)
+        buf.put([traj("p1", 0), traj("p1", 1)])
+        buf.update_status(partition="train", uids=["p1"], status="finished")
+
+    lander = threading.Thread(target=land_p1)
+    lander.start()
+    with pytest.raises(LakeError, match="nothing of this call was written"):
+        buf.sample(1, "train", 2, timeout=10)
+    lander.join()
+    assert asked == []
+    assert [r["uid"] for r in read_table(lake, "decisions").to_pylist()] == ["z"]   # poll 0's
+    buf.put([traj("p2", 0, 0.0), traj("p2", 1)])
+    buf.update_status(partition="train", uids=["p2"], status="finished")
+    batch = buf.sample(1, "train", 2, timeout=10)
+    # the new call evicts p1 again (credit 2, two free slots): 2 prompts, plus the 1 owed for z
+    assert _refills(lake) == [("refill", 3, ["z", "p1"])] and asked == [3]
+    assert len(batch.uids) == 2
+    buf.close()

@@ -144,3 +144,75 @@ def test_a_batch_held_across_a_restart_comes_back_as_sample_returned_it(lake):
         assert buf.held_batches("train") == {}
         with pytest.raises(UnknownBatchError, match="held_batches"):
             buf.held_batch(first.batch_id)
+
+
+TWO_PARTITIONS = """
+    import sys
+    from pipeline import ReplayBuffer
+    from tests.support.lake import traj
+    buf = ReplayBuffer.sync(lake=sys.argv[1])
+    for p in ("a", "b"):
+        buf.register(partition=p, uids=["g"], global_steps=1, n=3)
+        buf.update_status(partition=p, uids=["g"], status="running")
+    # one put, two partitions: the lake's trajectory writes 1 and 2
+    buf.put([traj("g", s, partition=p) for p in ("a", "b") for s in range(3)])
+    if sys.argv[2] == "resume":
+        buf.resume(5)
+"""
+# resume's write: the reissued events of both partitions, then the rows kept in `a` (trajectory
+# write 3) and in `b`; killed with `a`'s rows in the file, before their checksum record
+KILL_IN_RESUME = "trajectories.data_written:3"
+
+
+def _two_partitions(tmp_path, how: str, **env: str):
+    import subprocess
+    import sys
+
+    from tests.support.lake import ROOT, python_env, write_script
+    script, lake = write_script(tmp_path, "two.py", TWO_PARTITIONS), tmp_path / "lake"
+    proc = subprocess.run([sys.executable, str(script), str(lake), how], cwd=ROOT,
+                          capture_output=True, text=True, env=python_env(**env), timeout=120)
+    return proc, lake
+
+
+def _reissued(lake) -> list[tuple]:
+    ev = read_table(lake, "group_events").to_pylist()
+    return [(r["partition"], r["uid"], r["kept_rows"]) for r in ev if r["event"] == "reissued"]
+
+
+def test_a_resume_killed_half_written_leaves_every_partition_as_it_was(tmp_path):
+    """A resume over two partitions is one write across both tables: killed inside it (with
+    the first partition's events and rows in the files), the restart sees no resume at all,
+    every partition keeps its rows, and the resume sent again keeps them."""
+    import signal
+    proc, lake = _two_partitions(tmp_path, "resume", REPLAYLAKE_KILL_AT=KILL_IN_RESUME)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert _reissued(lake) == []
+    with ReplayBuffer.sync(lake=lake) as buf:
+        for p in ("a", "b"):
+            assert buf.lookup(p, "g").sessions == {0, 1, 2} and buf.counts(p)["running"] == 1
+        assert buf.resume(5) == {"a": [("g", [])], "b": [("g", [])]}
+    assert _reissued(lake) == [("a", "g", 3), ("b", "g", 3)]
+    with ReplayBuffer.sync(lake=lake) as buf:
+        assert [buf.lookup(p, "g").sessions for p in ("a", "b")] == [{0, 1, 2}, {0, 1, 2}]
+
+
+def test_a_resume_whose_write_fails_changes_nothing_and_its_retry_keeps_every_row(
+        tmp_path, monkeypatch):
+    from pipeline.errors import LakeError
+    from pipeline.lake import kill as lake_kill
+    proc, lake = _two_partitions(tmp_path, "")
+    assert proc.returncode == 0, proc.stderr
+    with ReplayBuffer.sync(lake=lake) as buf:
+        monkeypatch.setenv(lake_kill.ENV, "trajectories.data_written:1")   # `a`'s kept rows
+        monkeypatch.setenv(lake_kill.HOW_ENV, "raise")
+        lake_kill.arm()
+        with pytest.raises(LakeError, match="nothing of this call was written"):
+            buf.resume(5)
+        assert _reissued(lake) == []
+        assert [buf.counts(p)["running"] for p in ("a", "b")] == [1, 1]
+        assert buf.lookup("a", "g").sessions == {0, 1, 2}
+        assert buf.resume(5) == {"a": [("g", [])], "b": [("g", [])]}
+    with ReplayBuffer.sync(lake=lake) as buf:
+        assert [buf.lookup(p, "g").sessions for p in ("a", "b")] == [{0, 1, 2}, {0, 1, 2}]
+        assert [buf.lookup(p, "g").global_steps for p in ("a", "b")] == [5, 5]

@@ -277,6 +277,22 @@ def test_nan_reward_is_rejected(seeded):
              "reward", (1,))
 
 
+def test_nan_reward_beside_a_null_one_is_named_alone(seeded):
+    rejected(seeded, lambda: seeded.put([traj("fresh", 0, reward=None),
+                                         traj("fresh", 1, reward=math.nan)]),
+             "reward", (1,))
+
+
+def test_a_reward_not_known_is_stored_as_null(seeded):
+    """A reward not sent (or sent as None: not scored yet) is null in the lake, never 0.0."""
+    row = traj("fresh", 1)
+    del row["reward"]
+    assert seeded.put([traj("fresh", 0, reward=None), row]) == 2
+    stored = read_table(seeded.lake_dir, "trajectories").filter(
+        pa.compute.equal(pa.compute.field("uid"), "fresh"))
+    assert stored.column("reward").to_pylist() == [None, None]
+
+
 @pytest.mark.parametrize("bad", [-0.001, math.nan, math.inf])
 def test_generation_seconds_must_be_finite_and_not_negative(seeded, bad):
     rejected(seeded, lambda: seeded.put([traj("fresh", 0, generation_s=0.5),
@@ -300,6 +316,15 @@ def test_nan_filter_metric_is_rejected_when_the_filter_needs_it(lake):
                  "reward_info", (1,))
         assert buf.put([traj("a", 0, reward_info={"acc": 1.0}),
                         traj("a", 1, reward_info={"acc": 0.0})]) == 2
+
+
+def test_a_null_reward_is_refused_when_the_filter_reads_rewards(lake):
+    with ReplayBuffer.async_(lake=lake, filter_groups_metric="reward",
+                             refill_fn=lambda n: None) as buf:
+        buf.register(partition="train", uids=["a"], global_steps=0)
+        err = rejected(buf, lambda: buf.put([traj("a", 0, reward=1.0), traj("a", 1, reward=None)]),
+                       "reward", (1,))
+        assert "zero-variance filter on 'reward' needs one" in str(err)
 
 
 def test_nan_in_an_unused_reward_metric_is_accepted(seeded):

@@ -176,3 +176,26 @@ def test_compaction_while_a_writer_appends_loses_and_duplicates_nothing(tmp_path
     assert compacted > 0
     assert files(lake, ".arrow") == []
     assert lake_history(lake) == lake_history(reference)
+
+
+def test_a_call_written_across_tables_survives_compaction_whole(tmp_path):
+    """`resume` over two partitions is one call across two tables (one commit record naming
+    both); compaction keeps its rows in both tables, and a restart on the compacted lake sees the
+    resume as it was."""
+    from tests.support.lake import traj
+    lake = tmp_path / "lake"
+    with ReplayBuffer.sync(lake=lake) as buf:
+        for p in ("a", "b"):
+            buf.register(partition=p, uids=["g"], global_steps=1, n=2)
+            buf.update_status(partition=p, uids=["g"], status="running")
+        buf.put([traj("g", s, partition=p) for p in ("a", "b") for s in range(2)])
+        buf.resume(4)
+    before = lake_history(lake)
+    report = compact(lake)
+    assert report.rows == sum(len(v) for v in before.values()) and files(lake, ".arrow") == []
+    assert lake_history(lake) == before
+    ev = read_table(lake, "group_events")
+    assert ev.filter(pc.equal(ev["event"], "reissued"))["partition"].to_pylist() == ["a", "b"]
+    with ReplayBuffer.sync(lake=lake) as buf:
+        assert [(buf.lookup(p, "g").sessions, buf.lookup(p, "g").global_steps)
+                for p in ("a", "b")] == [({0, 1}, 4), ({0, 1}, 4)]

@@ -21,7 +21,7 @@ def test_a_failed_lake_write_raises_lake_error_and_later_writes_stay_readable(tm
     buf.register(partition="train", uids=["a", "b"], global_steps=1)
     buf.put([traj("a", 0)])
 
-    def broken(self, table, rows):
+    def broken(self, items):
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:     # the disk fills up for exactly one write

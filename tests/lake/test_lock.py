@@ -41,6 +41,20 @@ def test_a_second_buffer_in_the_same_process_is_refused_naming_the_holder(lake):
     assert sorted(read_table(lake, "group_events")["uid"].unique().to_pylist()) == ["a", "b"]
 
 
+def test_a_deleted_lock_file_lets_no_second_writer_in(lake):
+    """The lake directory is locked with its lock file: deleting `_writer.lock` under an open
+    buffer (by hand, a cleanup job) does not let a second buffer open the lake."""
+    with ReplayBuffer.sync(lake=lake) as buf:
+        add_group(buf, "a", 1, [0.0, 1.0])
+        (lake / LOCK_NAME).unlink()
+        with pytest.raises(LakeError, match="already open for writing by a writer whose lock "
+                                            "file was deleted while it held the lake"):
+            ReplayBuffer.sync(lake=lake)
+        add_group(buf, "b", 1, [0.0, 1.0])          # the first buffer keeps writing
+    with ReplayBuffer.sync(lake=lake) as again:     # and once it closed, the next one opens
+        assert again.counts("train")["finished"] == 2
+
+
 def test_closing_the_buffer_lets_the_next_one_open(lake):
     first = ReplayBuffer.sync(lake=lake)
     add_group(first, "a", 1, [0.0, 1.0])

@@ -114,7 +114,7 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
                 r = None
                 bad_rm.append(Problem("rm_scores", (i,), f"key {todo[i][0]!r}: {exc}; write a "
                                       "1-D float tensor, as verl's reward loop does"))
-            reward.append(0.0 if r is None else r)          # not read, or not written yet
+            reward.append(r)                  # None: not written yet (the lake says null)
     info = None if extras.count(None) == n else \
         [None if e is None else vf.reward_info_of(e) for e in extras]
     padding = [bool(t.get("is_padding", False)) for t in kept_tags]
@@ -123,14 +123,13 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
         problems += _metric_problems(todo, keep, extra_rows, filter_metric)
     if problems:           # before pyarrow sees the versions
         raise IngestError(f"verl trajectories of partition {partition!r}", problems)
-    # a column every row shares (the rewards not read, no padding, ...) is a remembered one
+    # a column every row shares (the rewards not read: null, not known; no padding, ...) is a
+    # remembered one
     cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
             "max_global_steps": hi, "reward": reward, "reward_info": info,
             "is_padding": padding, "versions_inferred": inferred}
     data: dict[str, pa.Array] = {
         f.name: _column(cols[f.name], f.type, n) for f in TRAJECTORIES_INPUT if f.name in cols}
-    if reward is None:                      # not read (not written yet reads 0.0 too)
-        data["reward"] = constant(0.0, n, pa.float64())
     data["partition"] = constant(partition, n, pa.string())
     for name, src, typ in _TOKENS:
         required = name in ("prompt_ids", "response_ids")

@@ -174,7 +174,7 @@ def _check_steps(where: str, what: str, steps: list[int]) -> None:
 
 def trajectory_row(*, partition: str, uid: str, session_id: int, prompt_ids: Sequence[int],
                    response_ids: Sequence[int], logprobs: Sequence[float] | None,
-                   spans: Spans | None, finish_reason: str | None, reward: float,
+                   spans: Spans | None, finish_reason: str | None, reward: float | None,
                    reward_info: Mapping[str, float] | None = None, index: int = 0,
                    global_steps: int | None = None, mask_truncated: bool = False,
                    dating: Dating = BY_GLOBAL_STEPS) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def trajectory_row(*, partition: str, uid: str, session_id: int, prompt_ids: Seq
                               "instead of storing it")
     row: dict[str, Any] = {
         "partition": partition, "uid": uid, "session_id": int(session_id), "index": int(index),
-        "reward": float(reward), "prompt_ids": list(prompt_ids),
+        "reward": None if reward is None else float(reward), "prompt_ids": list(prompt_ids),
         "response_ids": list(response_ids),
         "rollout_log_probs": None if logprobs is None else list(logprobs),
         **versions_row(spans, len(response_ids), global_steps, where, dating=dating),
@@ -200,7 +200,8 @@ def trajectory_row(*, partition: str, uid: str, session_id: int, prompt_ids: Seq
 
 
 def completion_row(request_output: Any, completion: Any, *, partition: str, uid: str,
-                   session_id: int, reward: float, reward_info: Mapping[str, float] | None = None,
+                   session_id: int, reward: float | None,
+                   reward_info: Mapping[str, float] | None = None,
                    index: int = 0, global_steps: int | None = None,
                    version_of: Callable[[Any], int] = default_version_of,
                    mask_truncated: bool = False) -> dict[str, Any]:
@@ -229,7 +230,8 @@ def completion_row(request_output: Any, completion: Any, *, partition: str, uid:
         index=index, global_steps=global_steps, mask_truncated=mask_truncated)
 
 
-def request_rows(request_output: Any, *, partition: str, uid: str, rewards: Sequence[float],
+def request_rows(request_output: Any, *, partition: str, uid: str,
+                 rewards: Sequence[float | None],
                  reward_infos: Sequence[Mapping[str, float] | None] | None = None,
                  first_session: int = 0, global_steps: int | None = None,
                  version_of: Callable[[Any], int] = default_version_of,
@@ -237,7 +239,8 @@ def request_rows(request_output: Any, *, partition: str, uid: str, rewards: Sequ
     """Every completion of a request (``SamplingParams(n=...)``: the group's sessions) as rows;
     completion ``i`` (vLLM's ``index``) becomes session ``first_session + i``.
 
-    ``rewards[k]`` (and ``reward_infos[k]``) belong to ``request_output.outputs[k]``: give them in
+    ``rewards[k]`` (and ``reward_infos[k]``) belong to ``request_output.outputs[k]`` (None: not
+    scored yet, stored as null): give them in
     the order of ``outputs`` (``[score(c) for c in out.outputs]``), whatever the ``index`` of each
     completion there -- a streamed request with ``n > 1`` lists its completions in the order they
     arrived, not by ``index``. The rows come back sorted by session."""

@@ -151,7 +151,8 @@ def selection_bias(p: PartitionData) -> Figure:
             plot.line(ax, x, y, color=color, label=cohort)
             means.append(f"{cohort} {np.average(y, weights=w):.2f}")
         if not ax.lines:
-            plot.empty(ax, "no trajectory in these steps")
+            plot.empty(ax, "no reward known (the verl adapter's decisions mode reads none)"
+                       if rows and key == "reward_mean" else "no trajectory in these steps")
             continue
         ax.set_title(f"{label}\n{' · '.join(means)}", fontsize=9)
         plot.steps_axis(ax, "dispatch step")

@@ -1,7 +1,7 @@
 """What a refill policy sees of one poll: the call's fixed inputs and what the poll found."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class CallState:
     evicted: dict[str, int] = field(default_factory=dict)   # groups evicted per reason
     owed: list[list] = field(default_factory=list)   # [uid, units left, filtered] to replace
     replaces: list[str] = field(default_factory=list)   # what the last dispatch replaces
+
+    def copy(self) -> CallState:
+        """A copy to ask a policy about without changing this call's state."""
+        return replace(self, evicted=dict(self.evicted), owed=[list(e) for e in self.owed],
+                       replaces=list(self.replaces))
 
     def owe(self, uids: tuple[str, ...], units: tuple[int, ...]) -> None:
         """Evictions whose credit a later dispatch spends (queued in eviction order)."""

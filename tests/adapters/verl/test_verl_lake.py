@@ -57,6 +57,25 @@ def test_trajectories_and_decisions_land_in_the_lake(tq, rollout, tmp_path):
     assert sorted(selected["uid"].to_pylist()) == ["extra", "tagged"]
 
 
+def test_decisions_mode_stores_rewards_it_never_read_as_null_not_zero(tq, rollout, tmp_path):
+    """`mirror_fields="decisions"` reads no reward: the lake says so (null), where a made-up 0.0
+    would read as a run whose every answer failed; a reward read (`rewards` mode) is stored."""
+    lake = tmp_path / "lake"
+    rollout.groups([G("a", 1, rewards=[0.0, 1.0]), G("b", 1, rewards=[1.0, 2.0])])
+    buf = make(lake, [], threshold=None, mirror_fields="decisions")
+    buf.sample(global_steps=1, partition_id="train", batch_size=2)
+    buf.close()
+    traj = read_table(lake, "trajectories")
+    assert traj.num_rows == 4 and traj["reward"].null_count == 4
+    rollout.groups([G("c", 1, rewards=[0.5, 1.5])])
+    again = make(lake, [], threshold=None, mirror_fields="rewards")
+    again.get_sampleable_count(1, "train")
+    again.close()
+    traj = read_table(lake, "trajectories")
+    stored = traj.filter(pc.equal(traj["uid"], "c"))["reward"].to_pylist()
+    assert sorted(stored) == [0.5, 1.5] and traj["reward"].null_count == 4
+
+
 def test_a_new_instance_on_the_same_lake_continues_and_releases_cleared_batches(tq, rollout,
                                                                                  tmp_path):
     lake = tmp_path / "lake"

@@ -1,6 +1,6 @@
 """The trajectory rows the verl mirror builds for `put`: the columns every row shares are
-remembered columns, and a float column keeps each value as written (0.0 and -0.0 compare equal,
-so no float column is remembered)."""
+remembered columns, a reward not read is null (not known), and a float column keeps each value
+as written (0.0 and -0.0 compare equal, so no float column is remembered)."""
 from __future__ import annotations
 
 import math
@@ -16,9 +16,9 @@ def _tags(n: int, **extra) -> list[dict]:
     return [{"min_global_steps": 2, "max_global_steps": 3, **extra} for _ in range(n)]
 
 
-def test_rewards_not_read_are_zero_and_every_shared_column_holds_its_value():
+def test_rewards_not_read_are_null_and_every_shared_column_holds_its_value():
     table = _table("train", _todo(3), _tags(3), [0, 1, 2], [None] * 3, [None] * 3, {}, None)
-    assert table["reward"].to_pylist() == [0.0] * 3 and table["reward"].null_count == 0
+    assert table["reward"].null_count == 3        # not known: never a made-up 0.0
     assert table["is_padding"].to_pylist() == [False] * 3
     assert table["versions_inferred"].to_pylist() == [False] * 3
     assert table["partition"].to_pylist() == ["train"] * 3

@@ -161,6 +161,14 @@ def test_request_with_n_completions_gives_one_session_per_completion(buf, lake):
     assert [r["reward"] for r in stored] == [0.0, 1.0, 1.0]
 
 
+def test_a_completion_not_scored_yet_is_stored_with_a_null_reward(buf, lake):
+    outs = [OUT.completion([10 + i], index=i, spans=[("3", 0, 1)]) for i in range(2)]
+    rows = request_rows(OUT.request(PROMPT, outs), partition="train", uid="g0",
+                        rewards=[1.0, None])
+    stored = sorted(_stored(buf, lake, rows), key=lambda r: r["session_id"])
+    assert [r["reward"] for r in stored] == [1.0, None]
+
+
 def test_request_rows_refuse_a_reward_count_that_differs_from_the_completions():
     outs = [OUT.completion([1], index=i, spans=[("1", 0, 1)]) for i in range(2)]
     with pytest.raises(VllmOutputError, match="1 rewards for 2 completions"):
