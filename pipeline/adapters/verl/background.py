@@ -81,14 +81,15 @@ def usable(mirror: Any, max_lag: float | None, now: float | None = None) -> bool
 
 class BackgroundMirror:
     """One daemon thread per adapter instance; it holds the adapter weakly and ends when the
-    adapter is closed or garbage-collected.
+    adapter is closed or garbage-collected (then, or at exit, the clears still owed are made).
 
     ``lock`` is the adapter's, the one that makes its calls one at a time: the thread takes it
     to apply a listing or make a clear, never to list. Of the adapter itself it uses only
     `partition_mirrors()` and `core`, and holds it weakly: the core's listener holds the adapter,
     so a strong reference from a running thread would keep both alive for good."""
 
-    def __init__(self, adapter: Any, lock: Any, max_lag: float | None):
+    def __init__(self, adapter: Any, lock: Any, max_lag: float | None,
+                 owed: list | None = None):
         self.max_lag = max_lag
         self._lock = lock
         self.polls = 0                 # listings applied by the thread (for tests and logs)
@@ -99,7 +100,11 @@ class BackgroundMirror:
         ref = weakref.ref(adapter)
         self._thread = threading.Thread(target=self._run, args=(ref,), daemon=True,
                                         name="replaylake-verl-mirror")
-        weakref.finalize(adapter, self._halt)
+        # an adapter collected (or left open at exit) without close(): stop the thread, then
+        # make the clears the last call left behind (its prompt keys would stay in
+        # TransferQueue for good); ``owed``, each partition's `OwedClears`, holds nothing that
+        # holds the adapter (a finalizer's argument that did would keep it alive for good)
+        weakref.finalize(adapter, self._last_clears, [] if owed is None else owed)
         self._thread.start()
 
     def wake(self) -> None:
@@ -109,6 +114,36 @@ class BackgroundMirror:
     def _halt(self) -> None:
         self._stop.set()
         self._wake.set()
+
+    def _last_clears(self, owed: list, timeout: float = 5.0) -> None:
+        """The adapter is gone without close(): halt the thread and make the clears still owed,
+        as close() would (an error is logged: nobody is left to raise it to). Made by a helper
+        thread waited for ``timeout`` seconds at most: a TransferQueue already gone at exit
+        never holds the process."""
+        self._halt()
+        if not any(o.keys for o in owed):
+            return                              # the usual end: nothing owed
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        helper = threading.Thread(target=self._clear_owed, args=(owed, timeout), daemon=True,
+                                  name="replaylake-verl-last-clears")
+        helper.start()
+        helper.join(timeout)
+
+    def _clear_owed(self, owed: list, timeout: float) -> None:
+        if not self._lock.acquire(timeout=timeout):
+            log.warning("verl adapter collected without close(): its lock stayed held, so the "
+                        "clears its last call owed were not made")
+            return
+        try:
+            for o in list(owed):
+                try:
+                    self.cleared += o.flush()
+                except Exception as exc:  # noqa: BLE001 - no caller is left to raise it to
+                    log.warning("verl adapter collected without close(): clearing the keys "
+                                "partition %r still owed failed: %s", o.partition, exc)
+        finally:
+            self._lock.release()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._halt()

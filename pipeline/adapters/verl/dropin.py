@@ -132,6 +132,7 @@ class VerlBuffer:
         self.core.add_listener(self._on_decision)
         self.last_batch = None          # the core's Batch of the last sample (Arrow, provenance)
         self._mirrors: dict[str, PartitionMirror] = {}
+        self._owed: list = []           # each mirror's `OwedClears` (background.py collects them)
         self._lock = threading.RLock()  # one public call at a time (verl's trainer is serial)
         self._tq: Any = None
         self._background: BackgroundMirror | None = None
@@ -154,8 +155,10 @@ class VerlBuffer:
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric,
                 reuse=self.reuse_siblings, dataset_field=self.dataset_field)
+            self._owed.append(m.owed)
             if self._background is None:      # makes the clears a call leaves behind
-                self._background = BackgroundMirror(self, self._lock, self.mirror_max_lag)
+                self._background = BackgroundMirror(self, self._lock, self.mirror_max_lag,
+                                                    self._owed)
         return m
 
     def _poller(self, m: PartitionMirror) -> Callable[[], None]:

@@ -94,6 +94,27 @@ def _tagless(key: str, listing: dict[str, dict]) -> bool:
     return tag is not None and tag.get("status") in _TERMINAL
 
 
+class OwedClears:
+    """The keys whose kv_clear a partition's mirror deferred, with the TransferQueue and
+    partition to clear them in, and nothing else: what an adapter collected without `close()`
+    still clears (background.py) must not hold the adapter, through its core, alive."""
+
+    __slots__ = ("tq", "partition", "keys")
+
+    def __init__(self, tq: Any, partition: str):
+        self.tq, self.partition, self.keys = tq, partition, []
+
+    def flush(self) -> int:
+        """Clear every key owed (in the order deferred); returns how many. If TransferQueue
+        refuses, every key stays owed and the error propagates."""
+        if not self.keys:
+            return 0
+        keys = self.keys[:]
+        clear(self.tq, self.partition, keys)
+        del self.keys[:len(keys)]
+        return len(keys)
+
+
 class PartitionMirror:
     """What the adapter knows of one partition's keys, and how to bring the core up to date.
 
@@ -138,7 +159,12 @@ class PartitionMirror:
         self.epoch = 0
         self.fresh_epoch = -1
         self.listed_at: float | None = None
-        self.deferred: list[str] = []
+        self.owed = OwedClears(tq, partition)
+
+    @property
+    def deferred(self) -> list[str]:
+        """Keys whose kv_clear the background thread still owes (in the order deferred)."""
+        return self.owed.keys
 
     # --- TransferQueue -> core ----------------------------------------------------------------
     def sync(self, clear_orphans: bool = True) -> None:
@@ -492,16 +518,10 @@ class PartitionMirror:
     def flush(self) -> int:
         """Make the deferred clears (in the order they were deferred); returns how many keys.
         If TransferQueue refuses, every key stays owed and the error propagates."""
-        if not self.deferred:
-            return 0
-        keys, self.deferred = self.deferred, []
-        try:
-            clear(self.tq, self.partition, keys)
-        except Exception:
-            self.deferred[:0] = keys
-            raise
-        self.epoch += 1
-        return len(keys)
+        n = self.owed.flush()
+        if n:
+            self.epoch += 1
+        return n
 
     def mark_stale(self) -> None:
         """No call may use the mirrored state without listing first (the background thread's

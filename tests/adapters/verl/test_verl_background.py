@@ -225,6 +225,7 @@ def test_a_restart_after_a_stop_before_the_threads_clear_clears_the_prompt_keys(
     meta, _ = first.sample(global_steps=1, partition_id=PART, batch_size=1)
     assert uids_of(meta.keys) == ["k0"] and "k0" in prompts_left(rollout)
     first.core.close()                     # gone, its clear never made (no close, no flush)
+    first._mirrors[PART].deferred.clear()  # ... nor when it is collected: a dead process
     second = make(None, lake_dir=tmp_path / "lake")
     with caplog.at_level(logging.WARNING, logger="replaylake.verl"):
         again, _ = second.sample(global_steps=1, partition_id=PART, batch_size=1)
@@ -347,6 +348,26 @@ def test_rollouts_written_while_the_thread_lists_are_each_sampled_once(tq, rollo
     assert not [r.getMessage() for r in caplog.records
                 if "ignoring" in r.getMessage() or "orphan" in r.getMessage()]
     assert buf.background_polls > 0
+
+
+def test_an_adapter_collected_before_its_thread_cleared_makes_the_clears_then(tq, rollout,
+                                                                               monkeypatch):
+    """Dropped without close() right after `sample` (the thread not there yet): collecting the
+    adapter makes the clears its call owed; the selected prompt keys do not stay for good."""
+    import gc
+
+    from pipeline.adapters.verl.background import BackgroundMirror
+    monkeypatch.setattr(BackgroundMirror, "_poll_all", lambda self, adapter: None)
+    rollout.groups([G(f"d{i}", 1) for i in range(3)])
+    buf = make(None)
+    meta, _ = buf.sample(global_steps=1, partition_id=PART, batch_size=2)
+    chosen = sorted(set(uids_of(meta.keys)))
+    assert set(chosen) <= set(prompts_left(rollout))     # owed, not made
+    thread = buf._background
+    del buf
+    gc.collect()
+    assert prompts_left(rollout) == sorted({f"d{i}" for i in range(3)} - set(chosen))
+    assert thread.cleared == 2 and not thread.alive
 
 
 @pytest.mark.parametrize("lag", [None, 30.0])
