@@ -456,6 +456,6 @@ def _outcome(part: PartitionState, ev: decide.Eviction, evicted: bool = True) ->
     return PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),
                        sum(1 for c in ev.credits if c >= 2),
                        sampleable - part.candidates.count_of(gone),
-                       inflight - len(gone.intersection(part.inflight)),
+                       inflight,      # (a poll evicts candidates only: terminal groups)
                        free_credit=sum(c for c in ev.credits if c < 2),
                        uids=tuple(ev.uids), credits=tuple(ev.credits))

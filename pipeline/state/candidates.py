@@ -141,8 +141,10 @@ class CandidateIndex:
         return len(self.alive) + len(self.unaggregated)
 
     def count_of(self, uids: set[str]) -> int:
-        """How many of ``uids`` are candidates (alive, aggregated or not)."""
-        return len(uids.intersection(self.alive)) + len(uids.intersection(self.unaggregated))
+        """How many of ``uids`` are candidates (alive, aggregated or not). Walks ``uids`` only
+        (`set.intersection` of a dict would walk the dict: a million candidates)."""
+        alive, fresh = self.alive, self.unaggregated
+        return sum(1 for u in uids if u in alive or u in fresh)
 
     def add(self, uid: str, gs: int, term_seq: int, status: str) -> None:
         """A group turned terminal; its aggregates come with the next `complete`."""
