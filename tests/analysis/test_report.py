@@ -333,3 +333,26 @@ def test_filtered_values_that_agree_in_six_digits_keep_a_legend_entry_each() -> 
     fig = filtered(PartitionData("train", {}, {"filtered_rewards": rows}))
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["all = 0.1234561 (2)", "all = 0.1234564 (3)", "all = 1 (1)"]
+
+
+def test_a_partition_without_rewards_or_tokens_says_so_before_its_figures(tmp_path: Path,
+                                                                          async_page: str) -> None:
+    """A lake like the verl adapter's in `decisions` mode (rewards null, token lists empty):
+    the report says what its trajectories lack instead of drawing zeros as the run's; a lake
+    that has them says nothing of the kind."""
+    lake = tmp_path / "lake"
+    with ReplayBuffer.sync(lake=lake) as buf:
+        for i, step in enumerate((1, 2, 3)):
+            buf.register(partition="train", uids=[f"g{i}"], global_steps=step, n=2)
+            buf.put([{"partition": "train", "uid": f"g{i}", "session_id": s,
+                      "min_global_steps": step - 1, "max_global_steps": step - 1, "reward": None,
+                      "prompt_ids": [], "response_ids": []} for s in range(2)])
+            buf.update_status(partition="train", uids=[f"g{i}"], status="running")
+            buf.update_status(partition="train", uids=[f"g{i}"], status="finished")
+            buf.release(buf.sample(step, "train", 1))
+    (p,) = gather(lake).partitions
+    assert p.missing == ("rewards", "response tokens")
+    page = _report(lake, tmp_path / "r.html")
+    assert page.count("trajectories hold no") == 2
+    assert page.index("hold no rewards") < page.index("<img")
+    assert "trajectories hold no" not in async_page

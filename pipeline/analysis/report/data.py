@@ -24,6 +24,7 @@ QUERIES = ("report_headline", "staleness_by_step", "trained_distribution", "evic
 _STEP_COLUMN = {"selection_bias": "dispatch_step"}
 # the Prompts section: its query (one more progress tick) and how many prompts per board
 PROMPTS_QUERY = "prompt_leaders"
+COVERAGE_QUERY = "lake_coverage"       # what the trajectories hold (rewards, response tokens)
 PROMPTS_TOP = 10
 _LAST_STEP = 2**62
 SMOOTH_FROM = 60        # from this many steps on, figure lines are smoothed and heatmaps binned
@@ -47,6 +48,7 @@ class PartitionData:
     headline: dict[str, Any]
     tables: dict[str, Rows] = field(default_factory=dict)
     prompts: Rows = field(default_factory=list)     # prompt_leaders rows (whole lake)
+    missing: tuple[str, ...] = ()   # what its trajectories lack: "rewards", "response tokens"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,16 @@ class ReportData:
     config: dict[str, Any] | None             # the configuration in force (newest recorded)
     config_versions: int                      # how many configurations the lake recorded
     partitions: list[PartitionData]
+
+
+def _missing(coverage: dict[str, Any]) -> tuple[str, ...]:
+    """What a partition's trajectories lack entirely (a `lake_coverage` row): rewards (every one
+    null), response tokens (every `n_response_tokens` 0)."""
+    if not coverage["n_rows"]:
+        return ()
+    return tuple(what for what, none in (("rewards", coverage["n_rewards"] == 0),
+                                         ("response tokens", coverage["response_tokens"] == 0))
+                 if none)
 
 
 def parse_steps(text: str | None) -> tuple[int | None, int | None]:
@@ -172,6 +184,7 @@ def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (N
     prompts = loader.run(con, PROMPTS_QUERY, top=PROMPTS_TOP).to_pylist()
     if progress is not None:
         progress(PROMPTS_QUERY)
+    missing = {r["partition"]: _missing(r) for r in loader.run(con, COVERAGE_QUERY).to_pylist()}
     con.close()
 
     headlines = {r["partition"]: r for r in results["report_headline"]}
@@ -189,6 +202,6 @@ def gather(lake: str | os.PathLike, *, steps: tuple[int | None, int | None] = (N
     parts = [PartitionData(p, headlines[p],
                            {n: [r for r in results[n] if r["partition"] == p]
                             for n in QUERIES if n != "report_headline"},
-                           [r for r in prompts if r["partition"] == p])
+                           [r for r in prompts if r["partition"] == p], missing.get(p, ()))
              for p in sorted(trained)]
     return ReportData(root, steps, config, len((recorded or {}).get("versions", [])), parts)

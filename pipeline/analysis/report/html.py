@@ -161,6 +161,17 @@ def _prompts(p: PartitionData) -> str:
     return "".join(out)
 
 
+def _missing_note(missing: tuple[str, ...]) -> str:
+    """What a partition's trajectories lack, said before its figures show zeros or gaps."""
+    why = {"rewards": "every reward is null: not known (the verl adapter's decisions mode reads "
+                      "none), so the reward figures are empty",
+           "response tokens": "every response has 0 tokens counted (the verl adapter reads "
+                              "the token payload only with mirror_fields='full'), so the "
+                              "length, token and waste figures are not the run's"}
+    return "".join(f"<p class='note'><strong>This partition's trajectories hold no "
+                   f"{html.escape(m)}</strong>: {html.escape(why[m])}.</p>" for m in missing)
+
+
 def render(data: ReportData, figures: Callable[[str], list[tuple[str, str, str, str]]],
            *, took_s: float | None = None) -> str:
     """The page: header, configuration, headline numbers, then one section per partition (its
@@ -184,6 +195,8 @@ def render(data: ReportData, figures: Callable[[str], list[tuple[str, str, str, 
              "<div><h2>Run configuration</h2>", _config(data), "</div></div>"]
     for p in data.partitions:
         parts.append(f"<h2>Partition {html.escape(p.name)}</h2>")
+        if p.missing:
+            parts.append(_missing_note(p.missing))
         if len(p.tables["staleness_by_step"]) >= SMOOTH_FROM:
             parts.append(
                 f"<p class='note'>{len(p.tables['staleness_by_step'])} trained steps: in the line "
