@@ -54,14 +54,18 @@ def _refusal(root: Path, holder: str, path: Path) -> str:
             "writer per lake: close that buffer first (readers need no lock)")
 
 
-def _lock_dir(root: Path, path: Path) -> int:
+def _lock_dir(root: Path, path: Path) -> int | None:
     """Lock the lake directory itself, beside its lock file: a lock file deleted while its
     writer holds it (by hand, or a cleanup job) must not let a second writer in, and the
-    directory cannot go while the lake is in it. Returns its descriptor (held with the lock)."""
+    directory cannot go while the lake is in it. Returns its descriptor (held with the lock),
+    or None where the file system cannot lock a directory (NFS emulates `flock` with byte-range
+    locks, which refuse a read-only descriptor): the lock file alone guards the lake there."""
     try:
         d = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise LakeError(f"cannot open the lake directory {root} to lock it: {exc}") from exc
+        log.debug("lake %s: its directory cannot be opened to lock it (%s): the lock file "
+                  "alone guards it", root, exc)
+        return None
     try:
         fcntl.flock(d, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -75,7 +79,9 @@ def _lock_dir(root: Path, path: Path) -> int:
         raise LakeError(_refusal(root, holder, path)) from None
     except OSError as exc:
         os.close(d)
-        raise LakeError(f"cannot lock the lake {root}: {exc}") from exc
+        log.debug("lake %s: its directory cannot be locked (%s): the lock file alone guards it",
+                  root, exc)
+        return None
     return d
 
 

@@ -128,3 +128,28 @@ def test_a_forked_child_does_not_keep_the_lake_after_its_parent_closes(lake):
         os.write(w, b"x")
         os.close(w)
         os.waitpid(pid, 0)
+
+
+def test_a_file_system_that_cannot_lock_a_directory_still_opens_with_the_lock_file(
+        lake, monkeypatch):
+    """NFS emulates `flock` with byte-range locks, which refuse a read-only descriptor (a
+    directory's): the lake then opens guarded by its lock file alone, which still refuses a
+    second writer."""
+    import errno
+    import fcntl
+    import stat
+
+    real = fcntl.flock
+
+    def nfs_like(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", nfs_like)
+    with ReplayBuffer.sync(lake=lake) as buf:
+        add_group(buf, "a", 1, [0.0, 1.0])
+        with pytest.raises(LakeError, match="already open for writing by pid"):
+            ReplayBuffer.sync(lake=lake)
+    with ReplayBuffer.sync(lake=lake) as again:
+        assert again.counts("train")["finished"] == 1
