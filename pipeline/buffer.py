@@ -361,11 +361,12 @@ class ReplayBuffer:
             # one write for every partition and table: a crash or a failed write leaves all of
             # it or none (the events without the rows they keep would lose those rows)
             owed, events, kept = [], [], []
+            uids_of = {pid: sorted(part.inflight) for pid, part in chosen}
             for pid, part in chosen:
                 rows = self._state.lost_ask_rows(pid, global_steps)   # asked, never registered
                 if rows is not None:
                     owed.append(rows)
-                for u in sorted(part.inflight):
+                for u in uids_of[pid]:
                     g = part.groups[u]
                     if keep and g.keys:
                         kept.append(self._state.stored_rows(pid, u))
@@ -384,7 +385,7 @@ class ReplayBuffer:
                 self._state.commit_many(items)
             for pid, part in chosen:
                 self._state.lost_ask_owed(pid)
-                uids = [e["uid"] for e in events if e["partition"] == pid]
+                uids = uids_of[pid]
                 if uids:
                     out[pid] = [(u, _missing(part.groups[u])) for u in uids] if keep else uids
                 if release_held:

@@ -249,7 +249,7 @@ class _Call:
         elif before is None:
             owed = lambda: (ask.wanted, ask.replaces)    # noqa: E731
         else:
-            owed = partial(self._earlier, before, part, ev)
+            owed = partial(self._earlier, before, part)
         self.state.write_poll(part, evictions, ask, step=self.ctx.step, owed_if_lost=owed)
         if ev.count:
             self.acc.add(ev)
@@ -269,15 +269,13 @@ class _Call:
                                      call_id=self.call_id, poll=poll, policy=cfg.refill.name,
                                      limit=partial(cfg.admission.room, ctx, outcome, part))
 
-    def _earlier(self, before: CallState, part: PartitionState, ev: decide.Eviction
-                 ) -> tuple[int, list[str]]:
+    def _earlier(self, before: CallState, part: PartitionState) -> tuple[int, list[str]]:
         """What the poll would have asked for had it evicted nothing (credit earlier polls
         earned, in sync DAPO): owed in memory should its write fail, for the evictions that
         earned it are written already and no poll finds them again. Asked of a copy of the
         call's state from before the poll, with nothing applied (the write failed)."""
         try:
-            wanted = self.cfg.refill.after_poll(_outcome(part, ev, evicted=False), before,
-                                                self.ctx)
+            wanted = self.cfg.refill.after_poll(_outcome(part, None), before, self.ctx)
         except Exception:      # noqa: BLE001 - the policy would refuse: nothing is owed
             return 0, []
         return wanted, before.replaces
@@ -445,12 +443,12 @@ def _eviction_rows(ctx: PollContext, call_id: int, poll: int, ev: decide.Evictio
         value=[ev.values[r][i] if r in ev.values else None for i, r in fired])
 
 
-def _outcome(part: PartitionState, ev: decide.Eviction, evicted: bool = True) -> PollOutcome:
+def _outcome(part: PartitionState, ev: decide.Eviction | None) -> PollOutcome:
     """What the poll found, as its refill policy sees it: with its evictions applied (they are
     written in the same write as the refill they decide, so they are not applied yet here), or,
-    ``evicted=False``, as if it had evicted nothing."""
+    ``ev`` None, as if it had evicted nothing."""
     sampleable, inflight = part.candidates.alive_count, len(part.inflight)
-    if not evicted or not ev.count:
+    if ev is None or not ev.count:
         return PollOutcome(0, {}, 0, 0, sampleable, inflight)
     gone = set(ev.uids)
     return PollOutcome(ev.count, ev.by_reason(), sum(ev.credits),

@@ -44,6 +44,14 @@ def _stamp(rows: pa.Table, table: str, seq: pa.Array, now: pa.Array) -> pa.Table
          if f.name in have else _absent(f, rows.num_rows) for f in schema], schema=schema)
 
 
+def _stamped(table: str, rows: pa.Table, first: int, now_us: int) -> pa.Table:
+    """``rows`` with seqs ``first``.. and the time ``now_us`` (int64 from numpy, then viewed as
+    the timestamp type: no conversion)."""
+    n = rows.num_rows
+    now = pa.array(np.full(n, now_us, dtype=np.int64)).view(LAKE_TABLES[table].field("ts").type)
+    return _stamp(rows, table, pa.array(np.arange(first, first + n, dtype=np.int64)), now)
+
+
 def _absent(f: pa.Field, n: int) -> pa.Array:
     """A column the rows do not carry: null when the lake table allows it (an optional field)."""
     if not f.nullable:
@@ -74,21 +82,8 @@ class Journal:
 
         A failed write raises and changes nothing in memory; its seq numbers are burnt, so rows a
         failed write may have left on disk can never be mistaken for later ones."""
-        n = rows.num_rows
-        schema = LAKE_TABLES[table]
-        now_us = int(time.time() * 1e6)
-        # int64 from numpy, then viewed as the timestamp type (no conversion): once per call
-        now = pa.array(np.full(n, now_us, dtype=np.int64)).view(schema.field("ts").type)
-        seq = pa.array(np.arange(self.next_seq, self.next_seq + n, dtype=np.int64))
-        stamped = _stamp(rows, table, seq, now)
-        try:
-            if self.lake is not None:
-                self.lake.append(table, stamped)
-        except BaseException:
-            self._burn(self.next_seq, self.next_seq + n - 1)
-            raise
-        finally:
-            self.next_seq += n   # even when the write failed: a seq number is never reused
+        stamped = _stamped(table, rows, self.next_seq, int(time.time() * 1e6))
+        self._write([(table, stamped)])
         return stamped
 
     def record_many(self, items: list[tuple[str, pa.Table | Columns | list[dict]]]
@@ -101,29 +96,32 @@ class Journal:
         for table, rows in items:
             if isinstance(rows, Columns) and rows.table != table:
                 raise InvariantError(f"rows of table {rows.table!r} committed to {table!r}")
-        first = self.next_seq
+        at, now_us = self.next_seq, int(time.time() * 1e6)
         out: list[pa.Table | Columns] = []
         written: list[tuple[str, pa.Table]] = []
-        now_us = int(time.time() * 1e6)
         for table, rows in items:
             arrow = rows.arrow() if isinstance(rows, Columns) else \
                 self._arrow_rows(table, rows) if isinstance(rows, list) else rows
-            n, at = arrow.num_rows, first + sum(t.num_rows for _, t in written)
-            ts = pa.array(np.full(n, now_us, dtype=np.int64)).view(
-                LAKE_TABLES[table].field("ts").type)
-            stamped = _stamp(arrow, table, pa.array(np.arange(at, at + n, dtype=np.int64)), ts)
+            stamped = _stamped(table, arrow, at, now_us)
             written.append((table, stamped))
-            out.append(rows.with_values(seq=list(range(at, at + n)))
+            out.append(rows.with_values(seq=list(range(at, at + arrow.num_rows)))
                        if isinstance(rows, Columns) else stamped)
-        total = sum(t.num_rows for _, t in written)
+            at += arrow.num_rows
+        self._write(written)
+        return out
+
+    def _write(self, stamped: list[tuple[str, pa.Table]]) -> None:
+        """Write stamped rows (seqs from `next_seq` on) as one, when there is a lake; the seqs are
+        taken either way, and burnt when the write fails."""
+        n = sum(t.num_rows for _, t in stamped)
         try:
-            self.lake.append_many(written)
+            if self.lake is not None:
+                self.lake.append_many(stamped)
         except BaseException:
-            self._burn(first, first + total - 1)
+            self._burn(self.next_seq, self.next_seq + n - 1)
             raise
         finally:
-            self.next_seq += total
-        return out
+            self.next_seq += n   # even when the write failed: a seq number is never reused
 
     def _record_one(self, table: str, rows: pa.Table | Columns | list[dict]
                     ) -> pa.Table | Columns | None:

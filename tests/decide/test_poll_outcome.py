@@ -26,7 +26,7 @@ def test_the_outcome_a_refill_sees_is_memory_after_the_evictions_are_applied():
     with state.locked():
         ev = decide.evaluate(part, cfg.rules, 3, cfg.filter_metric)
         predicted = _outcome(part, ev)
-        as_if_none = _outcome(part, ev, evicted=False)
+        as_if_none = _outcome(part, None)
         evicted = set(ev.uids)
         assert evicted == {"flat", "stale_done"}     # (the rules judge finished groups only)
         assert (as_if_none.sampleable, as_if_none.inflight) == before
