@@ -25,7 +25,7 @@ from pipeline.decide.batch import Batch
 from pipeline.decide.metrics import CallMetrics, EvictionMetrics
 from pipeline.decide.policies import CallState, PollContext, PollOutcome
 from pipeline.decide.policies.stale import WaitGate, blocks
-from pipeline.decide.selection import again, deliver, select
+from pipeline.decide.selection import again, select
 from pipeline.errors import BufferUnavailableError, ConfigError, SampleTimeout
 from pipeline.state import BufferState, Columns, PartitionState, RefillAsk, decision_rows
 
@@ -58,7 +58,7 @@ def run_call(state: BufferState, cfg: BufferConfig, ctx: PollContext, *, consume
         # (unless the call chose its batch: they are in that batch's metrics)
         with state.locked():
             part = state.part(ctx.partition)
-            if part.undelivered is not None and part.undelivered[2] == call.call_id:
+            if part.undelivered is not None and part.undelivered[1] == call.call_id:
                 raise
             if part.unreported is not None:
                 call.acc.merge(part.unreported)
@@ -149,8 +149,6 @@ class _Call:
         if (batch.step, len(batch.uids)) == (ctx.step, ctx.batch_size) and \
                 batch.batch_id in part.batches:
             self._leave_metrics(part)
-            with interrupts.held():
-                deliver(self.state, part)
             part.undelivered = None
             if ctx.request is not None:
                 part.batch_request[batch.batch_id] = ctx.request

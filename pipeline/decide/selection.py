@@ -2,12 +2,13 @@
 `sample` keeps for its retry.
 
 Why the batch is built whole before its selection is written: from that write on, the batch is
-the caller's. Should the call raise before returning it (Ctrl-C, a failing write of its metric
-rows), `PartitionState.undelivered` keeps it, with the metric rows still to write, and the retry
-(`sample` of that partition at the same step) writes them and returns that very batch: chosen
-once, trained once. A call named by its caller (`sample(request=...)`) records the key with its
-selection, so the same call sent again, even to a process that restored the lake after the one
-that chose died, gets that batch back (`again`).
+the caller's. The selection is one write: the surplus groups a sync DAPO call discards, the
+selected groups and (over a lake) the batch's metric rows, so a crash keeps all of them or none.
+Should the call raise after that write but before returning the batch (Ctrl-C, a listener that
+raised), `PartitionState.undelivered` keeps it, and the retry (`sample` of that partition at the
+same step) returns that very batch: chosen once, trained once. A call named by its caller
+(`sample(request=...)`) records the key with its selection, so the same call sent again, even to
+a process that restored the lake after the one that chose died, gets that batch back (`again`).
 
 Without a lake, the batch's table and off-policy metrics are made when first read
 (`Batch.later`): from the stored chunks the selection found its rows in (Arrow chunks never
@@ -48,7 +49,7 @@ from pipeline.decide.policies import PollContext
 from pipeline.decide.policies.stale import MASK, MASKED
 from pipeline.errors import EmptyBatchError, InvariantError
 from pipeline.lake import read_table
-from pipeline.state import BufferState, PartitionState, Unreported, decision_rows
+from pipeline.state import BufferState, Columns, PartitionState, Unreported, decision_rows
 
 log = logging.getLogger("replaylake")
 
@@ -97,13 +98,14 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
             raise InvariantError(f"selected groups exceed their staleness bound "
                                  f"({cfg.stale.given()!r}): {over[:5]}")
     surplus = cfg.refill.surplus(chosen, lambda: part.candidates.first(None))
-    if surplus:
-        surplus_spans = decide.group_spans(ctx.step, [part.groups[u].dispatch_step for u in surplus])
-        state.commit("decisions", decision_rows(
-            "discard", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
-            uids=surplus, group_span=surplus_spans))
-        acc.discarded += len(surplus)
+    discards = decision_rows(
+        "discard", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
+        uids=surplus, group_span=decide.group_spans(
+            ctx.step, [part.groups[u].dispatch_step for u in surplus])) if surplus else None
     if cfg.empty_batch_is_error and plan.num_rows == 0:
+        if discards is not None:      # the surplus goes all the same (reported by the next batch)
+            state.commit("decisions", discards)
+            acc.discarded += len(surplus)
         hint = "" if cfg.uses("failure") else (
             "; set sync_refill_failed_groups=True (with refill_fn and gen_batch_size=1) to "
             "replace failure groups that produced no trajectory")
@@ -115,6 +117,7 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         ctx.step, {u: (int(g), s) for u, g, s in zip(chosen, gs, status)})
     stale_rows = np.array([u in stale for u in chosen], bool)[owner] if stale else None
     prefix = metric_prefix(ctx.partition)
+    acc.discarded += len(surplus)     # (taken back below should the selection not be written)
     evm = acc.scalars(prefix)     # empty on a validation partition: nothing is evicted there
     if cfg.starvation.steps is not None:     # the datasets with rows in the batch
         trained = {part.groups[chosen[k]].dataset for k in np.unique(owner).tolist()}
@@ -148,32 +151,30 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         batch = Batch(table, off_policy_metrics=opm, metric_weights=weights, **fields)
     else:     # memory only: table and off-policy metrics when (if ever) read
         batch = Batch.later(lambda: make()[:3], plan.num_rows, **fields)
-    # without a lake the metric rows are history nothing in memory reads: none are made
-    metric_rows = [{"partition": ctx.partition, "step": ctx.step, "batch_id": batch_id,
-                    "name": k, "value": float(v)} for k, v in batch.metrics.items()] \
-        if lake else None
     # what the selection records of each group (masked or not, its bound): the decision rows
     # below, and what `held` rebuilds the batch from (a restore reads them back from the rows)
     marks = {u: (MASKED if u in stale else None, bounds[u]) for u in chosen}
-    state.commit("decisions", decision_rows(
+    selected = decision_rows(
         "select", partition=ctx.partition, step=ctx.step, call_id=call_id, poll=poll,
         uids=chosen, group_span=[spans[u] for u in chosen], batch_id=batch_id,
         reason=[marks[u][0] for u in chosen] if stale else None,
-        bound=[marks[u][1] for u in chosen], strategy=strategy, request=ctx.request))
+        bound=[marks[u][1] for u in chosen], strategy=strategy, request=ctx.request)
+    # one write: the surplus discarded, the selection and (over a lake) the batch's metric rows;
+    # without a lake the metric rows are history nothing in memory reads: none are made
+    items = [("decisions", selected if discards is None else Columns.concat([discards, selected]))]
+    if lake:
+        items.append(("metrics", [{"partition": ctx.partition, "step": ctx.step,
+                                   "batch_id": batch_id, "name": k, "value": float(v)}
+                                  for k, v in batch.metrics.items()]))
+    try:
+        state.commit_many(items)
+    except BaseException:
+        acc.discarded -= len(surplus)   # not written: the retry discards them and counts them
+        raise
     part.batch_marks[batch_id] = (marks, strategy)
     # for a call named by a request sent again (see `again`), this one's or a retry's
     part.batch_reported[batch_id] = (dict(evm), dict(acc.reward_counts))
-    part.undelivered = (batch, metric_rows, call_id)
-    deliver(state, part)
-    return batch
-
-
-def deliver(state: BufferState, part: PartitionState) -> Batch:
-    """Write the metric rows of the batch a `sample` chose (if not yet written) and return it."""
-    batch, metric_rows, call_id = part.undelivered
-    if metric_rows:
-        state.commit("metrics", metric_rows)
-    part.undelivered = (batch, None, call_id)
+    part.undelivered = (batch, call_id)
     return batch
 
 
@@ -209,10 +210,11 @@ def again(state: BufferState, part: PartitionState, batch_id: int) -> Batch:
     reward counts the call reported.
 
     After a restore, the metrics are the call's rows in the lake's `metrics` table (what it
-    reported) and the reward counts those of the evictions it reported (the decision log). Should
-    the process have died between the selection's write and its metric rows', the metrics are
-    computed from those evictions and discards, and their rows written now (a starved-dataset
-    signal the batch carried is lost with them: it is recorded nowhere else)."""
+    reported) and the reward counts those of the evictions it reported (the decision log). A lake
+    written by replaylake before 2026-12 wrote a selection and its metric rows apart: should that
+    process have died between the two, the metrics are computed from those evictions and
+    discards, and their rows written now (a starved-dataset signal the batch carried is lost with
+    them: it is recorded nowhere else)."""
     batch = held(part, batch_id)
     reported = part.batch_reported.get(batch_id)
     if isinstance(reported, Unreported):

@@ -182,8 +182,8 @@ class PartitionState:
         self.unreported: Any = None              # EvictionMetrics of calls that raised
         self.starving: dict[str, int] = {}       # dataset -> consecutive steps without a row
         self.starving_step: int | None = None    # the last step the starvation signal counted
-        self.undelivered: Any = None             # (Batch, unwritten metric rows, call id) a
-        #                  sample chose and has not returned yet (see pipeline.decide.selection)
+        self.undelivered: Any = None             # (Batch, call id) a sample chose and has
+        #                  not returned yet (see pipeline.decide.selection)
         self.examined: Any = None                # what the rules said of each group at the
         #                  current step (pipeline.decide.evaluate.Examined), made by its first poll
 

@@ -103,6 +103,37 @@ def test_no_kill_point_parts_a_polls_evictions_from_the_refill_they_earn(refs):
     assert parted == []
 
 
+def test_no_kill_point_parts_a_selection_from_its_discards_or_its_metric_rows(refs):
+    """A selection's `select` rows, the surplus a sync DAPO call discards with it and the
+    batch's metric rows are one write: no crash keeps a batch without the metrics it reported
+    (or a discard without the selection that made it surplus)."""
+    import json
+    parted, seen = [], {"discard": 0, "metrics": 0}
+    for (kind, fsync), ref in refs.items():
+        calls: dict[tuple, list[int]] = {}
+        batch_call: dict[tuple, tuple] = {}
+        rows = [(seq, table, json.loads(row)) for seq, table, row in ref.history]
+        for seq, table, r in rows:
+            if table == "decisions" and r["kind"] == "select":
+                key = (r["partition"], r["call_id"], r["poll"])
+                batch_call[r["partition"], r["batch_id"]] = key
+                calls.setdefault(key, []).append(seq)
+        for seq, table, r in rows:
+            if table == "decisions" and r["kind"] == "discard":
+                key = (r["partition"], r["call_id"], r["poll"])
+                if key in calls:
+                    calls[key].append(seq)
+                    seen["discard"] += 1
+            elif table == "metrics" and r["batch_id"] is not None:
+                calls[batch_call[r["partition"], r["batch_id"]]].append(seq)
+                seen["metrics"] += 1
+        for key, seqs in calls.items():
+            parted += [(kind, fsync, key, b) for b in ref.boundaries
+                       if min(seqs) <= b < max(seqs)]
+    assert seen["discard"] >= 1 and seen["metrics"] >= 10, seen
+    assert parted == []
+
+
 def _killed_lake(refs, workdir, target: str):
     ref = refs["async", False]
     lake = workdir / "damage" / target.replace(":", "-")

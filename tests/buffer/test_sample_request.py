@@ -20,7 +20,10 @@ from tests.support.policies import group
 TRAINER = """
     import sys
     from pipeline import ReplayBuffer
+    from tests.support.lake import write_apart
     from tests.support.policies import group
+    if sys.argv[2:] == ["apart"]:         # as replaylake wrote before 2026-12
+        write_apart()
 
     def refill(n):                        # the prompts asked for stay pending (in flight)
         for _ in range(n):
@@ -40,9 +43,9 @@ TRAINER = """
     batch = buf.sample(3, "train", 2, request="step-3")
     print(batch.batch_id, batch.uids, flush=True)
 """
-# the sample's writes: its evictions with their refill (decisions 1), its selection
-# (decisions 2), its metrics
-AFTER_SELECTION, AFTER_METRICS = "decisions.acked:2", "metrics.acked:1"
+# the sample's writes: its evictions with their refill (decisions 1), then its selection with
+# the batch's metric rows (decisions 2, metrics 1: one write, whose commit record comes last)
+AFTER_SELECTION, IN_SELECTION = "decisions.acked:2", "metrics.sum_written:1"
 
 
 def _open(lake) -> ReplayBuffer:
@@ -50,11 +53,11 @@ def _open(lake) -> ReplayBuffer:
                                max_off_policy_threshold=2)
 
 
-def _run(tmp_path, name: str, kill_at: str | None):
+def _run(tmp_path, name: str, kill_at: str | None, *args: str):
     script, lake = write_script(tmp_path, "trainer.py", TRAINER), tmp_path / name
     env = python_env(**({"REPLAYLAKE_KILL_AT": kill_at} if kill_at else {}))
-    return subprocess.run([sys.executable, str(script), str(lake)], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=120), lake
+    return subprocess.run([sys.executable, str(script), str(lake), *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=120), lake
 
 
 def _metric_rows(lake, batch_id: int) -> int:
@@ -70,16 +73,21 @@ def reference(tmp_path_factory):
         return buf.sample(3, "train", 2, request="step-3")
 
 
-@pytest.mark.parametrize("kill_at", [AFTER_SELECTION, AFTER_METRICS])
+@pytest.mark.parametrize("kill_at,apart", [(AFTER_SELECTION, False), (IN_SELECTION, False),
+                                           ("decisions.acked:2", True), ("metrics.acked:1", True)])
 def test_the_call_sent_again_after_a_crash_gets_the_batch_the_lost_attempt_chose(
-        tmp_path, reference, kill_at):
-    proc, lake = _run(tmp_path, "lake", kill_at)
+        tmp_path, reference, kill_at, apart):
+    proc, lake = _run(tmp_path, "lake", kill_at, *(["apart"] if apart else []))
     assert proc.returncode == -signal.SIGKILL and proc.stdout == "", proc.stderr   # never answered
     buf = _open(lake)
-    assert list(buf.held_batches("train")) == [reference.batch_id]
-    # killed between the selection's write and its metric rows': none in the lake yet
-    assert _metric_rows(lake, reference.batch_id) == (0 if kill_at == AFTER_SELECTION else
-                                                      len(reference.metrics))
+    # killed in the middle of the selection's write: nothing of it is in the lake (the retry
+    # chooses again, the same groups); after it: the selection and all of its metric rows
+    chosen = [] if kill_at == IN_SELECTION else [reference.batch_id]
+    assert list(buf.held_batches("train")) == chosen
+    # only a lake written the earlier way holds a selection without its metric rows
+    assert _metric_rows(lake, reference.batch_id) == (
+        0 if kill_at == IN_SELECTION or (apart and kill_at.startswith("decisions")) else
+        len(reference.metrics))
     got = buf.sample(3, "train", 2, request="step-3", timeout=5)
     assert (got.batch_id, got.step, got.uids) == (reference.batch_id, 3, ["b", "c"])
     assert got.table.drop_columns(["ts"]).equals(reference.table.drop_columns(["ts"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline import ReplayBuffer, SampleTimeout
+from pipeline.lake import read_table
 from tests.support.policies import group, rows
 
 
@@ -203,7 +204,10 @@ def test_evictions_of_a_call_that_raised_are_reported_after_a_restart(tmp_path) 
 DISCARDER = """
     import sys
     from pipeline import ReplayBuffer
+    from tests.support.lake import write_apart
     from tests.support.policies import group
+    if sys.argv[2:] == ["apart"]:         # as replaylake wrote before 2026-12
+        write_apart()
     buf = ReplayBuffer.sync(lake=sys.argv[1], filter_groups_metric="reward",
                             refill_fn=lambda n: None, train_batch_size=2, gen_batch_size=3)
     for uid in ("a", "b", "c"):
@@ -212,28 +216,39 @@ DISCARDER = """
 """
 
 
-def test_discards_of_a_call_that_died_before_its_selection_are_reported_after_a_restart(
-        tmp_path) -> None:
-    """Killed between its discard's write and its selection's (the sync DAPO surplus): the
-    restart knows c is gone and reports the discard with the partition's next batch, as the
-    same process reports the discards of a call that raised."""
+@pytest.mark.parametrize("apart", [False, True])
+def test_discards_of_a_call_that_died_after_its_first_write_are_reported_once(
+        tmp_path, apart) -> None:
+    """The sync DAPO surplus is discarded in the selection's own write: killed right after it,
+    the restart holds the batch (its metric rows report the discard) and no later batch
+    reports the discard again. A lake written the earlier way (the discard, then the
+    selection) killed between the two: the restart knows c is gone and reports the discard with
+    the partition's next batch, as the same process reports the discards of a call that
+    raised."""
     import signal
     import subprocess
     import sys
 
     from tests.support.lake import ROOT, python_env, write_script
     script, lake = write_script(tmp_path, "discarder.py", DISCARDER), tmp_path / "lake"
-    proc = subprocess.run([sys.executable, str(script), str(lake)], cwd=ROOT, capture_output=True,
-                          text=True, env=python_env(REPLAYLAKE_KILL_AT="decisions.acked:1"),
-                          timeout=120)
+    proc = subprocess.run([sys.executable, str(script), str(lake), *(["apart"] if apart else [])],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env=python_env(REPLAYLAKE_KILL_AT="decisions.acked:1"), timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     kw = dict(lake=lake, filter_groups_metric="reward", refill_fn=lambda n: None,
               train_batch_size=2, gen_batch_size=3)
+    surplus = {"training/filter_groups/discarded_surplus_samples": 1}
     with ReplayBuffer.sync(**kw) as again:
-        assert again.counts("train")["finished"] == 2        # c is gone
-        batch = again.sample(1, "train", 2, timeout=5)
-        assert batch.uids == ["a", "b"]
-        assert batch.eviction_metrics == {"training/filter_groups/discarded_surplus_samples": 1}
+        assert again.counts("train")["finished"] == (2 if apart else 0)   # c is gone
+        if not apart:
+            assert {r["name"]: r["value"] for r in read_table(lake, "metrics").to_pylist()
+                    if r["name"] in surplus} == surplus                   # reported once ...
+            again.release(again.held_batch(0))
+            for uid in ("d", "e"):
+                group(again, uid, 2, [0.0, 1.0])
+        batch = again.sample(1 if apart else 2, "train", 2, timeout=5)
+        assert batch.uids == (["a", "b"] if apart else ["d", "e"])
+        assert batch.eviction_metrics == (surplus if apart else {})       # ... never twice
         again.release(batch)
 
 

@@ -105,3 +105,28 @@ def run_python(script: Path, *args: str, timeout: float = 60, **env: str
     if proc.returncode != 0:
         raise AssertionError(f"{script.name} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+def write_apart() -> None:
+    """Make this process's buffers write as replaylake did before 2026-12, for tests of lakes
+    that version left behind: every table of a change its own write, and a sync DAPO call's
+    surplus discards apart from its selection (so a crash could fall between them). Call it in
+    a child process only: it changes `BufferState` for the whole process."""
+    from pipeline.state import BufferState, Columns
+    one = BufferState.commit_many
+
+    def apart(self, items):
+        done = []
+        for table, rows in items:
+            kinds = rows.column("kind") if table == "decisions" and isinstance(rows, Columns) \
+                else []
+            cut = kinds.count("discard") if kinds and kinds[0] == "discard" else 0
+            if 0 < cut < len(kinds):
+                values = {k: rows.column(k) for k in rows.values}
+                for a, b in ((0, cut), (cut, len(kinds))):
+                    done += one(self, [(table, Columns(table, b - a, {
+                        k: v[a:b] for k, v in values.items()}))])
+            else:
+                done += one(self, [(table, rows)])
+        return done
+    BufferState.commit_many = apart
