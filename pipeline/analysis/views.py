@@ -117,13 +117,13 @@ def _dedupe(table: pa.Table) -> pa.Table:
     return table.filter(pa.concat_arrays([pa.array([True]), keep.fill_null(True)]))
 
 
-def _consistent(tables: dict[str, pa.Table], first: str, burnt: list[tuple[int, int]]
-                ) -> dict[str, pa.Table]:
+def _consistent(tables: dict[str, pa.Table], first: str, burnt: list[tuple[int, int]],
+                pending: list[int]) -> dict[str, pa.Table]:
     """Cut every table at one `seq` (see `lake.scan.cut_seq`; ``burnt``: the seq ranges the log
-    records as never written), so a snapshot taken while a buffer writes is a prefix of the
-    buffer's history."""
+    records as never written; ``pending``: the parts left out as not committed), so a snapshot
+    taken while a buffer writes is a prefix of the buffer's history."""
     seqs = {n: t.column("seq").to_numpy() for n, t in tables.items()}
-    cut = cut_seq(seqs, first, burnt)
+    cut = cut_seq(seqs, first, burnt, pending)
     if cut is None:
         return tables
     return {n: t if len(seqs[n]) == 0 or seqs[n].max() <= cut else
@@ -140,8 +140,9 @@ def read_lake(lake_dir: str | os.PathLike,
     if unknown or not tables:
         raise ConfigError(f"read_lake(tables={tables!r}): name lake tables among "
                           f"{', '.join(BASE_TABLES)}")
-    read = _consistent({name: _dedupe(read_table(root, name)) for name in tables}, tables[0],
-                       burnt_ranges(read_log(root)))
+    pending: list[int] = []
+    read = _consistent({name: _dedupe(read_table(root, name, pending=pending))
+                        for name in tables}, tables[0], burnt_ranges(read_log(root)), pending)
     if "group_events" in read:      # the rule `connect` and a restore apply (see lake_orphans)
         orphans.refuse(root, orphans.summary(orphans.orphans_in(read)))
     return read

@@ -22,7 +22,7 @@ from typing import Any
 from pipeline.config import BufferConfig
 from pipeline.errors import LakeError
 from pipeline.lake.files import replace_durably
-from pipeline.lake.identity import CONFIG_NAME
+from pipeline.lake.identity import CONFIG_NAME, LAKE_FORMAT, recorded_format
 
 FILE = CONFIG_NAME
 DECISION_KEYS = ("preset", "filter_groups_metric", "max_off_policy_threshold",
@@ -140,7 +140,7 @@ def check_and_record(lake: str | os.PathLike, cfg: BufferConfig, next_seq: int,
     rec = read(lake)
     entry = {"from_seq": next_seq, "replaylake": library_version(), "config": new}
     if rec is None:
-        _write(lake, {"versions": [entry]})
+        _write(lake, {"format": LAKE_FORMAT, "versions": [entry]})
         return
     old = rec["versions"][-1]["config"]
     differ = [k for k in DECISION_KEYS if _comparable(old, k) != _comparable(new, k)]
@@ -151,5 +151,6 @@ def check_and_record(lake: str | os.PathLike, cfg: BufferConfig, next_seq: int,
             f"the lake {lake} was written with other decision settings ({detail}). Reopen it with "
             "the recorded settings, or pass allow_changes=(" + ", ".join(repr(k) for k in refused)
             + ",) to continue the run with the new ones from now on")
-    if old != new:
-        _write(lake, {"versions": [*rec["versions"], entry]})
+    if old != new or recorded_format(rec) < LAKE_FORMAT:   # (what this writer may write)
+        _write(lake, {**rec, "format": LAKE_FORMAT,
+                      "versions": [*rec["versions"], *([entry] if old != new else [])]})

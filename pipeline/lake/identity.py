@@ -14,12 +14,22 @@ each writer's log (`_log/`) comes with its first write; a table directory (`traj
 holding `partition=<id>` directories is the data itself, which a lake copied without its
 `_`-prefixed files (some sync tools skip them) still has. An empty directory is not a lake: no
 buffer ever opened it.
+
+A lake also says which layout it is written in: `_config.json`'s ``format`` (absent: 1). Format 2
+(replaylake from 2026-12 on) may hold calls committed across several tables at once (one commit
+record naming them all) and null rewards; a replaylake that reads format 1 only would take such a
+call for one never committed. `require_format` (asked by `require_lake`, `require_new_or_lake` and
+every read of the lake's log, so by every reader) refuses a lake of a format newer than this
+replaylake reads (`LAKE_FORMAT`), naming the version that wrote it, rather than misread it; a
+buffer that opens a lake records the format it writes.
 """
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import LakeError
 from pipeline.lake.files import LOCK_NAME, LOG_DIR
@@ -28,6 +38,7 @@ from schemas import LAKE_TABLES
 CONFIG_NAME = "_config.json"          # pipeline.lake.config.FILE (that module imports the config)
 MARKER_FILES = (CONFIG_NAME, LOCK_NAME)
 MARKER_DIRS = (LOG_DIR,)
+LAKE_FORMAT = 2                       # the newest layout this replaylake reads and writes
 _SHOWN = 3                            # lakes suggested at most
 
 
@@ -88,7 +99,35 @@ def require_lake(path: str | os.PathLike) -> Path:
         empty = not any(root.iterdir())
         what = "an empty directory" if empty else expected()
         raise LakeError(f"{root} is not a replaylake lake: {what}{_suggestion(_near(root))}")
+    require_format(root)
     return root
+
+
+def recorded_format(record: Any) -> int:
+    """The lake format a parsed `_config.json` records (1 when it records none)."""
+    fmt = record.get("format", 1) if isinstance(record, dict) else 1
+    return fmt if isinstance(fmt, int) and not isinstance(fmt, bool) else 1
+
+
+def require_format(root: str | os.PathLike) -> None:
+    """Refuse a lake written in a newer format than `LAKE_FORMAT`. A `_config.json` that is
+    missing or does not parse says nothing here (the commands that read the configuration refuse
+    a malformed one themselves)."""
+    try:
+        record = json.loads((Path(root) / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return
+    fmt = recorded_format(record)
+    if fmt <= LAKE_FORMAT:
+        return
+    versions = record.get("versions") if isinstance(record, dict) else None
+    last = versions[-1] if isinstance(versions, list) and versions else None
+    by = last.get("replaylake") if isinstance(last, dict) else None
+    raise LakeError(f"{root} is written in lake format {fmt}"
+                    f"{f' (by replaylake {by})' if by else ''}, newer than this replaylake "
+                    f"reads (format {LAKE_FORMAT} at most): read and write it with that "
+                    "replaylake or a newer one (pip install -U replaylake); this one would "
+                    "misread it")
 
 
 def require_new_or_lake(path: str | os.PathLike) -> None:
@@ -96,12 +135,16 @@ def require_new_or_lake(path: str | os.PathLike) -> None:
     writer would put its lock, configuration and tables among them. A missing or empty directory
     becomes a new lake; a lake is reopened."""
     root = Path(path)
-    if not root.is_dir() or is_lake(root) or not any(root.iterdir()):
+    if not root.is_dir() or not any(root.iterdir()):
+        return
+    if is_lake(root):
+        require_format(root)
         return
     raise LakeError(f"{root} holds files but is not a replaylake lake ({expected()}); a new "
                     f"lake needs a new or empty directory, e.g. {root / 'lake'}"
                     f"{_suggestion(_near(root))}")
 
 
-__all__ = ["is_lake", "require_lake", "require_new_or_lake", "expected", "MARKER_FILES",
-           "MARKER_DIRS"]
+__all__ = ["is_lake", "require_lake", "require_new_or_lake", "expected", "recorded_format",
+           "require_format",
+           "LAKE_FORMAT", "MARKER_FILES", "MARKER_DIRS"]

@@ -38,6 +38,7 @@ from pipeline.lake.files import (
     table_of,
     writer_of,
 )
+from pipeline.lake.identity import require_format
 from pipeline.lake.names import current, generation_path, newest_copy, read_newest, stem
 from pipeline.lake.verify import batches
 from schemas import LAKE_TABLES
@@ -62,6 +63,7 @@ def burnt_ranges(log: pa.Table) -> list[tuple[int, int]]:
 def read_log(root: str | os.PathLike) -> pa.Table:
     """Every record of every writer's log; a segment whose writer's log is gone is damage
     (see `unlogged_segments`), so no reader takes a missing log for calls never committed."""
+    require_format(root)      # a newer layout's log would be misread
     log = log_records(root)
     gone = unlogged_segments(root, log)
     if gone:
@@ -210,9 +212,11 @@ def _read_parquet(path: Path) -> pa.Table:
         raise LakeDamageError(path, 0, f"the Parquet file cannot be read ({exc})") from exc
 
 
-def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> pa.Table:
+def read_segment(path: Path, committed: set[tuple[str, str]] | None = None,
+                 pending: list[int] | None = None) -> pa.Table:
     """Every acknowledged record batch of one segment, without the parts of a multi-partition
-    call that has no commit record (``committed``; None reads the lake's own)."""
+    call that has no commit record (``committed``; None reads the lake's own). ``pending`` gets
+    the first seq of each part left out (see `scan.cut_seq`)."""
     if path.suffix == ".parquet":
         return read_parquet(path)
     table = table_of(path)
@@ -224,6 +228,8 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> p
             call = (meta or {}).get(CALL_KEY)
             if call is None or (table, call.decode()) in committed:
                 keep.append(batch)
+            elif pending is not None and batch.num_rows:
+                pending.append(first_seq(batch))
     except LakeDamageError:
         copy = newest_copy(path)            # compacted (and deleted) since it was listed
         if copy is not None:
@@ -234,15 +240,23 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None) -> p
     return pa.Table.from_batches(keep, schema=LAKE_TABLES[table])
 
 
+def first_seq(batch: pa.RecordBatch) -> int:
+    """The first seq of a written batch (a call's part: its rows' seqs ascend)."""
+    return int(batch.column(batch.schema.get_field_index("seq"))[0].as_py())
+
+
 def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
                keep: Callable[[pa.Table], pa.Array] | None = None,
-               columns: list[str] | None = None) -> pa.Table:
+               columns: list[str] | None = None, pending: list[int] | None = None
+               ) -> pa.Table:
     """One lake table as a pyarrow Table sorted by ``seq`` (empty, with its schema, if absent).
 
     ``keep(segment) -> boolean mask`` filters each segment as it is read, so a large table never
     has to fit in memory whole before filtering; ``columns`` (which must hold ``seq``) keeps only
     those of each segment, so a reader of a few small columns never copies the token payload.
-    Raises LakeDamageError on damage."""
+    ``pending`` gets the first seq of each part of a call not committed when the log was read
+    (a call in flight, or one a crash left: see `scan.cut_seq`). Raises LakeDamageError on
+    damage."""
     schema = LAKE_TABLES[table]
     log = read_log(root)
     committed = committed_calls(root, log)
@@ -252,7 +266,7 @@ def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None
         raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
     parts = []
     for path in current_files(root, table, partitions, log):
-        t = read_segment(path, committed)
+        t = read_segment(path, committed, pending)
         if t.num_rows and keep is not None:
             t = t.filter(keep(t))
         if t.num_rows:

@@ -59,6 +59,7 @@ from pipeline.lake.read import (
     burnt_ranges,
     committed_calls,
     current_files,
+    first_seq,
     missing_segments,
     read_log,
 )
@@ -81,7 +82,8 @@ class LakeScan:
 
 
 def cut_seq(seqs: dict[str, np.ndarray], first: str,
-            burnt: list[tuple[int, int]] | tuple = ()) -> int | None:
+            burnt: list[tuple[int, int]] | tuple = (), pending: list[int] | tuple = ()
+            ) -> int | None:
     """The seq every table must be cut at for a consistent prefix, None when no cut is needed.
 
     The tables were read one after the other, ``first`` first; the journal numbers the rows of
@@ -90,7 +92,23 @@ def cut_seq(seqs: dict[str, np.ndarray], first: str,
     the first gap in the union of seqs is a row written after its table was read (or a torn
     tail). Gaps below that point are permanent and stay as they are, and so are the ``burnt``
     ranges the log records (seqs of a write that failed or was torn by a crash, of writes a
-    salvage set aside): those count as present, so acknowledged rows after them are never cut."""
+    salvage set aside): those count as present, so acknowledged rows after them are never cut.
+
+    ``pending``: the first seq of each part the readers left out because its call (written in
+    several parts: partitions or tables) had no commit record when the log was read. Unless a
+    burnt range holds it (a crash's call, burnt by the next writer), that call was in flight and
+    its commit record was written after the log was read: rows written after it (even in the
+    table read first) are cut with it, or a reader would see, say, a batch's release without
+    the selection written before it."""
+    cut = _gap_cut(seqs, first, burnt)
+    flight = [p for p in pending if not any(a <= p <= b for a, b in burnt)]
+    if flight:
+        cut = min(flight) - 1 if cut is None else min(cut, min(flight) - 1)
+    return cut
+
+
+def _gap_cut(seqs: dict[str, np.ndarray], first: str, burnt: list[tuple[int, int]] | tuple
+             ) -> int | None:
     head = seqs[first]
     floor = int(head.max()) if len(head) else -1
     top = max((int(s.max()) for s in seqs.values() if len(s)), default=floor)
@@ -122,11 +140,12 @@ def _taken(out: Path) -> pa.Buffer:
         out.unlink()
 
 
-def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path
-               ) -> tuple[str, pa.Buffer] | None:
+def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path,
+               left_out: list[int] | None = None) -> tuple[str, pa.Buffer] | None:
     """Stream the committed batches of a open segment into ``out`` (in batches of about
     SCRATCH_BATCH_BYTES); (format, mapped file) to scan: the scratch file, or the segment's
-    Parquet copy if it was compacted since it was listed; None if nothing counts."""
+    Parquet copy if it was compacted since it was listed; None if nothing counts. ``left_out``
+    gets the first seq of each part of a call not committed (see `cut_seq`)."""
     table = table_of(path)
     schema = LAKE_TABLES[table]
     rows = 0
@@ -146,6 +165,8 @@ def _live_copy(path: Path, committed: set[tuple[str, str]], out: Path
             for batch, meta in batches(path):
                 call = (meta or {}).get(CALL_KEY)
                 if call is not None and (table, call.decode()) not in committed:
+                    if left_out is not None and batch.num_rows:
+                        left_out.append(first_seq(batch))
                     continue
                 if batch.schema != schema:
                     batch = upgrade_batch(table, batch)
@@ -214,6 +235,7 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
         if gone:
             raise LakeDamageError(gone[0], 0, "the segment is missing (its writer logged it)")
         seqs: dict[str, np.ndarray] = {}
+        pending: list[int] = []
         for table, schema in LAKE_TABLES.items():
             files = []
             for i, path in enumerate(current_files(root, table, log=log)):
@@ -222,14 +244,14 @@ def scan_lake(lake_dir: str | os.PathLike, scratch_root: str | os.PathLike | Non
                     files.append(_parquet(path, table, out))
                     continue
                 scan.open_segments += 1
-                got = _live_copy(path, committed, out)
+                got = _live_copy(path, committed, out, pending)
                 if got is not None:
                     files.append(got)
             scan.parquet_files += sum(k == "parquet" for k, _ in files)
             data = _dataset(schema, files)
             seqs[table] = data.to_table(columns=["seq"]).column("seq").to_numpy()
             scan.tables[table] = data
-        scan.cut = cut_seq(seqs, next(iter(LAKE_TABLES)), burnt_ranges(log))
+        scan.cut = cut_seq(seqs, next(iter(LAKE_TABLES)), burnt_ranges(log), pending)
         if scan.cut is not None:
             for table, data in scan.tables.items():
                 if len(seqs[table]) and seqs[table].max() > scan.cut:

@@ -124,7 +124,7 @@ def test_queries_while_a_buffer_appends_see_consistent_prefixes(tmp_path: Path) 
             refresh(con, lake)
             seen.append(one(con, "select count(*) from trajectories")[0])
             for audit in ("conservation", "no_group_in_two_batches", "no_double_terminal"):
-                assert run(con, audit).num_rows == 0
+                assert run(con, audit).num_rows == 0, (audit, run(con, audit).to_pylist())
             time.sleep(0.02)
     finally:
         stop.set()
@@ -144,7 +144,7 @@ def test_a_snapshot_is_cut_at_the_first_row_an_earlier_read_missed() -> None:
     from pipeline.analysis.views import _consistent
     # trajectories were read first (up to seq 5); seq 7 was written to them after that read
     t = _consistent(_seq_tables(trajectories=[0, 5], group_events=[1, 2, 3, 4, 6],
-                                decisions=[8, 9]), "trajectories", [])
+                                decisions=[8, 9]), "trajectories", [], [])
     assert {n: x["seq"].to_pylist() for n, x in t.items()} == \
         {"trajectories": [0, 5], "group_events": [1, 2, 3, 4, 6], "decisions": []}
 
@@ -155,18 +155,33 @@ def test_a_burnt_gap_is_not_a_write_in_flight() -> None:
     name still is."""
     from pipeline.analysis.views import _consistent
     tables = _seq_tables(trajectories=[0, 5], group_events=[1, 2, 3, 4, 6], decisions=[8, 9, 11])
-    t = _consistent(tables, "trajectories", [(7, 7)])
+    t = _consistent(tables, "trajectories", [(7, 7)], [])
     assert t["decisions"]["seq"].to_pylist() == [8, 9]          # 10 is not burnt: cut there
-    t = _consistent(tables, "trajectories", [(7, 7), (10, 10)])
+    t = _consistent(tables, "trajectories", [(7, 7), (10, 10)], [])
     assert t["decisions"]["seq"].to_pylist() == [8, 9, 11]
+
+
+def test_a_call_not_committed_when_the_log_was_read_cuts_every_row_after_it() -> None:
+    """Seqs 3..4 are a selection written with its metric rows (one call, two tables) whose
+    commit record came after the log was read: the readers left them out. The release at seq 5,
+    read in the first table, is cut with them (below the first table's highest seq, where a gap
+    alone reads as permanent); a call a crash left, burnt by the next writer, cuts nothing."""
+    from pipeline.analysis.views import _consistent
+    tables = _seq_tables(decisions=[0, 1, 2, 5], metrics=[], group_events=[6])
+    t = _consistent(tables, "decisions", [], [3, 4])
+    assert {n: x["seq"].to_pylist() for n, x in t.items()} == \
+        {"decisions": [0, 1, 2], "metrics": [], "group_events": []}
+    assert _consistent(tables, "decisions", [], [])["decisions"]["seq"].to_pylist() == [0, 1, 2, 5]
+    t = _consistent(tables, "decisions", [(3, 4)], [3, 4])
+    assert t["group_events"]["seq"].to_pylist() == [6]
 
 
 def test_old_gaps_are_kept_and_a_complete_lake_is_not_cut() -> None:
     from pipeline.analysis.views import _consistent
     # seqs 2..4 are gone for good (e.g. retention); everything after the first table is dense
     t = _consistent(_seq_tables(trajectories=[0, 9], group_events=[1, 5, 6],
-                                decisions=[7, 8, 10]), "trajectories", [])
+                                decisions=[7, 8, 10]), "trajectories", [], [])
     assert t["decisions"]["seq"].to_pylist() == [7, 8, 10]
     t = _consistent(_seq_tables(trajectories=[], group_events=[3, 4], decisions=[5]),
-                    "trajectories", [])
+                    "trajectories", [], [])
     assert t["decisions"]["seq"].to_pylist() == [5]

@@ -142,3 +142,73 @@ def test_whatif_over_a_config_without_its_decision_settings_names_them(recorded_
     with pytest.raises(LakeError, match="records no preset, max_off_policy_threshold, "
                                         "max_off_policy_strategy, filter_groups_metric"):
         recorded_settings(lake)
+
+
+def _newer(recorded_lake, tmp_path, fmt: int = 3):
+    """A copy of the recorded lake as a newer replaylake would have left it: its layout's format
+    (and the version that wrote it) recorded in `_config.json`."""
+    import shutil
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    rec = json.loads((lake / "_config.json").read_text())
+    rec["format"] = fmt
+    rec["versions"][-1]["replaylake"] = "9.9.0"
+    (lake / "_config.json").write_text(json.dumps(rec))
+    return lake
+
+
+def test_a_lake_records_its_format_and_an_older_lake_gets_it_at_its_first_reopen(
+        recorded_lake, tmp_path):
+    import shutil
+
+    from pipeline.lake.identity import LAKE_FORMAT
+    assert json.loads((recorded_lake / "_config.json").read_text())["format"] == LAKE_FORMAT == 2
+    lake = tmp_path / "lake"
+    shutil.copytree(recorded_lake, lake)
+    rec = json.loads((lake / "_config.json").read_text())
+    del rec["format"]                     # as a lake written before 2026-12 records it
+    (lake / "_config.json").write_text(json.dumps(rec))
+    with ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3) as buf:
+        assert buf.held_batches("train") == {}       # restored: read as format 1
+    after = json.loads((lake / "_config.json").read_text())
+    assert after == {**rec, "format": 2}             # the same configurations, now format 2
+
+
+def test_a_lake_of_a_newer_format_is_refused_by_every_reader_and_left_untouched(
+        recorded_lake, tmp_path):
+    from pipeline.lake import read_table
+    from pipeline.lake.writer import LakeWriter
+    lake = _newer(recorded_lake, tmp_path)
+    before = {p: p.read_bytes() for p in lake.rglob("*") if p.is_file()}
+    said = (rf"{lake} is written in lake format 3 \(by replaylake 9\.9\.0\), newer than this "
+            r"replaylake reads \(format 2 at most\): read and write it with that replaylake or a "
+            r"newer one")
+    for open_it in (lambda: ReplayBuffer.async_(lake=lake, max_off_policy_threshold=3),
+                    lambda: LakeWriter(lake),
+                    lambda: read_table(lake, "decisions")):
+        with pytest.raises(LakeError, match=said):
+            open_it()
+    assert {p: p.read_bytes() for p in lake.rglob("*") if p.is_file()} == before
+    # no lock was left held: with the format this replaylake reads, the same lake opens
+    _newer(recorded_lake, tmp_path / "again", fmt=2)
+    with ReplayBuffer.async_(lake=tmp_path / "again" / "lake", max_off_policy_threshold=3):
+        pass
+
+
+@pytest.mark.parametrize("command", [["whatif", "--lake"], ["audit", "--lake"], ["report"],
+                                     ["sql", "-c", "select count(*) from decisions", "--lake"],
+                                     ["export", "--lake"], ["compact"], ["lake", "check"],
+                                     ["lake", "salvage"], ["retain"]])
+def test_commands_over_a_lake_of_a_newer_format_print_one_error_line(recorded_lake, tmp_path,
+                                                                     command):
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+    lake = _newer(recorded_lake, tmp_path)
+    extra = {"report": ["--no-progress", "-o", str(tmp_path / "r.html")],
+             "export": ["--out", str(tmp_path / "out")],
+             "retain": ["--older-than", "1"]}.get(command[0], [])
+    result = CliRunner().invoke(app, [*command, str(lake), *extra])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {lake} is written in lake format 3"), lines
