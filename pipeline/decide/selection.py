@@ -166,10 +166,12 @@ def select(state: BufferState, cfg: BufferConfig, part: PartitionState, ctx: Pol
         items.append(("metrics", [{"partition": ctx.partition, "step": ctx.step,
                                    "batch_id": batch_id, "name": k, "value": float(v)}
                                   for k, v in batch.metrics.items()]))
+    seen = state.version
     try:
         state.commit_many(items)
     except BaseException:
-        acc.discarded -= len(surplus)   # not written: the retry discards them and counts them
+        if state.version == seen:       # not written: the retry discards them and counts them
+            acc.discarded -= len(surplus)
         raise
     part.batch_marks[batch_id] = (marks, strategy)
     # for a call named by a request sent again (see `again`), this one's or a retry's

@@ -395,3 +395,29 @@ def test_dapo_credit_of_an_earlier_poll_stays_owed_when_a_later_polls_write_fail
     assert _refills(lake) == [("refill", 3, ["z", "p1"])] and asked == [3]
     assert len(batch.uids) == 2
     buf.close()
+
+
+def test_a_selection_whose_write_fails_discards_nothing_and_the_retry_counts_the_surplus_once(
+        lake, monkeypatch):
+    """Sync DAPO: the surplus discarded, the selection and the batch's metric rows are one
+    write. Failing in its metric rows' part, none of it is in memory or the lake; the retry
+    discards c, selects a and b and reports the discard once."""
+    buf = ReplayBuffer.sync(lake=lake, filter_groups_metric="reward", refill_fn=lambda n: None,
+                            train_batch_size=2, gen_batch_size=3, poll_interval=0.01)
+    buf.register(partition="train", uids=["a", "b", "c"], global_steps=1, n=2)
+    buf.put([traj(u, s, float(s)) for u in ("a", "b", "c") for s in (0, 1)])
+    buf.update_status(partition="train", uids=["a", "b", "c"], status="finished")
+    _strike(monkeypatch, "metrics.data_written:1")       # the selection's write, its last part
+    with pytest.raises(LakeError, match="nothing of this call was written"):
+        buf.sample(1, "train", 2, timeout=5)
+    assert read_table(lake, "decisions").num_rows == read_table(lake, "metrics").num_rows == 0
+    assert buf.counts("train")["finished"] == 3 and buf.held_batches("train") == {}
+    batch = buf.sample(1, "train", 2, timeout=5)
+    assert batch.uids == ["a", "b"]
+    assert batch.metrics["training/filter_groups/discarded_surplus_samples"] == 1
+    buf.close()
+    dec = read_table(lake, "decisions").to_pylist()
+    assert [(r["kind"], r["uid"]) for r in dec] == [("discard", "c"), ("select", "a"),
+                                                    ("select", "b")]
+    assert len({r["seq"] for r in dec} | set(read_table(lake, "metrics")["seq"].to_pylist())) \
+        == len(dec) + len(batch.metrics)
