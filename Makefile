@@ -74,7 +74,7 @@ lint: $(STAMP)
 
 # Maintainer tools (`replaylake dev ...`), not needed to use replaylake: every benchmark, which
 # rewrites the tables of docs/performance.md, README.md and docs/scaling.md; one round of the
-# crash soak (about 20 minutes on 2 cores).
+# crash soak (about 25 minutes on 2 cores).
 bench: $(STAMP)
 	$(BIN)/replaylake dev bench all --doc docs/performance.md --doc README.md --doc docs/scaling.md
 
