@@ -37,7 +37,7 @@ LOCK_NAME = "_writer.lock"
 QUARANTINE_DIR = "_quarantine"
 SUM_SUFFIX = ".crc"
 CALL_KEY = b"replaylake.call"       # batch metadata of a multi-partition call: "<writer>:<first>:<last>"
-COMMIT_SEP = ","                     # a commit record's tables, when a call wrote several
+COMMIT_SEP = ","         # a commit record's tables, in lakes whose writer joined a call's tables
 
 WINDOW_COLUMN = {
     "trajectories": "max_global_steps",

@@ -16,12 +16,13 @@ holding `partition=<id>` directories is the data itself, which a lake copied wit
 buffer ever opened it.
 
 A lake also says which layout it is written in: `_config.json`'s ``format`` (absent: 1). Format 2
-(replaylake from 2026-12 on) may hold calls committed across several tables at once (one commit
-record naming them all) and null rewards; a replaylake that reads format 1 only would take such a
-call for one never committed. `require_format` (asked by `require_lake`, `require_new_or_lake` and
-every read of the lake's log, so by every reader) refuses a lake of a format newer than this
-replaylake reads (`LAKE_FORMAT`), naming the version that wrote it, rather than misread it; a
-buffer that opens a lake records the format it writes.
+(replaylake from 2026-12 on) may hold null rewards, and calls committed across several tables at
+once (the writer of 2026-12-06 named them all in one commit record, which a replaylake that
+reads format 1 only takes for a call never committed; later writers write one record per
+table). `require_format` (asked by `require_lake`, `require_new_or_lake` and every read of the
+lake's log, so by every reader) refuses a lake of a format newer than this replaylake reads
+(`LAKE_FORMAT`), naming the version that wrote it, rather than misread it; a buffer that opens a
+lake records the format it writes.
 """
 from __future__ import annotations
 

@@ -116,7 +116,8 @@ def _written(path: Path) -> bool:
 
 def committed_calls(root: str | os.PathLike, log: pa.Table | None = None) -> set[tuple[str, str]]:
     """(table, call name) of every call written in several parts (partitions, or tables)
-    whose commit record is acknowledged; a record names each table the call wrote."""
+    whose commit record is acknowledged: one record per table (a record of an earlier writer
+    may name several, comma separated)."""
     log = read_log(root) if log is None else log
     c = log.filter(pc.equal(log.column("kind"), "commit"))
     return {(t, f"{w}:{a}:{b}") for ts, w, a, b in zip(*(c.column(k).to_pylist() for k in (

@@ -32,11 +32,14 @@ of a 300-step replay's time, spent on decisions and events.
 
 Atomicity of one call: a call's rows of one partition are one record batch in one file. A call
 spanning several partitions, or several tables (`append_many`: `resume` writes its events and the
-rows it keeps together), writes one batch per table and partition, each tagged with the call's
-name (writer + seq range), then one commit record with that name and every table it wrote (comma
-separated) in the writer's log; readers skip tagged batches without their commit record, so a
-call torn between files reads as never made, and a later call (even one reusing its seqs) can
-never commit its orphans.
+rows it keeps together; a selection writes its metric rows with it), writes one batch per table
+and partition, each tagged with the call's name (writer + seq range), then its commit records in
+the writer's log: one per table it wrote, all in one record batch, so they are one write (a crash
+keeps all of them or none). Readers skip tagged batches without their commit record, so a call
+torn between files reads as never made, and a later call (even one reusing its seqs) can never
+commit its orphans. One record per table is what every replaylake reader already reads; the
+previous version of this writer joined a call's tables in one record (comma separated), which
+readers still split.
 """
 from __future__ import annotations
 
@@ -54,7 +57,6 @@ from pipeline.errors import LakeError
 from pipeline.lake import kill as lake_kill
 from pipeline.lake.files import (
     CALL_KEY,
-    COMMIT_SEP,
     DEFAULT_WINDOW,
     LOG_DIR,
     LOG_SCHEMA,
@@ -204,9 +206,9 @@ class LakeWriter:
             self._mark(stream)
             stream.append(part.combine_chunks().to_batches(max_chunksize=part.num_rows)[0], meta)
         if meta is not None:   # every part is written: now the call counts, in every table
-            self._log({"kind": "commit", "table": COMMIT_SEP.join(dict.fromkeys(
-                t for t, _, _ in parts)), "writer": self.tag, "first_seq": first,
-                "last_seq": last, "parts": len(parts)})
+            self._log(*({"kind": "commit", "table": t, "writer": self.tag, "first_seq": first,
+                         "last_seq": last, "parts": len(parts)}
+                        for t in dict.fromkeys(t for t, _, _ in parts)))
 
     def record_removed(self, paths: list[str]) -> None:
         """Log that these segments (paths relative to the root) were taken away on purpose
@@ -235,14 +237,15 @@ class LakeWriter:
             part = rows if len(parts) == 1 else rows.filter(pc.equal(col, p))
             yield (p, window_of(_lowest(part.column(WINDOW_COLUMN[table])), self.window)), part
 
-    def _log(self, record: dict) -> None:
+    def _log(self, *records: dict) -> None:
+        """Append ``records`` to the writer's log as one record batch: one write."""
         key = (LOG_DIR, "", 0)
         if key not in self._streams:
             self._opened += 1
             self._streams[key] = self._create(self.root / LOG_DIR,
                                               f"log-{self.tag}{self._opened:04d}.arrow",
                                               LOG_SCHEMA, "log")
-        row = {f.name: [record.get(f.name)] for f in LOG_SCHEMA}
+        row = {f.name: [r.get(f.name) for r in records] for f in LOG_SCHEMA}
         self._mark(self._streams[key])
         self._streams[key].append(pa.record_batch(row, schema=LOG_SCHEMA), None)
 

@@ -179,9 +179,9 @@ def test_compaction_while_a_writer_appends_loses_and_duplicates_nothing(tmp_path
 
 
 def test_a_call_written_across_tables_survives_compaction_whole(tmp_path):
-    """`resume` over two partitions is one call across two tables (one commit record naming
-    both); compaction keeps its rows in both tables, and a restart on the compacted lake sees the
-    resume as it was."""
+    """`resume` over two partitions is one call across two tables (committed by one record per
+    table, written as one); compaction keeps its rows in both tables, and a restart on the
+    compacted lake sees the resume as it was."""
     from tests.support.lake import traj
     lake = tmp_path / "lake"
     with ReplayBuffer.sync(lake=lake) as buf:
@@ -199,3 +199,43 @@ def test_a_call_written_across_tables_survives_compaction_whole(tmp_path):
     with ReplayBuffer.sync(lake=lake) as buf:
         assert [(buf.lookup(p, "g").sessions, buf.lookup(p, "g").global_steps)
                 for p in ("a", "b")] == [({0, 1}, 4), ({0, 1}, 4)]
+
+
+def test_a_call_across_tables_is_committed_by_one_record_per_table_written_as_one(tmp_path):
+    """Each table the call wrote has its own commit record, so a reader that matches a
+    record's table to the table it reads (every replaylake reader, older ones included) sees the
+    call; the records are one write of the log (one record batch, one checksum record). A record
+    naming several tables, comma separated, as the writer of 2026-12-06 wrote it, still commits
+    the call in each."""
+    import pyarrow as pa
+
+    from pipeline.lake.files import LOG_SCHEMA, log_files
+    from pipeline.lake.read import committed_calls, read_log
+    from pipeline.lake.verify import batches
+    from tests.support.lake import traj
+    lake = tmp_path / "lake"
+    with ReplayBuffer.sync(lake=lake) as buf:
+        for p in ("a", "b"):
+            buf.register(partition=p, uids=["g"], global_steps=1, n=2)
+            buf.update_status(partition=p, uids=["g"], status="running")
+        buf.put([traj("g", s, partition=p) for p in ("a", "b") for s in range(2)])
+        buf.resume(4)
+    log = read_log(lake)
+    commits = log.filter(pc.equal(log["kind"], "commit"))
+    resume = commits.filter(pc.greater(pc.utf8_length(commits["table"]), 0)).to_pylist()[-2:]
+    assert sorted(r["table"] for r in resume) == ["group_events", "trajectories"]
+    assert len({(r["writer"], r["first_seq"], r["last_seq"]) for r in resume}) == 1
+    (log_file,) = log_files(lake)
+    written = [b.num_rows for b, _ in batches(log_file)]
+    assert written[-1] == 2                    # both records: the log's last write
+    calls = {(r["table"], f"{r['writer']}:{r['first_seq']}:{r['last_seq']}")
+             for r in commits.to_pylist()}
+    assert committed_calls(lake) == calls      # what a reader without the comma rule sees too
+    call = next(c for t, c in calls if t == "trajectories" and c.endswith(
+        f":{resume[0]['last_seq']}"))
+    writer, first, last = call.split(":")
+    joined = pa.table({**{f.name: pa.nulls(1, f.type) for f in LOG_SCHEMA},
+                       "kind": ["commit"], "table": ["group_events,trajectories"],
+                       "writer": [writer], "first_seq": [int(first)], "last_seq": [int(last)]},
+                      schema=LOG_SCHEMA)
+    assert committed_calls(lake, joined) == {("group_events", call), ("trajectories", call)}
