@@ -178,18 +178,23 @@ def test_compaction_while_a_writer_appends_loses_and_duplicates_nothing(tmp_path
     assert lake_history(lake) == lake_history(reference)
 
 
-def test_a_call_written_across_tables_survives_compaction_whole(tmp_path):
-    """`resume` over two partitions is one call across two tables (committed by one record per
-    table, written as one); compaction keeps its rows in both tables, and a restart on the
-    compacted lake sees the resume as it was."""
+def _resumed_across_tables(lake):
+    """A lake whose last call is a `resume` over two partitions: one call across two tables."""
     from tests.support.lake import traj
-    lake = tmp_path / "lake"
     with ReplayBuffer.sync(lake=lake) as buf:
         for p in ("a", "b"):
             buf.register(partition=p, uids=["g"], global_steps=1, n=2)
             buf.update_status(partition=p, uids=["g"], status="running")
         buf.put([traj("g", s, partition=p) for p in ("a", "b") for s in range(2)])
         buf.resume(4)
+    return lake
+
+
+def test_a_call_written_across_tables_survives_compaction_whole(tmp_path):
+    """`resume` over two partitions is one call across two tables (committed by one record per
+    table, written as one); compaction keeps its rows in both tables, and a restart on the
+    compacted lake sees the resume as it was."""
+    lake = _resumed_across_tables(tmp_path / "lake")
     before = lake_history(lake)
     report = compact(lake)
     assert report.rows == sum(len(v) for v in before.values()) and files(lake, ".arrow") == []
@@ -212,14 +217,7 @@ def test_a_call_across_tables_is_committed_by_one_record_per_table_written_as_on
     from pipeline.lake.files import LOG_SCHEMA, log_files
     from pipeline.lake.read import committed_calls, read_log
     from pipeline.lake.verify import batches
-    from tests.support.lake import traj
-    lake = tmp_path / "lake"
-    with ReplayBuffer.sync(lake=lake) as buf:
-        for p in ("a", "b"):
-            buf.register(partition=p, uids=["g"], global_steps=1, n=2)
-            buf.update_status(partition=p, uids=["g"], status="running")
-        buf.put([traj("g", s, partition=p) for p in ("a", "b") for s in range(2)])
-        buf.resume(4)
+    lake = _resumed_across_tables(tmp_path / "lake")
     log = read_log(lake)
     commits = log.filter(pc.equal(log["kind"], "commit"))
     resume = commits.filter(pc.greater(pc.utf8_length(commits["table"]), 0)).to_pylist()[-2:]
