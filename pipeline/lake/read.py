@@ -243,7 +243,7 @@ def read_segment(path: Path, committed: set[tuple[str, str]] | None = None,
 
 def first_seq(batch: pa.RecordBatch) -> int:
     """The first seq of a written batch (a call's part: its rows' seqs ascend)."""
-    return int(batch.column(batch.schema.get_field_index("seq"))[0].as_py())
+    return batch.column("seq")[0].as_py()
 
 
 def read_table(root: str | os.PathLike, table: str, partitions: list[str] | None = None,
