@@ -49,5 +49,6 @@ def trajectories(partition: str, uids: list[str], per_group: int, *, version: in
         "is_padding": pa.array(np.zeros(n, dtype=bool)),
         "versions_inferred": pa.array(np.zeros(n, dtype=bool)),
         "generation_s": pa.nulls(n, pa.float64()),
+        "n_response_tokens": pa.nulls(n, pa.int64()),     # the tokens say it
     }
     return pa.Table.from_arrays([cols[f.name] for f in TRAJECTORIES_INPUT], schema=TRAJECTORIES_INPUT)

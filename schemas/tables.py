@@ -67,9 +67,17 @@ _TRAJECTORY_FIELDS = [
           "many at once divides its wall time among them); null = not recorded", nullable=True),
 ]
 
+# a producer that keeps the token payload elsewhere sends the response length alone
+_STATED_RESPONSE_TOKENS = field(
+    "n_response_tokens", pa.int64(),
+    "number of response tokens, for a producer that keeps the tokens elsewhere and sends "
+    "response_ids empty (the verl adapter: verl's trainer reads them from TransferQueue); "
+    "null = the length of response_ids. Given with response_ids, it must equal their length",
+    nullable=True)
+
 TRAJECTORIES_INPUT = schema(
     "trajectories_input", "trajectories (one per response) as producers send them",
-    *_TRAJECTORY_FIELDS,
+    *_TRAJECTORY_FIELDS, _STATED_RESPONSE_TOKENS,
 )
 
 # --- lake tables ---------------------------------------------------------------------------------
@@ -80,7 +88,8 @@ _TS = field("ts", pa.timestamp("us", tz="UTC"), "wall-clock time the buffer acce
 N_RESPONSE_TOKENS = field(
     "n_response_tokens", pa.int64(),
     "number of response tokens, stored at ingest so that queries never read the token payload "
-    "for a length (kept when retention empties the payload)")
+    "for a length: the length of response_ids, or the count a producer sent without them; kept "
+    "when retention empties the payload")
 
 TRAJECTORIES = schema(
     "trajectories", "every accepted trajectory, payload included",

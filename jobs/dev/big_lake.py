@@ -70,6 +70,7 @@ def _table(uids: list[str], versions: np.ndarray, n: int, tokens: tuple[int, int
         "is_padding": pa.array(np.zeros(rows, dtype=bool)),
         "versions_inferred": pa.array(np.zeros(rows, dtype=bool)),
         "generation_s": pa.array(resp_len / 2000.0),
+        "n_response_tokens": pa.nulls(rows, pa.int64()),     # the tokens say it
     }
     return pa.Table.from_arrays([cols[f.name] for f in TRAJECTORIES_INPUT],
                                 schema=TRAJECTORIES_INPUT)

@@ -121,10 +121,10 @@ def step_ranges(steps: list[int]) -> str:
 
 
 def refuse_dropped_payload(todo: list[tuple[str, pa.Table]]) -> None:
-    """Refuse (before writing anything) to write shards holding rows whose token payload
-    retention dropped: a trainer reading them would get empty token lists where the rows say
-    there were tokens. Shards written before the retention stay complete and are kept.
-    ``todo`` holds each shard's `row_keys`."""
+    """Refuse (before writing anything) to write shards holding rows without their token
+    payload (retention dropped it, or the producer sent the response length alone): a trainer
+    reading them would get empty token lists where the rows say there were tokens. Shards
+    written before stay complete and are kept. ``todo`` holds each shard's `row_keys`."""
     lost: dict[str, list[pa.Table]] = {}
     for p, rows in todo:
         mask = rows.column("dropped")
@@ -139,8 +139,10 @@ def refuse_dropped_payload(todo: list[tuple[str, pa.Table]]) -> None:
                       for p, t in hit.items())
     first_kept = max(pc.max(t.column("step")).as_py() for t in hit.values()) + 1
     raise ExportError(
-        f"the token payload of trained rows was dropped by `replaylake retain` ({where}): their "
-        "rows keep their metadata, but prompt_ids and response_ids are empty, and an export is "
-        f"what the trainer received. Export later steps (e.g. --steps {first_kept}:), or export "
-        "from a copy of the lake taken before the retention; run exports more often than "
-        "retain's --older-than horizon to keep every step")
+        f"trained rows hold no token payload ({where}): their rows keep their metadata, but "
+        "prompt_ids and response_ids are empty, and an export is what the trainer received. "
+        "Either `replaylake retain` dropped it: export later steps (e.g. --steps "
+        f"{first_kept}:), or from a copy of the lake taken before the retention, and run "
+        "exports more often than retain's --older-than horizon to keep every step. Or it was "
+        "never stored: a lake written by the verl adapter holds the tokens only with "
+        "mirror_fields='full' (verl's trainer reads them from TransferQueue)")

@@ -56,7 +56,6 @@ class Rule:
     value: str | None
     credit: int
     predicate: str = field(repr=False, compare=False)    # the text between `where (` and `)`
-    reads_lengths: bool = False  # its predicate reads response lengths (`response_tokens_*`)
     lookup: tuple[str, str] | None = None   # (relation, candidate column) it joins, if any
 
     @property
@@ -93,8 +92,7 @@ def _rule(q: loader.Query) -> Rule:
         knobs=tuple(p for p in q.params if p.name != STEP),
         horizon_text=horizon, metric=x.get("metric"), spread=x.get("spread"),
         value=x.get("value"), credit=int(x.get("credit", "0")),
-        predicate=declared.predicate(q),
-        reads_lengths="response_tokens_" in declared.predicate(q))
+        predicate=declared.predicate(q))
 
 
 def _lookup(q: loader.Query) -> tuple[str, str] | None:

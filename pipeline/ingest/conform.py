@@ -224,8 +224,13 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
                                     f"reward metric {filter_metric!r} is NaN (the zero-variance "
                                     "filter needs a number)"))
     problems += _seconds_problems(table)
-    n_resp = _list_lengths(table, "response_ids")
-    problems += _length_problems(table, n_resp) + _token_problems(table)
+    held = _list_lengths(table, "response_ids")
+    n_resp, stated = _response_length(table, held)
+    problems += stated + _length_problems(table, held, n_resp) + _token_problems(table)
+    # the response length, stored so lake queries never read the token payload for it (a
+    # retry's rows are compared with it, as the stored rows hold it)
+    at = table.schema.get_field_index(N_RESPONSE_TOKENS.name)
+    table = table.set_column(at, N_RESPONSE_TOKENS, [pa.array(n_resp.astype(np.int64))])
     group, repeats = group_problems(keys, lookup)
     problems += group
     identical: list[int] = []
@@ -233,8 +238,6 @@ def validate_trajectories(data: Any, lookup: Callable[[str, str], Any],
         identical, conflicts = split_repeats(table, repeats, stored)
         problems += conflicts
     _raise("trajectories", problems)
-    # the response length, stored so lake queries never read the token payload for it
-    table = table.append_column(N_RESPONSE_TOKENS, [pa.array(n_resp.astype(np.int64))])
     if identical:
         keep = np.ones(table.num_rows, dtype=bool)
         keep[identical] = False
@@ -364,16 +367,45 @@ def _item_rows(col: pa.Array, bad: np.ndarray) -> tuple[int, ...]:
     return tuple(np.unique(parents[bad]).tolist())
 
 
-def _length_problems(table: pa.Table, n_resp: np.ndarray) -> list[Problem]:
-    """Per-token columns must match the response length ``n_resp``; version spans must cover it."""
+def _response_length(table: pa.Table, held: np.ndarray) -> tuple[np.ndarray, list[Problem]]:
+    """Each row's response length: the count a producer sent without its tokens
+    (`n_response_tokens`), else the length of `response_ids` (``held``); and the problems of the
+    counts sent (below 0, or beside tokens of another length)."""
+    col = _one_chunk(table, N_RESPONSE_TOKENS.name)
+    if col.null_count == len(col):
+        return held, []               # the usual put: the tokens say it
+    if col.null_count == 0:
+        stated = col.to_numpy()
+        if not len(stated) or (stated.min() >= 0 and held.max() <= 0):
+            return stated, []         # counts alone, every one sent (the verl adapter's put)
+        given = np.ones(len(stated), dtype=bool)
+    else:
+        stated = col.fill_null(-1).to_numpy(zero_copy_only=False)
+        given = np.asarray(col.is_valid())
+    out = []
+    if (given & (stated < 0)).any():
+        out.append(Problem(N_RESPONSE_TOKENS.name,
+                           tuple(np.flatnonzero(given & (stated < 0)).tolist()),
+                           "must be >= 0 (or null: the length of response_ids)"))
+    other = given & (held > 0) & (stated != held)
+    if other.any():
+        out.append(Problem(N_RESPONSE_TOKENS.name, tuple(np.flatnonzero(other).tolist()),
+                           "differs from the length of response_ids: send the tokens, or their "
+                           "count with response_ids empty"))
+    return np.where(given & (stated >= 0), stated, held), out
+
+
+def _length_problems(table: pa.Table, held: np.ndarray, n_resp: np.ndarray) -> list[Problem]:
+    """Per-token columns must match the response tokens sent (``held``); version spans must
+    cover the response length ``n_resp`` (the count sent without the tokens, where one was)."""
     out = []
     for name in ("response_mask", "rollout_log_probs"):
         if table.column(name).null_count == table.num_rows:
             continue                  # all null (unknown): no length to compare
         n = _list_lengths(table, name)
-        if (n == n_resp).all():
+        if (n == held).all():
             continue
-        bad = (n >= 0) & (n != n_resp)
+        bad = (n >= 0) & (n != held)
         if bad.any():
             out.append(Problem(name, tuple(np.flatnonzero(bad).tolist()),
                                "length differs from response_ids"))

@@ -153,10 +153,13 @@ def retain(root: str | os.PathLike, older_than: int,
 
 
 def dropped_payload(rows: pa.Table, tokenless: bool = True) -> pa.Array:
-    """Per row: whether `replaylake retain` dropped its token payload. Ingest stores each
-    trajectory's response length (`n_response_tokens`) beside its tokens and retention keeps it
-    while it empties `prompt_ids` and `response_ids`, so a row whose `response_ids` hold fewer
-    tokens than that no longer holds what the trainer received. A retained row that had no
+    """Per row: whether it lacks the token payload its row says the response had: `replaylake
+    retain` dropped it, or the producer never sent it (a response length sent without its
+    tokens, as the verl adapter does without `mirror_fields="full"`: verl's trainer reads the
+    tokens from TransferQueue). Ingest stores each trajectory's response length
+    (`n_response_tokens`) beside its tokens and retention keeps it while it empties `prompt_ids`
+    and `response_ids`, so a row whose `response_ids` hold fewer tokens than that does not hold
+    what the trainer received. A retained row that had no
     response tokens lost its prompt ids only, so a row with neither prompt nor response tokens
     counts as dropped too: it would hand a trainer nothing, and loudly refusing a row that never
     had tokens is the safe side of the doubt (``tokenless=False`` leaves such rows out: a

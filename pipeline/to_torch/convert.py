@@ -215,9 +215,9 @@ def _packed(pin: bool, p: np.ndarray, r: np.ndarray, row_copy: bool,
 
 
 def _refuse_dropped_payload(table: pa.Table) -> None:
-    """Refuse rows whose token payload `replaylake retain` dropped (rows read back from a lake
-    past its retention horizon): they would turn into empty tensors where the rows say there
-    were tokens."""
+    """Refuse rows without the token payload their response length says they had (`replaylake
+    retain` dropped it, or the producer sent the length alone): they would turn into empty
+    tensors where the rows say there were tokens."""
     if "n_response_tokens" not in table.column_names or table.num_rows == 0:
         return
     from pipeline.lake import dropped_payload
@@ -225,10 +225,11 @@ def _refuse_dropped_payload(table: pa.Table) -> None:
     if dropped.any():
         raise BatchFormatError(
             f"column 'response_ids': in {describe_rows(dropped)} it holds fewer tokens than "
-            "n_response_tokens says: "
-            "`replaylake retain` dropped their token payload (rows read back from a lake past "
-            "its retention horizon), so they cannot be converted; convert rows that still hold "
-            "their tokens (a live batch, or a lake's rows before retention)")
+            "n_response_tokens says, so they cannot be converted: their token payload is not "
+            "here. Either it was never sent (the producer sent the response length alone: the "
+            "verl adapter does so unless mirror_fields='full', as verl's trainer reads the tokens "
+            "from TransferQueue), or `replaylake retain` dropped it (rows read back from a lake "
+            "past its retention horizon); convert rows that hold their tokens")
 
 
 def batch_to_torch(table: pa.Table, layout: str = "padded", device: Any = None,

@@ -337,9 +337,9 @@ def test_filtered_values_that_agree_in_six_digits_keep_a_legend_entry_each() -> 
 
 def test_a_partition_without_rewards_or_tokens_says_so_before_its_figures(tmp_path: Path,
                                                                           async_page: str) -> None:
-    """A lake like the verl adapter's in `decisions` mode (rewards null, token lists empty):
-    the report says what its trajectories lack instead of drawing zeros as the run's; a lake
-    that has them says nothing of the kind."""
+    """A lake whose producer sent no rewards and neither tokens nor their count (rewards null,
+    token lists empty): the report says what its trajectories lack instead of drawing zeros as
+    the run's; a lake that has them says nothing of the kind."""
     lake = tmp_path / "lake"
     with ReplayBuffer.sync(lake=lake) as buf:
         for i, step in enumerate((1, 2, 3)):

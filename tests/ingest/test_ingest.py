@@ -464,6 +464,44 @@ def test_response_mask_of_the_wrong_length_is_rejected(seeded):
              "response_mask", (0,))
 
 
+# --- a response length sent without its tokens -------------------------------------------------
+
+def test_a_response_length_sent_without_its_tokens_is_stored(seeded):
+    """A producer that keeps the tokens elsewhere sends their count: the lake stores it, and a
+    row that sends its tokens (count null, or equal) stores their length."""
+    assert seeded.put([traj("fresh", 0, response=(), n_response_tokens=7),
+                       traj("fresh", 1, response=(5, 6, 7), n_response_tokens=3),
+                       traj("fresh", 2, response=(5, 6)),
+                       traj("fresh", 3, response=(), n_response_tokens=0)]) == 4
+    rows = read_table(Path(seeded.lake_dir), "trajectories").to_pylist()
+    got = sorted((r["session_id"], r["n_response_tokens"], len(r["response_ids"]))
+                 for r in rows if r["uid"] == "fresh")
+    assert got == [(0, 7, 0), (1, 3, 3), (2, 2, 2), (3, 0, 0)]
+
+
+@pytest.mark.parametrize("row, why", [
+    ({"response": (), "n_response_tokens": -1}, ">= 0"),
+    ({"response": (5, 6), "n_response_tokens": 3}, "differs from the length of response_ids"),
+    ({"response": (5, 6), "n_response_tokens": 1}, "differs from the length of response_ids"),
+])
+def test_a_response_length_that_cannot_be_is_rejected_naming_the_row(seeded, row, why):
+    exc = rejected(seeded, lambda: seeded.put([traj("fresh", 0), traj("fresh", 1, **row)]),
+                   "n_response_tokens", (1,))
+    assert why in str(exc)
+
+
+def test_version_spans_add_up_to_the_length_sent_and_masks_to_the_tokens_sent(seeded):
+    """Spans count the response's tokens (the length sent, without them); a per-token column
+    must match the tokens it rides with."""
+    spans = [{"version": 0, "n_tokens": 4}]
+    assert seeded.put([traj("fresh", 0, response=(), n_response_tokens=4,
+                            version_spans=spans)]) == 1
+    rejected(seeded, lambda: seeded.put([traj("fresh", 1, response=(), n_response_tokens=5,
+                                              version_spans=spans)]), "version_spans", (0,))
+    rejected(seeded, lambda: seeded.put([traj("fresh", 1, response=(), n_response_tokens=2,
+                                              response_mask=[1, 1])]), "response_mask", (0,))
+
+
 # --- all or nothing ----------------------------------------------------------------------------
 
 def test_one_bad_row_rejects_the_whole_batch_and_stores_none_of_it(seeded):

@@ -98,8 +98,9 @@ def _synthetic(n_groups: int, seed: int = 0, **kw: Any) -> pa.Table:
 
 def test_stamped_rows_are_the_lake_schema_whichever_path_builds_them() -> None:
     table = conform(_synthetic(2), TRAJECTORIES_INPUT)[0]
-    rows = table.append_column(LAKE_TABLES["trajectories"].field("n_response_tokens"),
-                               [pa.array(np.arange(table.num_rows, dtype=np.int64))])
+    rows = table.set_column(table.schema.get_field_index("n_response_tokens"),
+                            LAKE_TABLES["trajectories"].field("n_response_tokens"),
+                            [pa.array(np.arange(table.num_rows, dtype=np.int64))])
     fast = Journal(None, 10).record("trajectories", rows)
     shuffled = rows.select(list(reversed(rows.column_names)))   # not in order: assembled by name
     slow = Journal(None, 10).record("trajectories", shuffled)

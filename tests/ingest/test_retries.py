@@ -75,6 +75,18 @@ def test_a_different_row_under_a_stored_key_is_refused_naming_it(buf, change):
     assert stored["reward"].to_pylist() == [0.0, 1.0, 2.0]       # the first row kept
 
 
+def test_a_retry_of_a_length_sent_without_tokens_compares_the_length(buf):
+    """A row sent as a count without its tokens is the same row when sent again so; another
+    count under its key is a different row (named by the column that differs)."""
+    open_group(buf, "g")
+    sent = [traj("g", 0, response=(), n_response_tokens=7)]
+    assert buf.put(sent) == 1
+    again = buf.put(sent)
+    assert (again, again.already_stored) == (0, 1)
+    with pytest.raises(IngestError, match=r"\('g', 0, 0\) differs in n_response_tokens"):
+        buf.put([traj("g", 0, response=(), n_response_tokens=8)])
+
+
 def test_a_partly_repeated_call_stores_its_new_rows_once(buf):
     open_group(buf, "g")
     buf.put(rows("g", (0,)))

@@ -392,6 +392,21 @@ def test_rows_whose_payload_retention_dropped_are_refused_naming_them() -> None:
     assert batch_to_torch(never)["response_lengths"].tolist() == [0, 0]
 
 
+def test_rows_sent_as_a_response_length_without_tokens_are_refused_saying_so() -> None:
+    """A producer that keeps the tokens elsewhere (the verl adapter without `full`) sends the
+    length alone: such a batch has no tensors to give, and the error says why."""
+    from tests.support.lake import traj
+    buf = ReplayBuffer.async_(max_off_policy_threshold=None)
+    buf.register(partition="train", uids=["g"], global_steps=1)
+    buf.put([traj("g", s, reward=float(s), response=(), n_response_tokens=3) for s in (0, 1)])
+    buf.update_status(partition="train", uids=["g"], status="finished")
+    batch = buf.sample(1, "train", 1, timeout=5)
+    assert batch.table["n_response_tokens"].to_pylist() == [3, 3]
+    with pytest.raises(BatchFormatError, match=r"rows \[0, 1\].*never sent.*sent the response "
+                                                r"length alone.*mirror_fields='full'"):
+        batch.to_torch()
+
+
 def test_a_reward_beyond_float32_is_refused_and_inf_or_the_largest_float32_pass() -> None:
     """The rewards tensor is float32: 1e39 became inf there, silently."""
     big = batch_table([row([1], [2], [1], reward=1.0), row([1], [2], [1], reward=-1e39),

@@ -74,8 +74,9 @@ class VerlBuffer:
     per new trajectory — `decisions` (only what a rule needs: `rm_scores` for metric `reward`,
     `extra_fields` for a named metric or when the tags carry no versions), `rewards` (also every
     reward and `reward_extra_info`, for the lake; ~80 us per trajectory, once), `full` (also the
-    token payload), `auto` (= `rewards` with a lake, `decisions` without). ``mirror_max_lag``
-    (seconds; None = off, the default): a background thread mirrors TransferQueue every
+    token payload), `auto` (= `rewards` with a lake, `decisions` without). Every mode knows each
+    response's length (verl tags it, `response_len`), so rules comparing lengths run in any.
+    ``mirror_max_lag`` (seconds; None = off, the default): a background thread mirrors TransferQueue every
     ``mirror_max_lag / 2`` seconds, and a call's first poll uses that view instead of listing
     when it is at most ``mirror_max_lag`` seconds old (background.py).
     ``reuse_siblings`` (default False: verl clears partial trajectories when it resumes): when
@@ -118,7 +119,6 @@ class VerlBuffer:
         opts["dataset_field"] = vo.check_dataset_field(opts["dataset_field"])
         config = vo.core_config(self._preset, opts, max_off_policy_threshold,
                                 max_off_policy_strategy)
-        vo.mirror_mode(opts["mirror_fields"], opts["lake_dir"], config)   # refused here, not later
         self.trainer_mode = trainer_mode
         self.trainer_config = trainer_config
         self.max_off_policy_threshold = max_off_policy_threshold
@@ -151,7 +151,7 @@ class VerlBuffer:
         check_partition(partition_id)
         m = self._mirrors.get(partition_id)
         if m is None:
-            mode = vo.mirror_mode(self.mirror_fields, self.lake_dir, self.core.config)
+            mode = vo.mirror_mode(self.mirror_fields, self.lake_dir)
             m = self._mirrors[partition_id] = PartitionMirror(
                 self.core, self.tq, partition_id, mode, self.filter_groups_metric,
                 reuse=self.reuse_siblings, dataset_field=self.dataset_field)

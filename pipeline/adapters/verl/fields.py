@@ -159,6 +159,19 @@ def versions_of(tag: dict[str, Any], extra: dict[str, Any] | None, dispatch_step
     return v, v, True
 
 
+def response_length(value: Any) -> int | None:
+    """A trajectory's response length from its `response_len` tag (an int >= 0, as verl's agent
+    loop writes it) or from its `responses` field read instead (a tensor row: its element count);
+    None when neither says (a tag of another kind, a field the key lacks)."""
+    if type(value) is int:       # the usual tag value
+        return value if value >= 0 else None
+    if hasattr(value, "numel"):
+        return int(value.numel())
+    if _is_int(value) and int(value) >= 0:
+        return int(value)
+    return None
+
+
 def has_tag_versions(tag: dict[str, Any]) -> bool:
     return _is_int(tag.get("min_global_steps")) and _is_int(tag.get("max_global_steps"))
 

@@ -75,17 +75,12 @@ def merge(explicit: dict[str, Any], sampler_kwargs: Any) -> dict[str, Any]:
     return out
 
 
-def mirror_mode(mode: str, lake_dir: Any, config: BufferConfig) -> str:
+def mirror_mode(mode: str, lake_dir: Any) -> str:
     """The fields a partition mirror reads: `auto` is `rewards` with a lake and `decisions`
-    without, or `full` when a configured rule reads response lengths (only the token payload
-    has them: without it every response would count as 0 tokens and such a rule would never, or
-    always, fire). Asking explicitly for less than such a rule needs is a ConfigError."""
-    needs = sorted(u.name for u in config.rules if u.rule.reads_lengths)
+    without. No rule needs `full`: every mode knows each trajectory's response length (verl's
+    agent loop tags it, `response_len`), which is all a rule comparing lengths reads."""
     if mode == "auto":
-        return "full" if needs else "rewards" if lake_dir is not None else "decisions"
-    if needs and mode != "full":
-        raise ConfigError(f"mirror_fields={mode!r} does not read the response tokens, which rule(s) "
-                          f"{needs} compare lengths of; use mirror_fields='full' or 'auto'")
+        return "rewards" if lake_dir is not None else "decisions"
     return mode
 
 

@@ -7,7 +7,9 @@ what a rule
 needs (`rm_scores` for metric `reward`, `extra_fields` for a named metric or when the tags carry
 no versions), `rewards` also every reward for the lake, `full` also the token payload. Token
 columns not read stay empty lists (the core's payload is then provenance only: verl's trainer
-reads the tokens from TransferQueue by key, never from us).
+reads the tokens from TransferQueue by key, never from us), and the response length goes to the
+core on its own (`n_response_tokens`): verl's agent loop tags every trajectory with it
+(`response_len`), so it costs no read; a key whose tag lacks it has its `responses` field read.
 """
 from __future__ import annotations
 
@@ -62,9 +64,11 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
                 extra_rows[i] = got["extra_fields"][j]
     tokens = vf.read_fields(tq, partition, keys, [src for _, src, _ in _TOKENS]) \
         if fields == "full" else {}
+    lengths = None if tokens else _lengths(tq, partition, keys, tags)
     late = [i for i in range(len(keys)) if rm_rows[i] is vf.NOT_READY
             or extra_rows[i] is vf.NOT_READY or any(tokens[f][i] is vf.NOT_READY for f in tokens)
-            ] if need_rm or extra_at or tokens else []        # (nothing read: nothing is late)
+            or (lengths is not None and lengths[i] is vf.NOT_READY)
+            ] if need_rm or extra_at or tokens or lengths is not None and lengths.read else []
     late_set = set(late)
     keep = [i for i in range(len(keys)) if i not in late_set] if late else list(range(len(keys)))
     if filter_metric == "reward":
@@ -79,15 +83,45 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
     all_kept = len(keep) == len(keys)
     return _table(partition, todo, tags, keep, rm_rows, extra_rows, tokens, filter_metric,
                   lo if all_kept else [lo[i] for i in keep],
-                  hi if all_kept else [hi[i] for i in keep]), keep, late
+                  hi if all_kept else [hi[i] for i in keep],
+                  None if lengths is None else lengths if all_kept else [lengths[i] for i in keep]
+                  ), keep, late
+
+
+class _Lengths(list):
+    """Per key: its response length (None: not known), or NOT_READY; ``read``: whether the
+    `responses` field was read for some key (its keys may then not be ready)."""
+
+    read = False
+
+
+def _lengths(tq: Any, partition: str, keys: list[str], tags: Sequence[dict]) -> _Lengths:
+    """The response length of each key read without its tokens: verl's agent loop tags every
+    trajectory with it (`response_len`, the length of its `responses`); a key whose tag lacks
+    it (another writer) has its `responses` field read instead (those keys alone)."""
+    out = _Lengths(t.get("response_len") for t in tags)
+    odd = [i for i, v in enumerate(out) if type(v) is not int or v < 0]   # the usual: none
+    untagged = []
+    for i in odd:
+        out[i] = vf.response_length(out[i])          # a numpy int, say
+        if out[i] is None:
+            untagged.append(i)
+    if untagged:
+        got = vf.read_fields(tq, partition, [keys[i] for i in untagged], ["responses"])
+        for j, i in enumerate(untagged):
+            row = got["responses"][j]
+            out[i] = row if row is vf.NOT_READY else vf.response_length(row)
+        out.read = True
+    return out
 
 
 def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int],
            rm_rows: list, extra_rows: list, tokens: dict[str, list],
            filter_metric: str | None, lo: list | None = None,
-           hi: list | None = None) -> pa.Table:
+           hi: list | None = None, lengths: list | None = None) -> pa.Table:
     """``lo`` / ``hi``: the kept keys' version tags as listed, if already read (a new list
-    each: changed here)."""
+    each: changed here); ``lengths``: the kept keys' response lengths where their tokens are
+    not read (None: the tokens are; an unknown length is None and counts the tokens sent, 0)."""
     # column by column, locals only: this runs once per new trajectory
     n = len(keep)
     parsed = [todo[i][1] for i in keep]
@@ -127,7 +161,7 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
     # remembered one
     cols = {"uid": uid, "session_id": session, "index": index, "min_global_steps": lo,
             "max_global_steps": hi, "reward": reward, "reward_info": info,
-            "is_padding": padding, "versions_inferred": inferred}
+            "is_padding": padding, "versions_inferred": inferred, "n_response_tokens": lengths}
     data: dict[str, pa.Array] = {
         f.name: _column(cols[f.name], f.type, n) for f in TRAJECTORIES_INPUT if f.name in cols}
     data["partition"] = constant(partition, n, pa.string())

@@ -165,9 +165,9 @@ def _missing_note(missing: tuple[str, ...]) -> str:
     """What a partition's trajectories lack, said before its figures show zeros or gaps."""
     why = {"rewards": "every reward is null: not known (the verl adapter's decisions mode reads "
                       "none), so the reward figures are empty",
-           "response tokens": "every response has 0 tokens counted (the verl adapter reads "
-                              "the token payload only with mirror_fields='full'), so the "
-                              "length, token and waste figures are not the run's"}
+           "response tokens": "every response has 0 tokens counted (its producer sent "
+                              "neither the tokens nor their count), so the length, token and "
+                              "waste figures are not the run's"}
     return "".join(f"<p class='note'><strong>This partition's trajectories hold no "
                    f"{html.escape(m)}</strong>: {html.escape(why[m])}.</p>" for m in missing)
 

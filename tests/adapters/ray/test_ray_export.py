@@ -101,7 +101,7 @@ def test_ray_export_refuses_rows_whose_payload_retention_dropped_before_writing(
     retain(retained, older_than=1)
     res = CliRunner().invoke(app, ["export", "--lake", str(retained), "--out",
                                    str(tmp_path / "out"), "--no-progress", "--ray"])
-    assert res.exit_code == 2 and "dropped by `replaylake retain`" in res.output, res.output
+    assert res.exit_code == 2 and "`replaylake retain` dropped it" in res.output, res.output
     assert not list((tmp_path / "out").glob("*/shard-*"))      # refused before writing
 
 

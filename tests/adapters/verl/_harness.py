@@ -25,9 +25,10 @@ PART = "train"
 def traj_record(uid: str, session: int, g: int, reward: float, *, acc: Any = None,
                 vmin: int | None = None, vmax: int | None = None, index: int = 0,
                 rlen: int = 4, tag_versions: bool = True, extra_versions: bool = True,
-                rm_scores: bool = True) -> tuple[str, dict, dict]:
+                rm_scores: bool = True, length_tag: bool = True) -> tuple[str, dict, dict]:
     """One trajectory as verl's agent loop writes it: (key, fields, tag). ``acc`` None: the
-    named metric is absent from reward_extra_info."""
+    named metric is absent from reward_extra_info; ``length_tag=False``: the tag leaves out
+    `response_len` (another writer than verl's agent loop)."""
     import torch
     vmin = max(g - 1, 0) if vmin is None else vmin
     vmax = max(g - 1, 0) if vmax is None else vmax
@@ -47,6 +48,8 @@ def traj_record(uid: str, session: int, g: int, reward: float, *, acc: Any = Non
            "global_steps": g}
     if tag_versions:
         tag.update(min_global_steps=vmin, max_global_steps=vmax)
+    if not length_tag:
+        del tag["response_len"]
     return f"{uid}_{session}_{index}", fields, tag
 
 

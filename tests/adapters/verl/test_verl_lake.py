@@ -76,6 +76,25 @@ def test_decisions_mode_stores_rewards_it_never_read_as_null_not_zero(tq, rollou
     assert sorted(stored) == [0.5, 1.5] and traj["reward"].null_count == 4
 
 
+@pytest.mark.parametrize("fields", ["decisions", "rewards", "full"])
+def test_every_mode_stores_each_response_length_and_only_full_the_tokens(tq, rollout, tmp_path,
+                                                                        fields):
+    """The response length comes from verl's `response_len` tag (or, for a writer that leaves
+    it out, the `responses` field), so a lake written without the token payload still holds
+    every length: the lake's lengths, token-weighted staleness and waste figures are the run's."""
+    lake = tmp_path / "lake"
+    rollout.groups([G("three", 1, kw={"rlen": 3}), G("five", 1, kw={"rlen": 5}),
+                    G("untagged", 1, kw={"rlen": 6, "length_tag": False})])
+    buf = make(lake, [], threshold=None, mirror_fields=fields)
+    buf.sample(global_steps=1, partition_id="train", batch_size=3)
+    buf.close()
+    traj = read_table(lake, "trajectories").to_pylist()
+    assert sorted((r["uid"], r["n_response_tokens"]) for r in traj) == [
+        ("five", 5), ("five", 5), ("three", 3), ("three", 3), ("untagged", 6), ("untagged", 6)]
+    held = [len(r["response_ids"]) for r in traj]
+    assert held == ([r["n_response_tokens"] for r in traj] if fields == "full" else [0] * 6)
+
+
 def test_a_new_instance_on_the_same_lake_continues_and_releases_cleared_batches(tq, rollout,
                                                                                  tmp_path):
     lake = tmp_path / "lake"

@@ -29,12 +29,14 @@ class _Listing:
             self.tags.pop(k, None)
 
     def arrive(self, uids: list[str]) -> None:
-        """Finished groups of 4 trajectories whose tags carry their versions (nothing to read)."""
+        """Finished groups of 4 trajectories whose tags carry their versions and response
+        lengths, as verl's agent loop tags them (nothing to read)."""
         for u in uids:
             self.tags[u] = {"is_prompt": True, "status": "finished", "global_steps": 3}
             for s in range(4):
                 self.tags[f"{u}_{s}_0"] = {"status": "success", "global_steps": 3,
-                                           "min_global_steps": 2, "max_global_steps": 2}
+                                           "response_len": 5, "min_global_steps": 2,
+                                           "max_global_steps": 2}
 
 
 def _in_youngest(obj: object) -> bool:

@@ -55,32 +55,34 @@ def test_rules_must_be_a_mapping():
         _async({"rules": ["short_response"]})
 
 
-# --- rules that compare response lengths need the token payload ---------------------------------
-# Only `mirror_fields="full"` reads the response tokens from TransferQueue; with less, every
-# response would count as 0 tokens, and `overlong` would never fire (`short_response` always).
+# --- rules that compare response lengths, in every mirror mode --------------------------------
+# verl's agent loop tags every trajectory with its response length (`response_len`), so no mode
+# needs the token payload for it; a key whose tag lacks it has its `responses` field read.
 
-@pytest.mark.parametrize("fields", ["decisions", "rewards"])
-def test_a_length_rule_with_a_mirror_that_reads_no_tokens_is_refused(fields):
-    with pytest.raises(ConfigError, match=rf"mirror_fields='{fields}'.*\['overlong'\].*'full'"):
-        _async({"max_response_length": 7, "mirror_fields": fields})
-
-
-def test_auto_reads_the_tokens_only_when_a_rule_compares_lengths():
-    from pipeline.adapters.verl.options import mirror_mode
-    plain, long = _async({}), _async({"max_response_length": 7})
-    assert mirror_mode("auto", None, plain.core.config) == "decisions"
-    assert mirror_mode("auto", "/lake", plain.core.config) == "rewards"
-    assert mirror_mode("auto", None, long.core.config) == "full"
+@pytest.mark.verl
+@pytest.mark.parametrize("lake", [False, True])
+def test_auto_reads_no_tokens_for_a_rule_that_compares_lengths(tq, tmp_path, lake):
+    buf = _async({"max_response_length": 7}, lake_dir=tmp_path / "lake" if lake else None)
+    try:
+        assert buf.core.config.uses("overlong") is not None
+        assert buf._mirror("train").fields == ("rewards" if lake else "decisions")
+    finally:
+        buf.close()
 
 
 @pytest.mark.verl
-def test_overlong_evicts_a_long_group_through_transferqueue_by_default(tq, rollout):
-    """The default mirror (`auto`) with `max_response_length`: a group whose responses average
-    more than 7 tokens is evicted, one at exactly 7 is kept (`sum > 7 * n`)."""
+@pytest.mark.parametrize("fields", ["auto", "decisions", "rewards", "full"])
+@pytest.mark.parametrize("tagged", [True, False])
+def test_overlong_evicts_a_long_group_through_transferqueue_in_every_mode(tq, rollout, fields,
+                                                                          tagged):
+    """With `max_response_length=7`, a group whose responses average more than 7 tokens is
+    evicted, one at exactly 7 is kept (`sum > 7 * n`): the lengths come from the `response_len`
+    tags, or (``tagged=False``: a writer that leaves them out) from the `responses` fields."""
     from tests.adapters.verl._harness import G, uids_of
-    buf = _async({"max_response_length": 7})
+    buf = _async({"max_response_length": 7, "mirror_fields": fields})
     try:
-        rollout.groups([G("long", 1, kw={"rlen": 8}), G("edge", 1, kw={"rlen": 7})])
+        rollout.groups([G("long", 1, kw={"rlen": 8, "length_tag": tagged}),
+                        G("edge", 1, kw={"rlen": 7, "length_tag": tagged})])
         meta, metrics = buf.sample(global_steps=1, partition_id="train", batch_size=1)
         assert sorted(uids_of(meta.keys)) == ["edge"]
         assert metrics["training/overlong/evicted_samples"] == 1

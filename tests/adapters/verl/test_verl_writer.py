@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from pipeline.adapters.verl import ReplayBufferAsync
+from pipeline.lake.writer import read_table
 
 pytestmark = pytest.mark.verl
 
@@ -89,7 +90,8 @@ def _worker(OmegaConf, al, agent_loop_tq):
     return w
 
 
-def test_groups_written_by_verls_own_trainer_and_agent_loop_are_sampled(tq, rollout) -> None:
+def test_groups_written_by_verls_own_trainer_and_agent_loop_are_sampled(tq, rollout,
+                                                                       tmp_path) -> None:
     OmegaConf, NonTensorStack, TensorDict, al, agent_loop_tq, trainer_base, tu = _verl()
     uids = ["w0", "w1"]
     batch = TensorDict({"prompt_len": torch.tensor([3, 3])}, batch_size=[2])
@@ -115,7 +117,9 @@ def test_groups_written_by_verls_own_trainer_and_agent_loop_are_sampled(tq, roll
     assert sorted(k for k, v in listing.items() if not v.get("is_prompt")) == \
         [f"{u}_{s}_0" for u in uids for s in range(N_SESSIONS)]
 
-    buf = ReplayBufferAsync("colocate_async", {}, 8, "drop", {}, poll_interval=0.05)
+    lake = tmp_path / "lake"
+    buf = ReplayBufferAsync("colocate_async", {}, 8, "drop", {}, poll_interval=0.05,
+                            lake_dir=lake)          # the default mirror: rewards, no tokens
     try:
         meta, metrics = buf.sample(global_steps=STEP, partition_id="train", batch_size=2)
         assert sorted(meta.keys) == sorted(f"{u}_{s}_0" for u in uids for s in range(N_SESSIONS))
@@ -128,3 +132,9 @@ def test_groups_written_by_verls_own_trainer_and_agent_loop_are_sampled(tq, roll
     finally:
         buf.close()
     tq.kv_clear(keys=list(meta.keys), partition_id="train")      # the trainer's end of step
+    # the lake holds each response's length (verl's `response_len` tag) and reward, no tokens
+    rows = read_table(lake, "trajectories").to_pylist()
+    assert sorted((r["uid"], r["session_id"], r["n_response_tokens"], r["reward"])
+                  for r in rows) == [(u, s, 2 + s, float(s % 2))
+                                     for u in uids for s in range(N_SESSIONS)]
+    assert all(r["response_ids"] == [] for r in rows)

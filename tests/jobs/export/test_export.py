@@ -339,9 +339,10 @@ def test_export_refuses_trained_steps_whose_payload_retention_dropped(tmp_path: 
                           rows_per_shard=4))
     report = retain(lake_dir, older_than=2)       # groups released at steps 1..4 lose their tokens
     assert report.horizon == 4 and report.rows > 0
-    with pytest.raises(ExportError, match=r"dropped by `replaylake retain` \(partition train: "
-                                          r"\d+ trajectories \(\d+ response tokens\) trained at "
-                                          r"step\(s\) 1-4\).*--steps 5:"):
+    with pytest.raises(ExportError, match=r"trained rows hold no token payload \(partition "
+                                          r"train: \d+ trajectories \(\d+ response tokens\) "
+                                          r"trained at step\(s\) 1-4\).*`replaylake retain` "
+                                          r"dropped it.*--steps 5:"):
         export(_config(lake_dir, tmp_path / "after", partitions=("train",)))
     assert not (tmp_path / "after" / "train").exists()          # refused before writing
     with pytest.raises(ExportError, match=r"step\(s\) 2-3\)"):
