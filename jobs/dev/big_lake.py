@@ -65,7 +65,7 @@ def _table(uids: list[str], versions: np.ndarray, n: int, tokens: tuple[int, int
         "response_mask": pa.ListArray.from_arrays(resp.offsets, pa.array(
             np.ones(len(resp.values), dtype=np.int8))),
         "rollout_log_probs": pa.ListArray.from_arrays(resp.offsets, pa.array(
-            np.log(rng.random(len(resp.values), dtype=np.float32) + 1e-6))),
+            np.log(np.maximum(rng.random(len(resp.values), dtype=np.float32), 1e-6)))),
         "version_spans": pa.nulls(rows, TRAJECTORIES_INPUT.field("version_spans").type),
         "is_padding": pa.array(np.zeros(rows, dtype=bool)),
         "versions_inferred": pa.array(np.zeros(rows, dtype=bool)),

@@ -63,7 +63,7 @@ def independent(lake: Path, admit: bool) -> dict[str, Any]:
         create temp table gone as
             select distinct partition, uid from decisions where kind in ('evict', 'discard');
         create temp table t as
-            select tr.partition, tr.uid, tr.reward, len(tr.response_ids) as n_tokens,
+            select tr.partition, tr.uid, tr.reward, tr.n_response_tokens as n_tokens,
                    tr.max_global_steps, tr.version_spans, s.step,
                    s.uid is not null as trained, sv.uid is not null as saved,
                    g.uid is not null and s.uid is null as gone
@@ -155,6 +155,10 @@ def test_every_printed_figure_matches_independent_sql_over_each_runs_lake(
     printed = tables(output)
     assert list(printed) == ["recorded", *POLICIES]
     recorded = independent(lake, admit=False)
+    # the recorded lake holds its tokens, each replay's lake their counts alone (what a replay
+    # puts): the lengths the figures count are the recorded run's either way
+    assert connect(lake).sql("select count(*) from trajectories "
+                             "where len(response_ids) <> n_response_tokens").fetchall() == [(0,)]
     lakes = [lake] + [out / "replays" / f"p{i}" / "lake" for i in range(1, len(POLICIES) + 1)]
     for label, row_lake in zip(printed, lakes):
         want = independent(row_lake, admit=label == "strategy=admit")

@@ -67,7 +67,7 @@ from pipeline.analysis.whatif.rerun import _replay_calls, chosen_settings
 lake = Path(sys.argv[1])
 if sys.argv[3] == "whole":      # the record read whole, as the replay read it before
     with record.Record(lake) as r:
-        cols = {n: record.ds.field(n) for n in [*record.METADATA, record.LENGTH, "seq"]}
+        cols = {n: record.ds.field(n) for n in [*record.METADATA, "seq"]}
         t = r.scan.tables["trajectories"].to_table(columns=cols)
         e = r.scan.tables["group_events"].to_table()
         print(json.dumps({"whole": t.nbytes + e.nbytes, "rows": t.num_rows}))

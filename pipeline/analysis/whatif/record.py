@@ -24,19 +24,15 @@ a table whole:
 So what a replay holds of its record is one window of rows, plus a few integers per sample call
 and a key per group; not the rows of the run.
 
-The buffer takes trajectories with their token lists, so each put gets a stand-in payload
-(`stand_in`): response tokens as zeros of the recorded length (exact lengths, so the replay's
-lake stores the recorded `n_response_tokens` and every length check holds), no prompt tokens, no
-loss mask and no log-probs. A replay's lake therefore holds zeros where the recorded one holds
-tokens; its metadata, decisions and lengths are what the figures read. The zeros of every put
-are one read-only mapping that takes no memory (`_Zeros`), so the groups the replay's buffer
-holds cost their metadata only; each batch it hands out copies its rows' zeros, though (a real
-run's batch of 4,096 answers of 12,000 tokens: 196 MB), which is why there are no log-probs:
-nothing a replay decides or reports reads them, and they would double that.
+The buffer takes a response's length without its tokens (`n_response_tokens` beside empty token
+lists, as a producer that keeps the tokens elsewhere sends it), so each put sends the recorded
+length alone (`stand_in`): no token ids, no loss mask, no log-probs. A replay's lake therefore
+holds the recorded lengths and no payload; its metadata, decisions and lengths are what the
+figures read, and the groups the replay's buffer holds, and each batch it hands out, cost their
+metadata only (nothing a replay decides or reports reads a token).
 """
 from __future__ import annotations
 
-import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,50 +225,16 @@ def _by_seq(table: pa.Table) -> pa.Table:
     return table
 
 
-class _Zeros:
-    """Zeros that take no memory: slices of one read-only anonymous mapping, which the kernel
-    backs with its single zero page until written (and it is never written: Arrow does not
-    write into a buffer it was handed). A stand-in payload allocated as ordinary zeros is
-    written by the allocator whenever it reuses freed memory (glibc's calloc clears recycled
-    blocks), and then every group in flight in the replay held its tokens' bytes."""
-
-    def __init__(self) -> None:
-        self._map: mmap.mmap | None = None
-        self._buf: pa.Buffer | None = None
-
-    def take(self, nbytes: int) -> pa.Buffer:
-        if self._buf is None or self._buf.size < nbytes:
-            size = max(nbytes, 2 * (self._buf.size if self._buf is not None else 0), 2**20)
-            # arrays made from the previous mapping keep it alive through their buffers
-            # private: a shared anonymous mapping (mmap's default) is counted once read
-            self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                                  prot=mmap.PROT_READ)
-            self._buf = pa.py_buffer(self._map)
-        return self._buf.slice(0, nbytes)
-
-
-_ZEROS = _Zeros()
-
-
-def _lists(lengths: np.ndarray, value_type: pa.DataType) -> pa.Array:
-    """A list array of zeros with the given lengths; the zeros take no memory (`_Zeros`)."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    n = int(offsets[-1])
-    values = pa.Array.from_buffers(value_type, n,
-                                   [None, _ZEROS.take(n * value_type.bit_width // 8)])
-    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(value_type))
-
-
 def stand_in(meta: pa.Table) -> pa.Table:
     """Trajectories as the buffer takes them (`TRAJECTORIES_INPUT`) from rows of the metadata
-    `Record.windows` yields, with the stand-in payload the module doc describes."""
+    `Record.windows` yields: the recorded response length (`n_response_tokens`) sent without
+    tokens, as the module doc describes."""
     n = meta.num_rows
-    made = {
-        "prompt_ids": _lists(np.zeros(n, dtype=np.int64), pa.int32()),
-        "response_ids": _lists(meta.column(LENGTH).to_numpy(), pa.int32()),
-        "response_mask": pa.nulls(n, pa.list_(pa.int8())),
-        "rollout_log_probs": pa.nulls(n, pa.list_(pa.float32())),
-    }
+    offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
+    made = {name: pa.ListArray.from_arrays(offsets, pa.array([], typ.value_type))
+            for name in ("prompt_ids", "response_ids")
+            for typ in (TRAJECTORIES_INPUT.field(name).type,)}
+    made["response_mask"] = pa.nulls(n, TRAJECTORIES_INPUT.field("response_mask").type)
+    made["rollout_log_probs"] = pa.nulls(n, TRAJECTORIES_INPUT.field("rollout_log_probs").type)
     columns = [made[f.name] if f.name in made else meta.column(f.name) for f in TRAJECTORIES_INPUT]
     return pa.Table.from_arrays(columns, schema=TRAJECTORIES_INPUT)

@@ -51,13 +51,13 @@ them, whatever step the replay asks for them at (`Outcome.refill_later` / `refil
 count those asked for at another step).
 
 Memory: the feed streams the recorded metadata one seq window at a time (`record.Record`: no
-token payload, no table held whole; each put gets a stand-in payload of the recorded lengths,
-`record.stand_in`), keeps a window's rows to feed as three arrays in seq order and each group as
+token payload, no table held whole; each put sends the recorded response lengths without
+tokens, `record.stand_in`), keeps a window's rows to feed as three arrays in seq order and each group as
 an integer (`feed.Feed`), and puts every run of consecutive trajectory rows in one call (not
 row by row: each call costs the buffer, its journal and the replay's lake a record batch). The
 replay buffer holds only what its own decisions keep: each replayed batch is released where the
-recorded run released its batch. The replay's lake writes its batches compressed (the stand-in
-zeros take no room). Each replayed batch is noted by its groups alone (`Batch.uids`, in the
+recorded run released its batch. The replay's lake writes its batches compressed. Each replayed
+batch is noted by its groups alone (`Batch.uids`, in the
 order the decision log lists them), never its payload.
 """
 from __future__ import annotations
@@ -233,8 +233,7 @@ def replay(lake: str | os.PathLike, out_lake: str | os.PathLike | None = None, *
         if max_calls is not None:
             calls = _window(calls, max_calls)
         buf = make(lake=out / "lake", refill_fn=refill_fn, poll_interval=0.001, **kwargs)
-        # the stand-in payload is zeros: compressed, the replay's lake takes the room of its
-        # metadata, not of the recorded run's tokens (a 50 GB record's would be as large)
+        # no payload: compressed, the replay's lake takes a fraction of its metadata's room
         buf.lake.compression = "zstd"
         with buf, future_warnings_held():
             feed = Feed(buf, record, calls, released)
@@ -298,8 +297,8 @@ def _replay_calls(buf: Any, feed: Feed, calls: list[Call], result: Outcome,
             _no_batch(buf, c, polls, sizes[i])
             result.no_batch.append(c.step)
         feed.advance(c.last_point)
-        # a batch holds its stand-in payload (the buffer copies it out of the groups' chunks):
-        # dropped by now, not while the next call builds its own, and its memory handed back
+        # a batch holds its rows (the buffer copies them out of the groups' chunks): dropped by
+        # now, not while the next call builds its own, and its memory handed back
         pool.release_unused()
 
 

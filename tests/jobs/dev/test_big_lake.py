@@ -42,3 +42,16 @@ def test_the_command_refuses_an_existing_lake_and_a_missing_one_to_go_on_with(tm
     assert got.returncode == 2 and "exists" in got.stderr
     got = run("--lake", str(tmp_path / "none"), "--steps", "1", "--first-step", "3")
     assert got.returncode == 2 and "no lake" in got.stderr
+
+
+def test_its_log_probs_are_never_positive_even_where_the_draw_is_nearest_one():
+    """The generator's log-probs are log(uniform) drawn in float32: a draw just below 1 plus a
+    floor of 1e-6 once rounded above 1 and made the put refuse a positive log-probability (an
+    8-step lake failed at its first step)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from jobs.dev.big_lake import _table
+    rng = np.random.default_rng(0)
+    t = _table([f"u{i}" for i in range(64)], np.zeros(64, dtype=np.int64), 16, (2000, 4000), rng)
+    assert pc.max(pc.list_flatten(t["rollout_log_probs"])).as_py() <= 0
