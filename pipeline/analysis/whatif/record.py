@@ -45,7 +45,7 @@ import pyarrow.dataset as ds
 from pipeline.errors import LakeError
 from schemas import TRAJECTORIES_INPUT
 
-# the per-token columns a replay does not read (the buffer gets a stand-in for them)
+# the per-token columns a replay does not read (it sends them empty, `stand_in`)
 PAYLOAD = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
 LENGTH = "n_response_tokens"
 METADATA = [n for n in TRAJECTORIES_INPUT.names if n not in PAYLOAD]    # LENGTH among them
@@ -231,9 +231,9 @@ def stand_in(meta: pa.Table) -> pa.Table:
     tokens, as the module doc describes."""
     n = meta.num_rows
     offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
-    made = {name: pa.ListArray.from_arrays(offsets, pa.array([], typ.value_type))
-            for name in ("prompt_ids", "response_ids")
-            for typ in (TRAJECTORIES_INPUT.field(name).type,)}
+    made = {name: pa.ListArray.from_arrays(
+        offsets, pa.array([], TRAJECTORIES_INPUT.field(name).type.value_type))
+        for name in ("prompt_ids", "response_ids")}
     made["response_mask"] = pa.nulls(n, TRAJECTORIES_INPUT.field("response_mask").type)
     made["rollout_log_probs"] = pa.nulls(n, TRAJECTORIES_INPUT.field("rollout_log_probs").type)
     columns = [made[f.name] if f.name in made else meta.column(f.name) for f in TRAJECTORIES_INPUT]
