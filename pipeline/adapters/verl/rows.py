@@ -64,11 +64,11 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
                 extra_rows[i] = got["extra_fields"][j]
     tokens = vf.read_fields(tq, partition, keys, [src for _, src, _ in _TOKENS]) \
         if fields == "full" else {}
-    lengths = None if tokens else _lengths(tq, partition, keys, tags)
+    lengths, read_responses = (None, False) if tokens else _lengths(tq, partition, keys, tags)
     late = [i for i in range(len(keys)) if rm_rows[i] is vf.NOT_READY
             or extra_rows[i] is vf.NOT_READY or any(tokens[f][i] is vf.NOT_READY for f in tokens)
-            or (lengths is not None and lengths[i] is vf.NOT_READY)
-            ] if need_rm or extra_at or tokens or lengths is not None and lengths.read else []
+            or (read_responses and lengths[i] is vf.NOT_READY)
+            ] if need_rm or extra_at or tokens or read_responses else []   # (nothing read: none)
     late_set = set(late)
     keep = [i for i in range(len(keys)) if i not in late_set] if late else list(range(len(keys)))
     if filter_metric == "reward":
@@ -88,18 +88,13 @@ def trajectory_rows(tq: Any, partition: str, todo: Sequence[tuple[str, tuple[str
                   ), keep, late
 
 
-class _Lengths(list):
-    """Per key: its response length (None: not known), or NOT_READY; ``read``: whether the
-    `responses` field was read for some key (its keys may then not be ready)."""
-
-    read = False
-
-
-def _lengths(tq: Any, partition: str, keys: list[str], tags: Sequence[dict]) -> _Lengths:
-    """The response length of each key read without its tokens: verl's agent loop tags every
-    trajectory with it (`response_len`, the length of its `responses`); a key whose tag lacks
-    it (another writer) has its `responses` field read instead (those keys alone)."""
-    out = _Lengths(t.get("response_len") for t in tags)
+def _lengths(tq: Any, partition: str, keys: list[str], tags: Sequence[dict]
+             ) -> tuple[list[int | None], bool]:
+    """The response length of each key read without its tokens (None: not known; NOT_READY:
+    no data yet), and whether the `responses` field was read: verl's agent loop tags every
+    trajectory with its length (`response_len`, the length of its `responses`); a key whose tag
+    lacks it (another writer) has its `responses` field read instead (those keys alone)."""
+    out = [t.get("response_len") for t in tags]
     odd = [i for i, v in enumerate(out) if type(v) is not int or v < 0]   # the usual: none
     untagged = []
     for i in odd:
@@ -111,8 +106,7 @@ def _lengths(tq: Any, partition: str, keys: list[str], tags: Sequence[dict]) -> 
         for j, i in enumerate(untagged):
             row = got["responses"][j]
             out[i] = row if row is vf.NOT_READY else vf.response_length(row)
-        out.read = True
-    return out
+    return out, bool(untagged)
 
 
 def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int],

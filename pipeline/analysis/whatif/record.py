@@ -47,8 +47,8 @@ from schemas import TRAJECTORIES_INPUT
 
 # the per-token columns a replay does not read (it sends them empty, `stand_in`)
 PAYLOAD = ("prompt_ids", "response_ids", "response_mask", "rollout_log_probs")
-LENGTH = "n_response_tokens"
-METADATA = [n for n in TRAJECTORIES_INPUT.names if n not in PAYLOAD]    # LENGTH among them
+# the rest, the response length (`n_response_tokens`) among them
+METADATA = [n for n in TRAJECTORIES_INPUT.names if n not in PAYLOAD]
 # seqs per window of `Record.windows`: the journal numbers every table's rows from one counter,
 # so a window holds at most this many rows (about 100 bytes of metadata each)
 WINDOW_SEQS = 1 << 16
@@ -196,7 +196,7 @@ class Record:
         (`WINDOW_SEQS` by default) from ``first`` on, each sorted by seq; empty windows are
         skipped. Call `check` first (it finds the last seq). The window is the scan's filter:
         a compacted file whose seq statistics miss it is not read."""
-        columns = [*METADATA, "seq"]       # (the response length is metadata: LENGTH)
+        columns = [*METADATA, "seq"]
         span = self.window_seqs
         for lo in range(first, self.last_seq + 1, span):
             window = (ds.field("seq") >= lo) & (ds.field("seq") < lo + span)
