@@ -48,8 +48,9 @@ run: $(RUN_STAMP)
 	$(BIN)/replaylake demo
 
 # The suite runs on TEST_WORKERS pytest-xdist workers, one test file (or the Ray/verl tests, which
-# share one Ray cluster) to a worker at a time: tests/conftest.py groups them. TEST_WORKERS=0 runs
-# it in one process. The 15 slowest tests are listed at the end (the suite is kept near 20 min).
+# share one Ray cluster) to a worker at a time: tests/support/xdist_groups.py groups them.
+# TEST_WORKERS=0 runs it in one process. The 15 slowest tests are listed at the end (the suite is
+# kept near 20 min).
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_CLASSES)/.installed tools
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15

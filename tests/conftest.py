@@ -1,10 +1,10 @@
 """Fixtures of the test suite: a lake directory, a buffer over it, the session's one Ray cluster,
 and the hypothesis profiles. Helper functions live in the `tests.support` package.
 
-Under `make test` the suite runs on two pytest-xdist workers (`--dist loadgroup`). Each test file
-is one group, so a module's expensive fixture (a demo lake, a crash matrix's runs) is built once;
-the Ray and verl tests are one group together, so the session's one Ray cluster (and verl's one
-TransferQueue) is started by one worker only.
+Under `make test` the suite runs on two pytest-xdist workers (`--dist loadgroup`), in groups
+(tests/support/xdist_groups.py): each test file is one group, so a module's expensive fixture (a
+demo lake, a crash matrix's runs) is built once; the Ray and verl tests are one group together,
+so the session's one Ray cluster (and verl's one TransferQueue) is started by one worker only.
 
 Hypothesis profiles: ``ci`` (default; modest example counts, no deadline, so the suite stays fast
 on 2 cores), ``dev`` (fewer) and ``thorough`` (many); pick one with HYPOTHESIS_PROFILE=<name>.
@@ -25,7 +25,8 @@ from tests.support.ray_cluster import LocalCluster, NodeSpec, auth_env
 auth_env()            # before anything imports ray: Ray reads its auth settings once
 
 # in CI, a skip for anything but a GPU or a vLLM install fails the run (tests/support/ci_skips.py)
-pytest_plugins = ["tests.support.ci_skips"]
+# ... and the suite is scheduled on xdist workers in whole groups (tests/support/xdist_groups.py)
+pytest_plugins = ["tests.support.ci_skips", "tests.support.xdist_groups"]
 
 settings.register_profile("ci", deadline=None, max_examples=25, stateful_step_count=30,
                           suppress_health_check=[HealthCheck.too_slow], print_blob=True)
@@ -33,20 +34,6 @@ settings.register_profile("dev", deadline=None, max_examples=10, stateful_step_c
 settings.register_profile("thorough", deadline=None, max_examples=500, stateful_step_count=60,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-# the tests that share the session's Ray cluster (Ray's own, and verl's TransferQueue on it)
-RAY_DIRS = ("adapters/ray/", "adapters/verl/")
-
-
-@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items) -> None:
-    """One xdist group per test file, and one for every test on the Ray cluster (see above)."""
-    tests_dir = Path(__file__).parent
-    for item in items:
-        where = Path(str(item.path)).relative_to(tests_dir).as_posix()
-        group = "ray" if where.startswith(RAY_DIRS) else where
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
