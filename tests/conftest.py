@@ -73,6 +73,7 @@ def ray_local_cluster():
         cluster.start_s = time.monotonic() - cluster.started_at
         yield cluster
     finally:
+        _kill_named_actors(ray)
         ray.shutdown()
         cluster.stop()
         left = cluster.survivors()
@@ -80,6 +81,19 @@ def ray_local_cluster():
         print(f"\nray cluster: {1 + len(cluster.others)} nodes, up in {cluster.start_s:.1f}s, "
               f"stopped in {cluster.stop_s:.1f}s")
     assert not left, f"processes of the session's Ray cluster outlived it: pids {left}"
+
+
+def _kill_named_actors(ray) -> None:
+    """Kill the detached actors the session left (Ray Data's statistics and autoscaling
+    coordinators, started by the tests that read a lake with Ray Data): a head node's raylet
+    waits ~30 s for them at shutdown."""
+    if not ray.is_initialized():
+        return
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        try:
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
+        except ValueError:            # gone meanwhile
+            pass
 
 
 @pytest.fixture(scope="session")
