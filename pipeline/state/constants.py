@@ -46,6 +46,12 @@ def constant(value: Any, n: int, typ: pa.DataType | None = None) -> pa.Array:
     return got
 
 
+def empty_lists(n: int, value_type: pa.DataType) -> pa.Array:
+    """``n`` empty lists of ``value_type`` (token columns sent without their tokens); their
+    offsets are a remembered column."""
+    return pa.ListArray.from_arrays(constant(0, n + 1, pa.int32()), pa.array([], value_type))
+
+
 def _make(value: Any, n: int, typ: pa.DataType | None, pool: pa.MemoryPool | None) -> pa.Array:
     if value is None:
         return pa.nulls(n, typ or pa.null(), memory_pool=pool)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pipeline.adapters.verl import fields as vf
 from pipeline.errors import IngestError, MissingMetricError
 from pipeline.ingest import STEP_LIMIT, STEP_RULE
-from pipeline.state.constants import constant
+from pipeline.state.constants import constant, empty_lists
 from schemas import TRAJECTORIES_INPUT, Problem
 
 _TOKENS = (("prompt_ids", "prompts", pa.int32()), ("response_ids", "responses", pa.int32()),
@@ -168,7 +168,7 @@ def _table(partition: str, todo: Sequence, tags: Sequence[dict], keep: list[int]
             except (pa.ArrowInvalid, OverflowError, TypeError, ValueError):
                 problems.append(_token_problem(name, src, typ, rows, keep))
         elif required:
-            data[name] = _empty_lists(n, typ)
+            data[name] = empty_lists(n, typ)
     if problems:
         raise IngestError(f"verl trajectories of partition {partition!r}", problems)
     return pa.table({f.name: data[f.name] if f.name in data else pa.nulls(n, f.type)
@@ -184,11 +184,6 @@ def _column(values: list | None, typ: pa.DataType, n: int) -> pa.Array:
     if n and typ == pa.bool_() and values.count(values[0]) == n and type(values[0]) is bool:
         return constant(values[0], n, typ)
     return pa.array(values, type=typ)
-
-
-def _empty_lists(n: int, typ: pa.DataType) -> pa.Array:
-    """``n`` empty lists of ``typ`` (token columns not read)."""
-    return pa.ListArray.from_arrays(constant(0, n + 1, pa.int32()), pa.array([], typ))
 
 
 def _version_problems(keep: list[int], lo: list, hi: list) -> list[Problem]:

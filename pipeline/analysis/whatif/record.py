@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipeline.errors import LakeError
+from pipeline.state.constants import empty_lists
 from schemas import TRAJECTORIES_INPUT
 
 # the per-token columns a replay does not read (it sends them empty, `stand_in`)
@@ -230,10 +231,8 @@ def stand_in(meta: pa.Table) -> pa.Table:
     `Record.windows` yields: the recorded response length (`n_response_tokens`) sent without
     tokens, as the module doc describes."""
     n = meta.num_rows
-    offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
-    made = {name: pa.ListArray.from_arrays(
-        offsets, pa.array([], TRAJECTORIES_INPUT.field(name).type.value_type))
-        for name in ("prompt_ids", "response_ids")}
+    made = {name: empty_lists(n, TRAJECTORIES_INPUT.field(name).type.value_type)
+            for name in ("prompt_ids", "response_ids")}
     made["response_mask"] = pa.nulls(n, TRAJECTORIES_INPUT.field("response_mask").type)
     made["rollout_log_probs"] = pa.nulls(n, TRAJECTORIES_INPUT.field("rollout_log_probs").type)
     columns = [made[f.name] if f.name in made else meta.column(f.name) for f in TRAJECTORIES_INPUT]
